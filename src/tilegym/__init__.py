@@ -1,0 +1,3 @@
+"""TileGym: cuTile (``cuda.tile``) kernels for Hugging Face transformers models."""
+
+__version__ = "0.1.0"
