@@ -1,0 +1,276 @@
+"""Attention and KV-cache kernels vs PyTorch on the GPU: prefill, decode, cache update tables.
+
+    python benchmarks/ops/bench_attention.py [--json FILE] [--sweep] [--warm-only]
+
+- prefill: causal GQA flash attention at 2K and 8K tokens, qwen3 (16/8 heads, d=128) and llama
+  (32/8, d=64) heads, vs ``torch.nn.functional.scaled_dot_product_attention(enable_gqa=True,
+  is_causal=True)`` (flash/cuDNN on H200); ``--sweep`` also times other tile shapes.
+- decode: one token over caches of 256..8K at batch 1 and 8 vs SDPA with ``enable_gqa``.
+- cache update: the cuTile write of one decode token (and a 128-token chunk) into a preallocated
+  cache vs the ``torch.cat`` of keys and values that ``DynamicCache`` does per layer and step.
+
+Times are medians of CUDA-event timed calls with the L2 flushed before each call, variants
+interleaved; spread = (p90 - p10) / median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import Stats, format_table, interleaved  # noqa: E402
+
+from tilegym.ops.attention import (  # noqa: E402
+    PrefillConfig,
+    decode_attention,
+    default_prefill_config,
+    prefill_attention,
+)
+from tilegym.ops.kv_cache import kv_cache_write  # noqa: E402
+
+HEADS = {"qwen3": (16, 8, 128), "llama": (32, 8, 64)}
+SWEEP = [
+    PrefillConfig(128, 128, 2),
+    PrefillConfig(128, 64, 2),
+    PrefillConfig(64, 64, 2),
+    PrefillConfig(64, 128, 2),
+    PrefillConfig(64, 64, 3),
+    PrefillConfig(128, 128, 3),
+]
+DECODE_SWEEP = [(64, 2), (64, 4), (128, 2), (128, 4), (128, 8)]  # (tile_n, split waves)
+
+
+def sdpa(q, k, v, causal):
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, enable_gqa=True
+    )
+
+
+def _cat_kv(past_k, past_v, k_new, v_new):
+    """What DynamicCache does per layer and step."""
+    return torch.cat([past_k, k_new], dim=-2), torch.cat([past_v, v_new], dim=-2)
+
+
+def _rand(*shape):
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+
+PREFILL_HEADER = [
+    "model",
+    "batch",
+    "seq",
+    "variant",
+    "median us",
+    "spread %",
+    "TFLOP/s",
+    "% of sdpa",
+]
+DECODE_HEADER = [
+    "model",
+    "batch",
+    "cache",
+    "sdpa us",
+    "tile us",
+    "spread %",
+    "tile GB/s",
+    "speedup",
+    "sweep us (n=tile_n, w=waves)",
+]
+CACHE_HEADER = ["batch", "past", "new", "torch.cat us", "tile us", "spread %", "speedup"]
+
+
+def prefill_table_rows(model: str, b: int, s: int, hq: int, d: int, stats: dict[str, Stats]):
+    """Table rows and JSON records of one prefill shape (pure: plain Stats in, lists out)."""
+    flops = 4 * b * hq * s * s * d / 2
+    base = stats["sdpa"].median_us
+    rows, records = [], []
+    for name, st in stats.items():
+        tflops = flops / (st.median_us * 1e-6) / 1e12
+        rows.append(
+            [model, b, s, name, st.median_us, st.spread_pct, tflops, 100 * base / st.median_us]
+        )
+        records.append(
+            dict(
+                kind="prefill",
+                model=model,
+                batch=b,
+                seq=s,
+                variant=name,
+                median_us=st.median_us,
+                p10_us=st.p10_us,
+                p90_us=st.p90_us,
+                tflops=tflops,
+            )
+        )
+    return rows, records
+
+
+def decode_table_row(model: str, b: int, n: int, nbytes: int, stats: dict[str, Stats]):
+    """Table row and JSON record of one decode shape; extra variants go to the sweep column."""
+    t, s = stats["tile"], stats["sdpa"]
+    extra = {k: v.median_us for k, v in stats.items() if k not in ("tile", "sdpa")}
+    row = [
+        model,
+        b,
+        n,
+        s.median_us,
+        t.median_us,
+        t.spread_pct,
+        nbytes / (t.median_us * 1e-6) / 1e9,
+        s.median_us / t.median_us,
+        " ".join(f"{k}:{v:.1f}" for k, v in extra.items()) or "-",
+    ]
+    record = dict(
+        kind="decode",
+        model=model,
+        batch=b,
+        cache=n,
+        sdpa_us=s.median_us,
+        tile_us=t.median_us,
+        tile_p10_us=t.p10_us,
+        tile_p90_us=t.p90_us,
+        sweep_us=extra,
+    )
+    return row, record
+
+
+def cache_table_row(b: int, n: int, s_new: int, stats: dict[str, Stats]):
+    c, t = stats["torch.cat"], stats["tile write"]
+    row = [b, n, s_new, c.median_us, t.median_us, t.spread_pct, c.median_us / t.median_us]
+    record = dict(
+        kind="cache_update", batch=b, past=n, new=s_new, cat_us=c.median_us, tile_us=t.median_us
+    )
+    return row, record
+
+
+def prefill_rows(seqs, sweep: bool, iters: int, warm_only: bool):
+    rows, records = [], []
+    for model, (hq, hkv, d) in HEADS.items():
+        for s in seqs:
+            b = max(1, 8192 // s)
+            q, k, v = _rand(b, hq, s, d), _rand(b, hkv, s, d), _rand(b, hkv, s, d)
+            cfgs = [default_prefill_config(d)]
+            if sweep:
+                cfgs += [c for c in SWEEP if c != cfgs[0]]
+            fns = {"sdpa": functools.partial(sdpa, q, k, v, True)}
+            for c in cfgs:
+                name = f"tile {c.tile_m}x{c.tile_n} o{c.occupancy}"
+                fns[name] = functools.partial(prefill_attention, q, k, v, config=c)
+            if warm_only:
+                for fn in fns.values():
+                    fn()
+                continue
+            r, rec = prefill_table_rows(model, b, s, hq, d, interleaved(fns, warmup=3, iters=iters))
+            rows += r
+            records += rec
+    return format_table(PREFILL_HEADER, rows), records
+
+
+def decode_rows(lengths, batches, iters: int, warm_only: bool, sweep: bool):
+    rows, records = [], []
+    for model, (hq, hkv, d) in HEADS.items():
+        for b in batches:
+            for n in lengths:
+                q = _rand(b, hq, 1, d)
+                k, v = _rand(b, hkv, n, d), _rand(b, hkv, n, d)
+                fns = {
+                    "sdpa": functools.partial(sdpa, q, k, v, False),
+                    "tile": functools.partial(decode_attention, q, k, v),
+                }
+                for tn, w in DECODE_SWEEP if sweep else ():
+                    fns[f"n{tn} w{w}"] = functools.partial(
+                        decode_attention, q, k, v, tile_n=tn, split_waves=w
+                    )
+                if warm_only:
+                    for fn in fns.values():
+                        fn()
+                    continue
+                nbytes = 2 * k.numel() * k.element_size()
+                row, rec = decode_table_row(
+                    model, b, n, nbytes, interleaved(fns, warmup=5, iters=iters)
+                )
+                rows.append(row)
+                records.append(rec)
+    return format_table(DECODE_HEADER, rows), records
+
+
+def cache_rows(lengths, batches, iters: int, warm_only: bool):
+    rows, records = [], []
+    _, hkv, d = HEADS["qwen3"]
+    for b in batches:
+        for n in lengths:
+            for s_new in (1, 128):
+                past_k, past_v = _rand(b, hkv, n, d), _rand(b, hkv, n, d)
+                kc = torch.empty(b, hkv, n + s_new, d, device="cuda", dtype=torch.bfloat16)
+                vc = torch.empty_like(kc)
+                k_new = _rand(b, s_new, hkv, d).transpose(1, 2)
+                v_new = _rand(b, s_new, hkv, d).transpose(1, 2)
+                fns = {
+                    "torch.cat": functools.partial(_cat_kv, past_k, past_v, k_new, v_new),
+                    "tile write": functools.partial(kv_cache_write, k_new, v_new, kc, vc, n),
+                }
+                if warm_only:
+                    for fn in fns.values():
+                        fn()
+                    continue
+                row, rec = cache_table_row(b, n, s_new, interleaved(fns, warmup=5, iters=iters))
+                rows.append(row)
+                records.append(rec)
+    return format_table(CACHE_HEADER, rows), records
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="also write the measurements to this JSON file")
+    ap.add_argument("--sweep", action="store_true", help="time alternative prefill tile shapes")
+    ap.add_argument("--warm-only", action="store_true", help="only compile every variant once")
+    ap.add_argument("--iters", type=int, default=30)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: no CUDA GPU", file=sys.stderr)
+        return 1
+    import cuda.tile as ct
+    import transformers
+
+    env = (
+        f"gpu={torch.cuda.get_device_name()} torch={torch.__version__} cuda={torch.version.cuda} "
+        f"transformers={transformers.__version__} cuda-tile={ct.__version__}"
+    )
+    print(env, flush=True)
+    lengths = [256, 512, 1024, 2048, 4096, 8192]
+    records = []
+    sections = (
+        (
+            "prefill (causal, GQA)",
+            lambda: prefill_rows([2048, 8192], args.sweep, args.iters, args.warm_only),
+        ),
+        (
+            "decode (1 token, GQA)",
+            lambda: decode_rows(lengths, [1, 8], args.iters, args.warm_only, args.sweep),
+        ),
+        (
+            "KV cache update, qwen3 kv heads",
+            lambda: cache_rows([256, 2048, 8192], [1, 8], args.iters, args.warm_only),
+        ),
+    )
+    for title, measure in sections:  # print each table as soon as it is measured
+        table, recs = measure()
+        if not args.warm_only:
+            print(f"\n## {title}\n{table}", flush=True)
+            records += recs
+    if args.json and not args.warm_only:
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"env": env, "records": records}, fh, indent=1)
+        os.replace(tmp, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,703 @@
+"""cuTile attention kernels: flash-style prefill and split-KV decode, with PyTorch references.
+
+Layouts follow transformers' attention functions: queries ``[B, Hq, Sq, D]`` and keys/values
+``[B, Hkv, Skv, D]`` (any strides with a unit last stride, e.g. the transposed projections or a
+slice of a preallocated cache). Grouped-query attention maps query head ``h`` to key/value head
+``h // (Hq // Hkv)``.
+
+Masking is described compactly instead of as a dense ``[B, 1, Sq, Skv]`` tensor:
+
+- ``q_start``: key index aligned with query row 0. Causal lets query row ``i`` see keys
+  ``j <= i + q_start`` (``Skv - Sq`` for a cache that ends with the new tokens).
+- ``window``: sliding window; additionally ``j > i + q_start - window``.
+- ``key_valid``: optional ``[B, Skv]`` per-key validity (transformers' 2D padding mask).
+- ``kv_lens`` (decode only): optional per-sequence number of valid keys from index 0.
+
+Query rows that can see no key (left-padding rows) produce zeros.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cuda.tile as ct
+import torch
+from cuda.tile import RoundingMode as RMd
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+LOG2E = 1.0 / math.log(2.0)
+_NEG_BIG = -1.0e30  # finite "minus infinity" for running maxima: keeps fully masked rows NaN-free
+SUPPORTED_HEAD_DIMS = (64, 128)
+_ZERO = ct.PaddingMode.ZERO
+
+
+class AttentionInputError(ValueError):
+    """Inputs outside the envelope the cuTile attention kernels support."""
+
+
+# --------------------------------------------------------------------------------------------
+# Prefill
+# --------------------------------------------------------------------------------------------
+
+
+@ct.kernel(occupancy=1)
+def prefill_attention_kernel(
+    Q,
+    K,
+    V,
+    Out,
+    KeyValid,
+    qk_scale: float,
+    q_start: int,
+    window: int,
+    D: ConstInt,
+    HQ: ConstInt,
+    GROUP: ConstInt,
+    TILE_M: ConstInt,
+    TILE_N: ConstInt,
+    CAUSAL: ConstBool,
+    SLIDING: ConstBool,
+    HAS_PAD: ConstBool,
+):
+    """One (query tile, batch*head) block: online softmax over the key tiles it can see."""
+    num_m = ct.num_blocks(0)
+    bm = num_m - 1 - ct.bid(0)  # heaviest causal tiles first
+    bh = ct.bid(1)
+    b = bh // HQ
+    h = bh % HQ
+    hk = h // GROUP
+    skv = K.shape[2]
+
+    q_lo = bm * TILE_M
+    rows = q_lo + q_start + ct.arange(TILE_M, dtype=ct.int32)[:, None]
+    col_tile = ct.arange(TILE_N, dtype=ct.int32)[None, :]
+
+    q = ct.load(Q, index=(b, h, bm, 0), shape=(1, 1, TILE_M, D), padding_mode=_ZERO)
+    q = q.reshape((TILE_M, D))
+
+    m_i = ct.full((TILE_M, 1), _NEG_BIG, dtype=ct.float32)
+    l_i = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
+    acc = ct.full((TILE_M, D), 0.0, dtype=ct.float32)
+
+    # Key tiles [j_lo, j_hi) may be visible; tiles in [j_full_lo, j_full_hi) need no mask.
+    kv_hi = skv
+    j_full_hi = skv // TILE_N
+    if CAUSAL:
+        kv_hi = min(skv, q_lo + q_start + TILE_M)
+        j_full_hi = min(j_full_hi, (q_lo + q_start + 1) // TILE_N)
+    j_hi = ct.cdiv(kv_hi, TILE_N)
+    j_lo = 0
+    j_full_lo = 0
+    if SLIDING:
+        j_lo = max(0, q_lo + q_start - window + 1) // TILE_N
+        j_full_lo = max(0, ct.cdiv(q_lo + q_start + TILE_M - window, TILE_N))
+
+    for j in range(j_lo, j_hi):
+        k = ct.load(
+            K,
+            index=(b, hk, 0, j),
+            shape=(1, 1, D, TILE_N),
+            order=(0, 1, 3, 2),
+            padding_mode=_ZERO,
+            latency=2,
+        ).reshape((D, TILE_N))
+        qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
+        qk = ct.mma(q, k, qk)
+
+        if HAS_PAD or j >= j_full_hi or j < j_full_lo:
+            cols = j * TILE_N + col_tile
+            ok = cols < skv
+            if CAUSAL:
+                ok = ok & (cols <= rows)
+            if SLIDING:
+                ok = ok & (cols > rows - window)
+            if HAS_PAD:
+                kv_ok = ct.load(KeyValid, index=(b, j), shape=(1, TILE_N), padding_mode=_ZERO)
+                ok = ok & (kv_ok != 0)
+            qk = ct.where(ok, qk, -math.inf)
+
+        m_new = ct.maximum(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)
+        p = ct.exp2(qk * qk_scale - m_new, flush_to_zero=True)
+        alpha = ct.exp2(m_i - m_new, flush_to_zero=True)
+        l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
+        acc = acc * alpha
+        v = ct.load(
+            V, index=(b, hk, j, 0), shape=(1, 1, TILE_N, D), padding_mode=_ZERO, latency=4
+        ).reshape((TILE_N, D))
+        acc = ct.mma(p.astype(Q.dtype), v, acc)
+        m_i = m_new
+
+    l_safe = ct.where(l_i == 0.0, 1.0, l_i)
+    acc = ct.truediv(acc, l_safe, flush_to_zero=True, rounding_mode=RMd.APPROX)
+    ct.store(Out, index=(b, h, bm, 0), tile=acc.reshape((1, 1, TILE_M, D)).astype(Out.dtype))
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Tile shape and occupancy of the prefill kernel."""
+
+    tile_m: int
+    tile_n: int
+    occupancy: int = 1
+
+
+def default_prefill_config(head_dim: int) -> PrefillConfig:
+    """Tile choice per head dim (measured on H200, see benchmarks/ops/bench_attention.py)."""
+    if head_dim <= 64:
+        return PrefillConfig(tile_m=128, tile_n=128, occupancy=2)
+    return PrefillConfig(tile_m=64, tile_n=64, occupancy=2)
+
+
+_kernel_variants: dict[int, object] = {}
+
+
+def _prefill_kernel(occupancy: int):
+    kern = _kernel_variants.get(occupancy)
+    if kern is None:
+        kern = prefill_attention_kernel.replace_hints(occupancy=occupancy)
+        _kernel_variants[occupancy] = kern
+    return kern
+
+
+_dummy_masks: dict[torch.device, torch.Tensor] = {}
+
+
+def _dummy_mask(device: torch.device) -> torch.Tensor:
+    t = _dummy_masks.get(device)
+    if t is None:
+        t = torch.ones((1, 128), dtype=torch.int8, device=device)
+        _dummy_masks[device] = t
+    return t
+
+
+def _check_common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise AttentionInputError("query, key and value must be 4D [batch, heads, seq, head_dim]")
+    b, hq, _, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        raise AttentionInputError(
+            f"key/value shapes {tuple(k.shape)}/{tuple(v.shape)} do not fit query {tuple(q.shape)}"
+        )
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise AttentionInputError(f"head_dim {d} not supported (supported: {SUPPORTED_HEAD_DIMS})")
+    hkv = k.shape[1]
+    if hq % hkv:
+        raise AttentionInputError(f"{hq} query heads are not a multiple of {hkv} key/value heads")
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise AttentionInputError(f"dtypes {q.dtype}/{k.dtype}/{v.dtype}: need one of bf16/fp16")
+    if not q.is_cuda:
+        raise AttentionInputError("cuTile attention needs CUDA tensors")
+    return b, hq, hkv
+
+
+def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def aligned_key_valid(key_valid: torch.Tensor) -> torch.Tensor:
+    """int8 ``[B, S]`` view whose rows start 16-byte aligned, as tile loads want them."""
+    b, s = key_valid.shape
+    if key_valid.dtype == torch.int8 and key_valid.stride(1) == 1 and key_valid.stride(0) % 16 == 0:
+        return key_valid
+    buf = torch.empty((b, -(-s // 16) * 16), dtype=torch.int8, device=key_valid.device)
+    buf[:, :s] = key_valid
+    return buf[:, :s]
+
+
+def _key_valid_arg(key_valid: torch.Tensor | None, b: int, skv: int) -> torch.Tensor | None:
+    if key_valid is None:
+        return None
+    if key_valid.shape != (b, skv):
+        raise AttentionInputError(f"key_valid shape {tuple(key_valid.shape)} != {(b, skv)}")
+    return aligned_key_valid(key_valid)
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = True,
+    q_start: int | None = None,
+    window: int | None = None,
+    key_valid: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: PrefillConfig | None = None,
+) -> torch.Tensor:
+    """Flash attention forward; returns ``[B, Sq, Hq, D]`` (transformers' output layout)."""
+    b, hq, hkv = _check_common(q, k, v)
+    sq, d = q.shape[2], q.shape[3]
+    skv = k.shape[2]
+    if q_start is None:
+        q_start = skv - sq
+    if causal and q_start < 0:
+        raise AttentionInputError(f"causal attention needs q_start >= 0, got {q_start}")
+    if window is not None and window <= 0:
+        raise AttentionInputError(f"sliding window must be positive, got {window}")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    cfg = config or default_prefill_config(d)
+    q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
+    kv_arg = _key_valid_arg(key_valid, b, skv)
+    if out is None:
+        out = torch.empty((b, sq, hq, d), dtype=q.dtype, device=q.device)
+    grid = (ct.cdiv(sq, cfg.tile_m), b * hq, 1)
+    ct.launch(
+        torch.cuda.current_stream(),
+        grid,
+        _prefill_kernel(cfg.occupancy),
+        (
+            q,
+            k,
+            v,
+            out.transpose(1, 2),
+            kv_arg if kv_arg is not None else _dummy_mask(q.device),
+            scale * LOG2E,
+            int(q_start),
+            int(window or 0),
+            d,
+            hq,
+            hq // hkv,
+            cfg.tile_m,
+            cfg.tile_n,
+            bool(causal),
+            window is not None,
+            kv_arg is not None,
+        ),
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Decode (one query token per sequence), split over the key/value length
+# --------------------------------------------------------------------------------------------
+
+
+@ct.kernel
+def decode_attention_kernel(
+    Qg,
+    K,
+    V,
+    OPart,
+    LsePart,
+    Out,
+    KeyValid,
+    KvLens,
+    qk_scale: float,
+    kv_end: int,
+    window: int,
+    tiles_per_split: int,
+    D: ConstInt,
+    GP: ConstInt,
+    TILE_N: ConstInt,
+    SLIDING: ConstBool,
+    HAS_PAD: ConstBool,
+    HAS_LENS: ConstBool,
+    SINGLE: ConstBool,
+):
+    """One (batch*kv head, split) block: all query heads of the group against one key range."""
+    hkv = K.shape[1]
+    bh = ct.bid(0)
+    s = ct.bid(1)
+    b = bh // hkv
+    hk = bh % hkv
+
+    end = kv_end
+    if HAS_LENS:
+        end = ct.gather(KvLens, b)
+    start = end * 0
+    if SLIDING:
+        start = ct.maximum(end - window, 0)
+    j0 = start // TILE_N + s * tiles_per_split
+    j1 = ct.minimum(j0 + tiles_per_split, ct.cdiv(end, TILE_N))
+
+    q = ct.load(Qg, index=(b, hk, 0, 0), shape=(1, 1, GP, D), padding_mode=_ZERO)
+    q_t = ct.transpose(q.reshape((GP, D)))  # (D, GP)
+    offs = ct.arange(TILE_N, dtype=ct.int32)[:, None]
+
+    m_i = ct.full((1, GP), _NEG_BIG, dtype=ct.float32)
+    l_i = ct.full((1, GP), 0.0, dtype=ct.float32)
+    acc = ct.full((D, GP), 0.0, dtype=ct.float32)
+
+    for j in range(j0, j1):
+        k = ct.load(
+            K, index=(b, hk, j, 0), shape=(1, 1, TILE_N, D), padding_mode=_ZERO, latency=4
+        ).reshape((TILE_N, D))
+        qk = ct.mma(k, q_t, ct.full((TILE_N, GP), 0.0, dtype=ct.float32))
+        cols = j * TILE_N + offs
+        ok = (cols < end) & (cols >= start)
+        if HAS_PAD:
+            kv_ok = ct.load(KeyValid, index=(b, j), shape=(1, TILE_N), padding_mode=_ZERO)
+            ok = ok & (kv_ok.reshape((TILE_N, 1)) != 0)
+        qk = ct.where(ok, qk * qk_scale, -math.inf)
+        m_new = ct.maximum(m_i, ct.max(qk, axis=0, keepdims=True))
+        p = ct.exp2(qk - m_new, flush_to_zero=True)
+        alpha = ct.exp2(m_i - m_new, flush_to_zero=True)
+        l_i = l_i * alpha + ct.sum(p, axis=0, keepdims=True)
+        acc = acc * alpha
+        v = ct.load(
+            V, index=(b, hk, j, 0), shape=(1, 1, TILE_N, D), padding_mode=_ZERO, latency=4
+        ).reshape((TILE_N, D))
+        if HAS_LENS:
+            v = ct.where(ok, v, 0.0)  # keys past a sequence's length may hold stale data
+        acc = ct.mma(ct.transpose(v), p.astype(V.dtype), acc)
+        m_i = m_new
+
+    l_safe = ct.where(l_i == 0.0, 1.0, l_i)
+    o = ct.transpose(acc / l_safe)  # (GP, D)
+    if SINGLE:
+        ct.store(Out, index=(b, hk, 0, 0), tile=o.reshape((1, 1, GP, D)).astype(Out.dtype))
+    else:
+        lse = ct.where(l_i == 0.0, -math.inf, m_i + ct.log2(l_safe))
+        ct.store(OPart, index=(b, hk, 0, s, 0), tile=o.reshape((1, 1, GP, 1, D)))
+        ct.store(LsePart, index=(b, hk, 0, s), tile=lse.reshape((1, 1, GP, 1)))
+
+
+@ct.kernel
+def decode_reduce_kernel(OPart, LsePart, Out, D: ConstInt, NSP: ConstInt):
+    """Combine the per-split partial outputs of one (batch, query head) by their log-sum-exp."""
+    r = ct.bid(0)
+    lse = ct.load(LsePart, index=(r, 0), shape=(1, NSP), padding_mode=ct.PaddingMode.NEG_INF)
+    lse = lse.reshape((NSP, 1))
+    o = ct.load(OPart, index=(r, 0, 0), shape=(1, NSP, D), padding_mode=_ZERO).reshape((NSP, D))
+    m = ct.max(lse, axis=0, keepdims=True)
+    m = ct.where(m == -math.inf, 0.0, m)
+    w = ct.exp2(lse - m, flush_to_zero=True)
+    den = ct.sum(w, axis=0, keepdims=True)
+    num = ct.sum(o * w, axis=0, keepdims=True)
+    out = num / ct.where(den == 0.0, 1.0, den)
+    ct.store(Out, index=(r, 0), tile=out.astype(Out.dtype))
+
+
+DECODE_TILE_N = 64
+_NUM_SMS: dict[int, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    n = _NUM_SMS.get(idx)
+    if n is None:
+        n = torch.cuda.get_device_properties(idx).multi_processor_count
+        _NUM_SMS[idx] = n
+    return n
+
+
+DECODE_SPLIT_WAVES = 2
+
+
+def plan_splits(
+    batch_heads: int, kv_tiles: int, num_sms: int, min_tiles: int = 4, waves: int = 2
+) -> int:
+    """How many key ranges to split over: ~``waves`` blocks per SM, >= ``min_tiles`` tiles each."""
+    if kv_tiles <= 0:
+        return 1
+    want = max(1, (waves * num_sms) // max(1, batch_heads))
+    return max(1, min(want, kv_tiles // min_tiles))
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+_dummy_lens: dict[torch.device, torch.Tensor] = {}
+_dummy_parts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unused split buffers of the right rank for the single-split launch."""
+    t = _dummy_parts.get(device)
+    if t is None:
+        t = (
+            torch.zeros((1, 1, 1, 1, 128), dtype=torch.float32, device=device),
+            torch.zeros((1, 1, 1, 1), dtype=torch.float32, device=device),
+        )
+        _dummy_parts[device] = t
+    return t
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    kv_end: int | None = None,
+    kv_lens: torch.Tensor | None = None,
+    window: int | None = None,
+    key_valid: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    tile_n: int = DECODE_TILE_N,
+    split_waves: int = DECODE_SPLIT_WAVES,
+) -> torch.Tensor:
+    """Attention of one new token per sequence; returns ``[B, 1, Hq, D]``.
+
+    The token sees keys ``[0, kv_end)`` (default all of ``k``), or ``[0, kv_lens[b])`` per
+    sequence, intersected with the sliding window and ``key_valid``.
+    """
+    b, hq, hkv = _check_common(q, k, v)
+    if q.shape[2] != 1:
+        raise AttentionInputError(f"decode takes one query token per sequence, got {q.shape[2]}")
+    d = q.shape[3]
+    skv = k.shape[2]
+    kv_end = skv if kv_end is None else int(kv_end)
+    if not 0 <= kv_end <= skv:
+        raise AttentionInputError(f"kv_end {kv_end} outside [0, {skv}]")
+    if window is not None and window <= 0:
+        raise AttentionInputError(f"sliding window must be positive, got {window}")
+    group = hq // hkv
+    gp = max(8, _next_pow2(group))
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    k, v = _unit_last_stride(k), _unit_last_stride(v)
+    qg = q.reshape(b, hkv, group, d)
+    if qg.stride(-1) != 1:
+        qg = qg.contiguous()
+    kv_arg = _key_valid_arg(key_valid, b, skv)
+    if kv_lens is not None:
+        if kv_lens.shape != (b,):
+            raise AttentionInputError(f"kv_lens shape {tuple(kv_lens.shape)} != {(b,)}")
+        kv_lens = kv_lens.to(torch.int32).contiguous()
+        span = skv
+    else:
+        span = kv_end
+    if window is not None:
+        span = min(span, window + tile_n)
+    tiles = ct.cdiv(span, tile_n)
+    min_tiles = max(1, 256 // tile_n)
+    splits = num_splits or plan_splits(
+        b * hkv, tiles, _num_sms(q.device), min_tiles=min_tiles, waves=split_waves
+    )
+    tiles_per_split = max(1, ct.cdiv(tiles, splits))
+    splits = max(1, ct.cdiv(tiles, tiles_per_split))
+    if out is None:
+        out = torch.empty((b, 1, hq, d), dtype=q.dtype, device=q.device)
+    out_g = out.view(b, hkv, group, d)
+    single = splits == 1
+    if single:
+        o_part, lse_part = _placeholders(q.device)
+    else:
+        o_part = torch.empty((b, hkv, group, splits, d), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((b, hkv, group, splits), dtype=torch.float32, device=q.device)
+    lens_arg = kv_lens
+    if lens_arg is None:
+        lens_arg = _dummy_lens.get(q.device)
+        if lens_arg is None:
+            lens_arg = torch.zeros((1,), dtype=torch.int32, device=q.device)
+            _dummy_lens[q.device] = lens_arg
+    stream = torch.cuda.current_stream()
+    ct.launch(
+        stream,
+        (b * hkv, splits, 1),
+        decode_attention_kernel,
+        (
+            qg,
+            k,
+            v,
+            o_part,
+            lse_part,
+            out_g,
+            kv_arg if kv_arg is not None else _dummy_mask(q.device),
+            lens_arg,
+            scale * LOG2E,
+            kv_end,
+            int(window or 0),
+            tiles_per_split,
+            d,
+            gp,
+            tile_n,
+            window is not None,
+            kv_arg is not None,
+            kv_lens is not None,
+            single,
+        ),
+    )
+    if not single:
+        ct.launch(
+            stream,
+            (b * hq, 1, 1),
+            decode_reduce_kernel,
+            (
+                o_part.view(b * hq, splits, d),
+                lse_part.view(b * hq, splits),
+                out.view(b * hq, d),
+                d,
+                _next_pow2(splits),
+            ),
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# PyTorch references
+# --------------------------------------------------------------------------------------------
+
+
+def reference_mask(
+    b: int,
+    sq: int,
+    skv: int,
+    *,
+    causal: bool = True,
+    q_start: int | None = None,
+    window: int | None = None,
+    key_valid: torch.Tensor | None = None,
+    kv_lens: torch.Tensor | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Dense boolean mask ``[B, 1, Sq, Skv]`` (True = attend) for the compact description."""
+    q_start = skv - sq if q_start is None else q_start
+    rows = torch.arange(sq, device=device)[:, None] + q_start
+    cols = torch.arange(skv, device=device)[None, :]
+    ok = torch.ones((sq, skv), dtype=torch.bool, device=device)
+    if causal:
+        ok &= cols <= rows
+    if window is not None:
+        ok &= cols > rows - window
+    ok = ok.expand(b, 1, sq, skv).clone()
+    if key_valid is not None:
+        ok &= key_valid.to(device=device, dtype=torch.bool)[:, None, None, :]
+    if kv_lens is not None:
+        ok &= cols[None, None] < kv_lens.to(device)[:, None, None, None]
+    return ok
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """fp32 SDPA with a dense mask and GQA; rows with no visible key give 0. ``[B, Sq, Hq, D]``."""
+    group = q.shape[1] // k.shape[1]
+    qf, kf, vf = q.float(), k.float(), v.float()
+    kf = kf.repeat_interleave(group, dim=1)
+    vf = vf.repeat_interleave(group, dim=1)
+    any_key = mask.any(dim=-1, keepdim=True)
+    safe = mask | ~any_key
+    out = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, attn_mask=safe, scale=scale)
+    out = out.masked_fill(~any_key, 0.0)
+    return out.transpose(1, 2)
+
+
+# --------------------------------------------------------------------------------------------
+# AOT signatures
+# --------------------------------------------------------------------------------------------
+
+
+def array_constraint(dtype, ndim: int):
+    """Constraint for a strided tensor with a unit last stride, as torch hands them to ct.launch."""
+    from cuda.tile.compilation import ArrayConstraint
+
+    return ArrayConstraint(
+        dtype,
+        ndim,
+        index_dtype=ct.int32,
+        stride_lower_bound_incl=0,
+        alias_groups=(),
+        may_alias_internally=False,
+        stride_constant=[None] * (ndim - 1) + [1],
+        base_addr_divisible_by=16,
+    )
+
+
+def _sig(params):
+    from cuda.tile.compilation import CallingConvention, KernelSignature
+
+    return KernelSignature(params, CallingConvention.cutile_python_v1())
+
+
+def prefill_signatures(head_dim: int, num_q_heads: int, group: int, dtype=ct.bfloat16):
+    """Signatures the prefill kernel is compiled for at one head configuration."""
+    from cuda.tile.compilation import ScalarConstraint
+
+    cfg = default_prefill_config(head_dim)
+    sigs = []
+    for causal, sliding, pad in ((True, False, False), (True, False, True), (True, True, True)):
+        sigs.append(
+            _sig(
+                [
+                    array_constraint(dtype, 4),
+                    array_constraint(dtype, 4),
+                    array_constraint(dtype, 4),
+                    array_constraint(dtype, 4),
+                    array_constraint(ct.int8, 2),
+                    ScalarConstraint(ct.float32),
+                    ScalarConstraint(ct.int32),
+                    ScalarConstraint(ct.int32),
+                    head_dim,
+                    num_q_heads,
+                    group,
+                    cfg.tile_m,
+                    cfg.tile_n,
+                    causal,
+                    sliding,
+                    pad,
+                ]
+            )
+        )
+    return sigs
+
+
+def decode_signatures(head_dim: int, group: int, dtype=ct.bfloat16):
+    """Signatures of the split-KV decode kernel and its reduction at one head configuration."""
+    from cuda.tile.compilation import ScalarConstraint
+
+    gp = max(8, _next_pow2(group))
+    dec = []
+    for sliding, pad, lens, single in (
+        (False, False, False, True),
+        (False, False, False, False),
+        (False, True, False, False),
+        (True, True, False, False),
+        (False, False, True, False),
+    ):
+        dec.append(
+            _sig(
+                [
+                    array_constraint(dtype, 4),
+                    array_constraint(dtype, 4),
+                    array_constraint(dtype, 4),
+                    array_constraint(ct.float32, 5),
+                    array_constraint(ct.float32, 4),
+                    array_constraint(dtype, 4),
+                    array_constraint(ct.int8, 2),
+                    array_constraint(ct.int32, 1),
+                    ScalarConstraint(ct.float32),
+                    ScalarConstraint(ct.int32),
+                    ScalarConstraint(ct.int32),
+                    ScalarConstraint(ct.int32),
+                    head_dim,
+                    gp,
+                    DECODE_TILE_N,
+                    sliding,
+                    pad,
+                    lens,
+                    single,
+                ]
+            )
+        )
+    red = [
+        _sig(
+            [
+                array_constraint(ct.float32, 3),
+                array_constraint(ct.float32, 2),
+                array_constraint(dtype, 2),
+                head_dim,
+                nsp,
+            ]
+        )
+        for nsp in (2, 4, 8, 16, 32)
+    ]
+    return {decode_attention_kernel: dec, decode_reduce_kernel: red}
+
+
+def aot_signatures(head_dim: int = 128, num_q_heads: int = 16, num_kv_heads: int = 8):
+    """``{kernel: [KernelSignature, ...]}`` for the AOT compile gate (default: qwen3 heads)."""
+    group = num_q_heads // num_kv_heads
+    sigs = {prefill_attention_kernel: prefill_signatures(head_dim, num_q_heads, group)}
+    sigs.update(decode_signatures(head_dim, group))
+    return sigs

@@ -1,0 +1,145 @@
+"""Preallocated KV cache buffers and the cuTile kernel that writes new keys/values into them.
+
+Layout: one key and one value buffer per layer, ``[B, Hkv, capacity, D]``; positions
+``[0, length)`` are valid. The attention kernels read the views ``buf[:, :, :length]`` directly,
+so a decode step writes one token per head instead of concatenating the whole history.
+Growth past ``capacity`` doubles it (amortized O(1) copies per token).
+"""
+
+from __future__ import annotations
+
+import cuda.tile as ct
+import torch
+
+from tilegym.ops.attention import AttentionInputError, array_constraint
+
+ConstInt = ct.Constant[int]
+
+
+@ct.kernel
+def kv_cache_write_kernel(KNew, VNew, KCache, VCache, pos: int, D: ConstInt, TILE_S: ConstInt):
+    """Copy one (token tile, batch*head) of the new keys and values to ``[pos, pos + S)``."""
+    t = ct.bid(0)
+    bh = ct.bid(1)
+    h_all = KNew.shape[1]
+    b = bh // h_all
+    h = bh % h_all
+    s_new = KNew.shape[2]
+    k_dst = KCache.slice(axis=2, start=pos, stop=pos + s_new)
+    v_dst = VCache.slice(axis=2, start=pos, stop=pos + s_new)
+    k = ct.load(KNew, index=(b, h, t, 0), shape=(1, 1, TILE_S, D), padding_mode=ct.PaddingMode.ZERO)
+    v = ct.load(VNew, index=(b, h, t, 0), shape=(1, 1, TILE_S, D), padding_mode=ct.PaddingMode.ZERO)
+    ct.store(k_dst, index=(b, h, t, 0), tile=k)
+    ct.store(v_dst, index=(b, h, t, 0), tile=v)
+
+
+def _tile_s(s_new: int) -> int:
+    return 1 if s_new == 1 else 64
+
+
+def kv_cache_write(
+    k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int
+) -> None:
+    """``k_cache[:, :, pos:pos+S] = k_new`` (and values) with one cuTile launch."""
+    if k_new.shape != v_new.shape or k_new.ndim != 4:
+        raise AttentionInputError(f"new keys/values shapes {k_new.shape}/{v_new.shape} differ")
+    b, h, s_new, d = k_new.shape
+    if k_cache.shape[:2] != (b, h) or k_cache.shape[3] != d or k_cache.shape != v_cache.shape:
+        raise AttentionInputError(f"cache {tuple(k_cache.shape)} does not fit {tuple(k_new.shape)}")
+    if pos < 0 or pos + s_new > k_cache.shape[2]:
+        raise AttentionInputError(
+            f"positions [{pos}, {pos + s_new}) exceed capacity {k_cache.shape[2]}"
+        )
+    if k_new.dtype != k_cache.dtype or v_new.dtype != v_cache.dtype:
+        raise AttentionInputError(f"dtype {k_new.dtype} does not match the cache's {k_cache.dtype}")
+    if s_new == 0:
+        return
+    if k_new.stride(-1) != 1:
+        k_new = k_new.contiguous()
+    if v_new.stride(-1) != 1:
+        v_new = v_new.contiguous()
+    tile_s = _tile_s(s_new)
+    ct.launch(
+        torch.cuda.current_stream(),
+        (ct.cdiv(s_new, tile_s), b * h, 1),
+        kv_cache_write_kernel,
+        (k_new, v_new, k_cache, v_cache, int(pos), d, tile_s),
+    )
+
+
+def reference_kv_cache_write(k_new, v_new, k_cache, v_cache, pos: int) -> None:
+    """PyTorch reference: slice assignment."""
+    s_new = k_new.shape[2]
+    k_cache[:, :, pos : pos + s_new] = k_new
+    v_cache[:, :, pos : pos + s_new] = v_new
+
+
+def grown_capacity(current: int, needed: int, granule: int = 256) -> int:
+    """Capacity after growth: at least double, at least ``needed``, rounded up to ``granule``."""
+    cap = max(needed, 2 * current)
+    return -(-cap // granule) * granule
+
+
+class KVBuffer:
+    """One layer's preallocated key/value storage with length bookkeeping and doubling growth."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int = 0):
+        self.keys = keys
+        self.values = values
+        self.length = length
+
+    @classmethod
+    def allocate(cls, batch, heads, capacity, head_dim, dtype, device) -> KVBuffer:
+        shape = (batch, heads, max(1, capacity), head_dim)
+        return cls(
+            torch.empty(shape, dtype=dtype, device=device),
+            torch.empty(shape, dtype=dtype, device=device),
+        )
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def ensure_capacity(self, needed: int) -> None:
+        if needed <= self.capacity:
+            return
+        cap = grown_capacity(self.capacity, needed)
+        b, h, _, d = self.keys.shape
+        new_k = torch.empty((b, h, cap, d), dtype=self.keys.dtype, device=self.keys.device)
+        new_v = torch.empty_like(new_k)
+        new_k[:, :, : self.length] = self.keys[:, :, : self.length]
+        new_v[:, :, : self.length] = self.values[:, :, : self.length]
+        self.keys, self.values = new_k, new_v
+
+    def append(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new tokens after the valid ones; return views of all valid keys/values."""
+        s_new = k_new.shape[2]
+        self.ensure_capacity(self.length + s_new)
+        if k_new.is_cuda:
+            kv_cache_write(k_new, v_new, self.keys, self.values, self.length)
+        else:
+            reference_kv_cache_write(k_new, v_new, self.keys, self.values, self.length)
+        self.length += s_new
+        return self.keys[:, :, : self.length], self.values[:, :, : self.length]
+
+
+def aot_signatures(head_dim: int = 128):
+    """``{kernel: [KernelSignature, ...]}`` for the AOT compile gate (decode and prefill tiles)."""
+    from cuda.tile.compilation import CallingConvention, KernelSignature, ScalarConstraint
+
+    sigs = [
+        KernelSignature(
+            [
+                array_constraint(ct.bfloat16, 4),
+                array_constraint(ct.bfloat16, 4),
+                array_constraint(ct.bfloat16, 4),
+                array_constraint(ct.bfloat16, 4),
+                ScalarConstraint(ct.int32),
+                head_dim,
+                tile_s,
+            ],
+            CallingConvention.cutile_python_v1(),
+        )
+        for tile_s in (1, 64)
+    ]
+    return {kv_cache_write_kernel: sigs}

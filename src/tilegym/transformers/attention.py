@@ -1,0 +1,369 @@
+"""cuTile attention for transformers models, registered under its own name ("tilegym").
+
+``enable(model)`` registers the attention function in transformers' ``AttentionInterface`` and a
+matching mask builder in ``AttentionMaskInterface`` (never touching "sdpa"), gives the model its
+own config copy (models built from one config object share ``_attn_implementation``), switches
+that model to "tilegym" and returns a callable that restores it.
+
+The mask builder does not materialize ``[B, 1, Sq, Skv]`` masks: it recognizes transformers'
+causal and sliding-window-causal patterns and hands the kernels a ``TileMask`` (offsets, window,
+per-key padding validity). Supported envelope, anything else raises ``TilegymAttentionError``:
+
+- causal decoder self-attention (``is_causal``), bf16/fp16, head_dim 64 or 128, GQA;
+- 2D padding masks (any pattern of valid keys, e.g. left padding), sliding window;
+- no dropout, softcap, attention sinks, position bias or custom 4D / or/and mask functions.
+
+KV cache: the model works with transformers' default ``DynamicCache``. ``make_cache(model,
+batch_size, max_length)`` returns a ``TileKVCache`` whose layers preallocate
+``[B, Hkv, max_length, D]`` buffers written by a cuTile kernel (no ``torch.cat`` per step) and
+double their capacity when generation runs past it. Use it as
+``model.generate(..., past_key_values=make_cache(model, batch, prompt_len + max_new_tokens))``
+(transformers >= 5.2x also accepts ``cache=``): ``generate`` then calls ``cache.update`` per layer
+and step, which writes the new token with one cuTile launch and hands the attention kernels views
+of the valid prefix; greedy, sampling, beam search (``reorder_cache``) and ``crop`` work.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.masking_utils import (
+    AttentionMaskInterface,
+    causal_mask_function,
+)
+
+from tilegym.ops.attention import aligned_key_valid, decode_attention, prefill_attention
+from tilegym.ops.kv_cache import KVBuffer
+
+NAME = "tilegym"
+
+
+class TilegymAttentionError(ValueError):
+    """An attention call outside the envelope the cuTile kernels support."""
+
+
+@dataclass(frozen=True)
+class TileMask:
+    """Compact attention mask: what the kernels need instead of a dense 4D tensor.
+
+    Query row ``i`` may see key ``j`` when ``j <= i + q_start`` (if causal), ``j > i + q_start -
+    window`` (if window) and ``key_valid[b, j]`` (if given).
+    """
+
+    q_length: int
+    kv_length: int
+    q_start: int
+    causal: bool = True
+    window: int | None = None
+    key_valid: torch.Tensor | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Mask builder
+# ---------------------------------------------------------------------------------------------
+
+
+def _probe(mask_function: Callable, q: int, n_kv: int) -> torch.Tensor:
+    b = torch.zeros((1, 1, 1, 1), dtype=torch.long)
+    h = torch.zeros((1, 1, 1, 1), dtype=torch.long)
+    qi = torch.full((1, 1, 1, 1), q, dtype=torch.long)
+    kv = torch.arange(n_kv, dtype=torch.long).view(1, 1, 1, -1)
+    return torch.as_tensor(mask_function(b, h, qi, kv)).expand(1, 1, 1, n_kv).reshape(-1)
+
+
+def recognize_pattern(mask_function: Callable, local_size: int | None) -> tuple[bool, int | None]:
+    """(causal, window) of a transformers mask function, or raise when it is neither pattern."""
+    if mask_function is causal_mask_function:
+        return True, None
+    if local_size is not None and local_size > 0:
+        try:
+            for q in (local_size + 5, 3):
+                got = _probe(mask_function, q, q + 3)
+                kv = torch.arange(q + 3)
+                want = (kv <= q) & (kv > q - local_size)
+                if not torch.equal(got.bool(), want):
+                    break
+            else:
+                return True, local_size
+        except Exception as exc:  # index-based probes fail on data-dependent mask functions
+            raise TilegymAttentionError(
+                f"tilegym attention: unsupported mask function ({exc})"
+            ) from exc
+    raise TilegymAttentionError(
+        "tilegym attention supports causal and sliding-window causal masks (plus 2D padding); "
+        f"got a custom mask function {getattr(mask_function, '__qualname__', mask_function)!r}"
+    )
+
+
+def _as_int(x) -> int:
+    return int(x.item()) if isinstance(x, torch.Tensor) else int(x)
+
+
+def key_validity(
+    attention_mask: torch.Tensor | None, kv_length: int, kv_offset: int
+) -> torch.Tensor | None:
+    """Per-key validity ``[B, kv_length]`` (int8) from the 2D padding mask; None if all valid."""
+    if attention_mask is None:
+        return None
+    pad = attention_mask.to(torch.bool)
+    missing = kv_length + kv_offset - pad.shape[-1]
+    if missing > 0:
+        pad = torch.nn.functional.pad(pad, (0, missing))
+    pad = pad[:, kv_offset : kv_offset + kv_length]
+    if bool(pad.all()):
+        return None
+    return aligned_key_valid(pad)
+
+
+def tilegym_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset=0,
+    kv_offset: int = 0,
+    mask_function: Callable = causal_mask_function,
+    attention_mask: torch.Tensor | None = None,
+    local_size: int | None = None,
+    use_vmap: bool = False,
+    **kwargs,
+) -> TileMask:
+    """Mask builder registered in ``AttentionMaskInterface`` under "tilegym"."""
+    if use_vmap:
+        raise TilegymAttentionError(
+            "tilegym attention does not support or/and mask functions (vmap masks)"
+        )
+    causal, window = recognize_pattern(mask_function, local_size)
+    q_offset, kv_offset = _as_int(q_offset), _as_int(kv_offset)
+    return TileMask(
+        q_length=q_length,
+        kv_length=kv_length,
+        q_start=q_offset - kv_offset,
+        causal=causal,
+        window=window,
+        key_valid=key_validity(attention_mask, kv_length, kv_offset),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention function
+# ---------------------------------------------------------------------------------------------
+
+_UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias")
+
+
+def _describe_mask(
+    module: torch.nn.Module, attention_mask, q_len: int, kv_len: int, is_causal: bool | None
+) -> TileMask:
+    if isinstance(attention_mask, TileMask):
+        if attention_mask.kv_length != kv_len or attention_mask.q_length != q_len:
+            raise TilegymAttentionError(
+                f"tilegym mask is for q={attention_mask.q_length}, kv={attention_mask.kv_length} "
+                f"but attention got q={q_len}, kv={kv_len}"
+            )
+        return attention_mask
+    if attention_mask is not None:
+        raise TilegymAttentionError(
+            "tilegym attention takes no dense attention masks "
+            f"(got {type(attention_mask).__name__} {tuple(getattr(attention_mask, 'shape', ()))}); "
+            "build the model's masks through tilegym.transformers.attention.enable(model)"
+        )
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    window = getattr(module, "sliding_window", None)
+    return TileMask(q_len, kv_len, kv_len - q_len, causal=bool(causal), window=window)
+
+
+def tilegym_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function: returns ``([B, Sq, Hq, D], None)`` like sdpa."""
+    if dropout:
+        raise TilegymAttentionError(f"tilegym attention has no dropout (got p={dropout})")
+    for name in _UNSUPPORTED_KWARGS:
+        if kwargs.get(name) is not None:
+            raise TilegymAttentionError(f"tilegym attention does not support `{name}`")
+    groups = getattr(module, "num_key_value_groups", None)
+    if groups is not None and query.shape[1] != key.shape[1] * groups:
+        raise TilegymAttentionError(
+            f"{query.shape[1]} query heads != {key.shape[1]} kv heads x {groups} groups"
+        )
+    q_len, kv_len = query.shape[2], key.shape[2]
+    mask = _describe_mask(module, attention_mask, q_len, kv_len, is_causal)
+    if scaling is None:
+        scaling = getattr(module, "scaling", None)
+    if q_len == 1 and (not mask.causal or mask.q_start >= 0):
+        kv_end = min(kv_len, mask.q_start + 1) if mask.causal else kv_len
+        out = decode_attention(
+            query,
+            key,
+            value,
+            scale=scaling,
+            kv_end=kv_end,
+            window=mask.window,
+            key_valid=mask.key_valid,
+        )
+    else:
+        out = prefill_attention(
+            query,
+            key,
+            value,
+            scale=scaling,
+            causal=mask.causal,
+            q_start=mask.q_start,
+            window=mask.window,
+            key_valid=mask.key_valid,
+        )
+    return out, None
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration and per-model switch
+# ---------------------------------------------------------------------------------------------
+
+
+def register() -> None:
+    """Register the attention function and mask builder under "tilegym" (idempotent)."""
+    AttentionInterface.register(NAME, tilegym_attention_forward)
+    AttentionMaskInterface.register(NAME, tilegym_mask)
+
+
+def enable(model: torch.nn.Module) -> Callable[[], None]:
+    """Switch this model instance to tilegym attention; return a callable undoing it."""
+    register()
+    old_config = model.config
+    new_config = copy.deepcopy(old_config)
+    owners = [m for m in model.modules() if getattr(m, "config", None) is old_config]
+    for m in owners:
+        m.config = new_config
+    try:
+        model.set_attn_implementation(NAME)
+    except Exception:
+        for m in owners:
+            m.config = old_config
+        raise
+
+    def undo() -> None:
+        for m in owners:
+            if m.config is new_config:
+                m.config = old_config
+
+    return undo
+
+
+# ---------------------------------------------------------------------------------------------
+# KV cache
+# ---------------------------------------------------------------------------------------------
+
+
+class TileKVLayer(CacheLayerMixin):
+    """Cache layer over a preallocated ``[B, Hkv, capacity, D]`` buffer (see ``KVBuffer``)."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, capacity: int = 0, **kwargs):
+        super().__init__()
+        self.initial_capacity = capacity
+        self.buffer: KVBuffer | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, s, d = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.buffer = KVBuffer.allocate(
+            b, h, max(self.initial_capacity, s), d, key_states.dtype, key_states.device
+        )
+        self._sync_views()
+        self.is_initialized = True
+
+    def _sync_views(self) -> None:
+        n = self.buffer.length
+        self.keys = self.buffer.keys[:, :, :n]
+        self.values = self.buffer.values[:, :, :n]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = self.buffer.append(key_states, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.buffer.length if self.is_initialized else 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    @property
+    def capacity(self) -> int:
+        return self.buffer.capacity if self.is_initialized else self.initial_capacity
+
+    def reset(self) -> None:
+        if self.is_initialized:
+            self.buffer.length = 0
+            self._sync_views()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if not self.is_initialized or tokens_to_remove == 0:
+            return
+        n = self.buffer.length
+        keep = n + tokens_to_remove if tokens_to_remove < 0 else min(n, tokens_to_remove)
+        self.buffer.length = max(0, keep)
+        self._sync_views()
+
+    def _select_batch(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        if self.is_initialized:
+            self.buffer.keys = fn(self.buffer.keys).contiguous()
+            self.buffer.values = fn(self.buffer.values).contiguous()
+            self._sync_views()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._select_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._select_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._select_batch(lambda t: t[indices, ...])
+
+    def offload(self):
+        raise NotImplementedError("TileKVCache does not offload")
+
+    def prefetch(self):
+        return None
+
+
+class TileKVCache(Cache):
+    """transformers ``Cache`` of ``TileKVLayer``s, one per decoder layer."""
+
+    def __init__(self, num_layers: int, initial_capacity: int = 0):
+        super().__init__(layers=[TileKVLayer(initial_capacity) for _ in range(num_layers)])
+
+
+def make_cache(model: torch.nn.Module, batch_size: int, max_length: int) -> TileKVCache:
+    """A cache for ``generate(past_key_values=...)`` preallocated for ``max_length`` tokens.
+
+    Buffers are allocated on the first update with capacity ``max_length`` and the batch, dtype
+    and device of the keys written then (``batch_size`` is checked, and ``generate`` may expand
+    the batch, e.g. for ``num_return_sequences``); running past ``max_length`` doubles the
+    capacity instead of failing.
+    """
+    if batch_size <= 0 or max_length <= 0:
+        raise ValueError(f"batch_size and max_length must be positive ({batch_size}, {max_length})")
+    cfg = model.config
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return TileKVCache(text_cfg.num_hidden_layers, initial_capacity=max_length)

@@ -1,0 +1,272 @@
+"""Prefill and decode attention kernels against an fp32 SDPA reference with the same mask."""
+
+import math
+
+import pytest
+import torch
+from transformers.masking_utils import (
+    causal_mask_function,
+    sdpa_mask,
+    sliding_window_causal_mask_function,
+)
+
+from tilegym.ops.attention import plan_splits, reference_attention, reference_mask
+from tilegym.ops.testing import REL_TOL, assert_close_rel, rel_err
+
+HEADS = {"qwen3": (16, 8, 128), "llama": (32, 8, 64)}
+
+
+# ------------------------------------------------------------------ CPU: mask semantics, planning
+
+
+@pytest.mark.parametrize(
+    "sq,skv,window", [(5, 5, None), (7, 7, 3), (1, 9, None), (1, 9, 4), (4, 11, None), (4, 11, 5)]
+)
+def test_reference_mask_matches_transformers_sdpa_mask(sq, skv, window):
+    pad = torch.ones(2, skv, dtype=torch.bool)
+    pad[1, :3] = False  # left padding of the second sequence
+    fn = causal_mask_function if window is None else sliding_window_causal_mask_function(window)
+    want = sdpa_mask(
+        batch_size=2,
+        q_length=sq,
+        kv_length=skv,
+        q_offset=skv - sq,
+        mask_function=fn,
+        attention_mask=pad,
+        allow_is_causal_skip=False,
+    )
+    got = reference_mask(2, sq, skv, window=window, key_valid=pad)
+    assert torch.equal(got, want)
+
+
+def test_reference_attention_zeroes_rows_without_keys():
+    q, k, v = (torch.randn(1, 2, 3, 8) for _ in range(3))
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+    mask[..., 0, :] = False
+    out = reference_attention(q, k, v, mask)
+    assert out.shape == (1, 3, 2, 8)
+    assert torch.all(out[:, 0] == 0) and torch.isfinite(out).all()
+    assert out[:, 1:].abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "bh,tiles,sms,waves,want",
+    [(8, 4, 132, 2, 1), (8, 128, 132, 2, 32), (64, 128, 132, 2, 4), (64, 128, 132, 4, 8)],
+)
+def test_plan_splits(bh, tiles, sms, waves, want):
+    assert plan_splits(bh, tiles, sms, waves=waves) == want
+
+
+# ------------------------------------------------------------------ GPU: prefill
+
+
+def _qkv(b, hq, hkv, sq, skv, d, gen, dtype=torch.bfloat16):
+    """Inputs in transformers' strided layout: [B, H, S, D] views of [B, S, H, D] tensors."""
+    q = torch.randn(b, sq, hq, d, device="cuda", generator=gen).to(dtype).transpose(1, 2)
+    k = torch.randn(b, skv, hkv, d, device="cuda", generator=gen).to(dtype).transpose(1, 2)
+    v = torch.randn(b, skv, hkv, d, device="cuda", generator=gen).to(dtype).transpose(1, 2)
+    return q, k, v
+
+
+def _left_padding(lengths, total, device="cuda"):
+    valid = torch.zeros(len(lengths), total, dtype=torch.bool, device=device)
+    for i, n in enumerate(lengths):
+        valid[i, total - n :] = True
+    return valid
+
+
+PREFILL_CASES = [
+    # b, sq, skv, window, padded lengths (None = no padding)
+    (1, 173, 173, None, None),
+    (2, 64, 64, None, None),
+    (3, 300, 300, None, (300, 129, 7)),
+    (2, 257, 257, 37, None),
+    (3, 200, 200, 64, (200, 150, 33)),
+    (2, 77, 333, None, None),  # chunked prefill: queries at the end of a longer cache
+    (1, 1000, 1000, None, None),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", sorted(HEADS))
+@pytest.mark.parametrize("b,sq,skv,window,lengths", PREFILL_CASES)
+def test_prefill_matches_fp32_reference(model, b, sq, skv, window, lengths, gen):
+    from tilegym.ops.attention import prefill_attention
+
+    hq, hkv, d = HEADS[model]
+    q, k, v = _qkv(b, hq, hkv, sq, skv, d, gen)
+    key_valid = None if lengths is None else _left_padding(lengths, skv)
+    out = torch.full((b, sq, hq, d), float("nan"), dtype=q.dtype, device="cuda")
+    scale = 0.7 / math.sqrt(d)
+    got = prefill_attention(
+        q, k, v, scale=scale, window=window, key_valid=key_valid, out=out, q_start=skv - sq
+    )
+    assert got.data_ptr() == out.data_ptr()
+    mask = reference_mask(b, sq, skv, window=window, key_valid=key_valid, device="cuda")
+    ref = reference_attention(q, k, v, mask, scale=scale)
+    err = assert_close_rel(got, ref)
+    # no worse than twice torch's own bf16 SDPA on the same inputs and mask
+    has_key = mask.any(-1, keepdim=True)
+    group = hq // hkv
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q,
+        k.repeat_interleave(group, 1),
+        v.repeat_interleave(group, 1),
+        attn_mask=mask | ~has_key,
+        scale=scale,
+    ).masked_fill(~has_key, 0.0)
+    assert err <= max(2.0 * rel_err(sdpa.transpose(1, 2), ref), 4e-3)
+
+
+@pytest.mark.gpu
+def test_prefill_padded_rows_are_zero_and_zero_output_fails(gen):
+    from tilegym.ops.attention import prefill_attention
+
+    hq, hkv, d = HEADS["qwen3"]
+    q, k, v = _qkv(2, hq, hkv, 50, 50, d, gen)
+    valid = _left_padding((50, 20), 50)
+    got = prefill_attention(q, k, v, key_valid=valid)
+    assert torch.all(got[1, :30] == 0)
+    ref = reference_attention(q, k, v, reference_mask(2, 50, 50, key_valid=valid, device="cuda"))
+    assert_close_rel(got, ref)
+    with pytest.raises(AssertionError):
+        assert_close_rel(torch.zeros_like(got), ref)
+
+
+@pytest.mark.gpu
+def test_prefill_non_causal(gen):
+    from tilegym.ops.attention import prefill_attention
+
+    hq, hkv, d = HEADS["llama"]
+    q, k, v = _qkv(2, hq, hkv, 70, 130, d, gen)
+    got = prefill_attention(q, k, v, causal=False)
+    ref = reference_attention(q, k, v, reference_mask(2, 70, 130, causal=False, device="cuda"))
+    assert_close_rel(got, ref)
+
+
+@pytest.mark.gpu
+def test_prefill_rejects_unsupported_head_dim(gen):
+    from tilegym.ops.attention import AttentionInputError, prefill_attention
+
+    q, k, v = _qkv(1, 4, 2, 8, 8, 96, gen)
+    with pytest.raises(AttentionInputError, match="head_dim 96"):
+        prefill_attention(q, k, v)
+
+
+# ------------------------------------------------------------------ GPU: decode
+
+DECODE_LENGTHS = [1, 7, 64, 65, 255, 1000, 4097, 8192]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile_n", [64, 128])
+@pytest.mark.parametrize("model", sorted(HEADS))
+@pytest.mark.parametrize("skv", DECODE_LENGTHS)
+def test_decode_matches_fp32_reference(model, skv, tile_n, gen, poison_empty):
+    from tilegym.ops.attention import decode_attention
+
+    hq, hkv, d = HEADS[model]
+    b = 3
+    q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
+    got = decode_attention(q, k, v, scale=0.09, tile_n=tile_n, split_waves=4)
+    ref = reference_attention(q, k, v, reference_mask(b, 1, skv, device="cuda"), scale=0.09)
+    assert got.shape == (b, 1, hq, d)
+    assert_close_rel(got, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile_n", [64, 128])
+@pytest.mark.parametrize("model", sorted(HEADS))
+@pytest.mark.parametrize("splits", [1, 3, None])
+def test_decode_padding_window_and_splits(model, splits, tile_n, gen, poison_empty):
+    from tilegym.ops.attention import decode_attention
+
+    hq, hkv, d = HEADS[model]
+    b, skv = 4, 1500
+    q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
+    valid = _left_padding((1500, 900, 65, 1), skv)
+    kw = dict(num_splits=splits, tile_n=tile_n)
+    got = decode_attention(q, k, v, key_valid=valid, **kw)
+    ref = reference_attention(q, k, v, reference_mask(b, 1, skv, key_valid=valid, device="cuda"))
+    assert_close_rel(got, ref)
+    got = decode_attention(q, k, v, key_valid=valid, window=300, **kw)
+    mask = reference_mask(b, 1, skv, key_valid=valid, window=300, device="cuda")
+    assert_close_rel(got, reference_attention(q, k, v, mask))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile_n", [64, 128])
+@pytest.mark.parametrize("model", sorted(HEADS))
+def test_decode_per_sequence_lengths_ignore_stale_cache(model, tile_n, gen, poison_empty):
+    from tilegym.ops.attention import decode_attention
+
+    hq, hkv, d = HEADS[model]
+    b, skv = 3, 2000
+    q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
+    lens = torch.tensor([2000, 1234, 3], device="cuda", dtype=torch.int32)
+    k = k.clone()
+    v = v.clone()
+    for i, n in enumerate(lens.tolist()):  # stale entries past each length must not leak in
+        k[i, :, n:] = float("nan")
+        v[i, :, n:] = float("nan")
+    got = decode_attention(q, k, v, kv_lens=lens, tile_n=tile_n)
+    mask = reference_mask(b, 1, skv, kv_lens=lens, device="cuda")
+    assert_close_rel(got, reference_attention(q, k.nan_to_num(), v.nan_to_num(), mask))
+
+
+@pytest.mark.gpu
+def test_decode_kv_end_limits_keys(gen):
+    from tilegym.ops.attention import decode_attention
+
+    hq, hkv, d = HEADS["qwen3"]
+    q, k, v = _qkv(2, hq, hkv, 1, 700, d, gen)
+    got = decode_attention(q, k, v, kv_end=333)
+    ref = reference_attention(
+        q, k[:, :, :333], v[:, :, :333], reference_mask(2, 1, 333, device="cuda")
+    )
+    assert_close_rel(got, ref)
+    assert (
+        rel_err(got, reference_attention(q, k, v, reference_mask(2, 1, 700, device="cuda")))
+        > REL_TOL[got.dtype]
+    )
+
+
+# ------------------------------------------------------------------ CPU: benchmark table shapes
+
+
+def _bench_module():
+    import importlib.util
+    import pathlib
+    import sys
+
+    bench_dir = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "ops"
+    sys.path.insert(0, str(bench_dir))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "bench_attention", bench_dir / "bench_attention.py"
+        )
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(bench_dir))
+    return mod
+
+
+def test_bench_rows_fit_their_headers():
+    bench = _bench_module()
+    from _timing import format_table, summarize
+
+    st = {
+        "sdpa": summarize([10.0, 11.0]),
+        "tile": summarize([8.0, 9.0]),
+        "n128 w4": summarize([7.0]),
+    }
+    row, rec = bench.decode_table_row("qwen3", 8, 4096, 1 << 20, st)
+    assert len(row) == len(bench.DECODE_HEADER) and rec["sweep_us"] == {"n128 w4": 7.0}
+    assert "n128 w4:7.0" in format_table(bench.DECODE_HEADER, [row])
+    rows, recs = bench.prefill_table_rows("llama", 1, 8192, 32, 64, st)
+    assert all(len(r) == len(bench.PREFILL_HEADER) for r in rows) and len(recs) == 3
+    assert rows[0][-1] == 100.0
+    c = {"torch.cat": summarize([20.0]), "tile write": summarize([5.0])}
+    row, _ = bench.cache_table_row(1, 256, 1, c)
+    assert len(row) == len(bench.CACHE_HEADER) and row[-1] == 4.0

@@ -1,0 +1,66 @@
+"""KV cache buffers: growth policy (CPU) and the cuTile write kernel against slice assignment."""
+
+import pytest
+import torch
+
+from tilegym.ops.kv_cache import KVBuffer, grown_capacity, kv_cache_write
+
+
+@pytest.mark.parametrize(
+    "cur,need,want", [(0, 1, 256), (256, 257, 512), (512, 1500, 1536), (1024, 1025, 2048)]
+)
+def test_grown_capacity_doubles(cur, need, want):
+    assert grown_capacity(cur, need) == want
+
+
+def test_growth_copies_are_amortized_linear():
+    buf = KVBuffer.allocate(1, 2, 4, 8, torch.float32, "cpu")
+    copied = 0
+    for _ in range(5000):
+        before = buf.capacity
+        buf.append(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8))
+        if buf.capacity != before:
+            copied += buf.length - 1
+    assert buf.length == 5000
+    assert copied < 2 * 5000  # doubling: total copied tokens stay linear in the length
+
+
+def test_append_returns_views_of_all_tokens():
+    buf = KVBuffer.allocate(2, 3, 4, 8, torch.float32, "cpu")
+    ks, vs = [], []
+    for s in (3, 1, 5, 1):
+        k, v = torch.randn(2, 3, s, 8), torch.randn(2, 3, s, 8)
+        ks.append(k)
+        vs.append(v)
+        keys, values = buf.append(k, v)
+    assert torch.equal(keys, torch.cat(ks, 2)) and torch.equal(values, torch.cat(vs, 2))
+    assert keys.data_ptr() == buf.keys.data_ptr()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("pos,s_new", [(0, 1), (0, 77), (5, 1), (255, 64), (100, 130), (511, 1)])
+def test_kv_cache_write_matches_slice_assignment(d, pos, s_new, gen):
+    b, h, cap = 3, 8, 512 + 64
+    k_new = torch.randn(b, s_new, h, d, device="cuda", generator=gen).bfloat16().transpose(1, 2)
+    v_new = torch.randn(b, s_new, h, d, device="cuda", generator=gen).bfloat16().transpose(1, 2)
+    k_cache = torch.full((b, h, cap, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.full_like(k_cache, float("nan"))
+    kv_cache_write(k_new, v_new, k_cache, v_cache, pos)
+    assert torch.equal(k_cache[:, :, pos : pos + s_new], k_new)
+    assert torch.equal(v_cache[:, :, pos : pos + s_new], v_new)
+    untouched = torch.ones(cap, dtype=torch.bool, device="cuda")
+    untouched[pos : pos + s_new] = False
+    assert (
+        torch.isnan(k_cache[:, :, untouched]).all() and torch.isnan(v_cache[:, :, untouched]).all()
+    )
+
+
+@pytest.mark.gpu
+def test_kv_cache_write_rejects_overflow(gen):
+    from tilegym.ops.attention import AttentionInputError
+
+    k = torch.randn(1, 2, 4, 64, device="cuda", generator=gen).bfloat16()
+    cache = torch.empty(1, 2, 6, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(AttentionInputError, match="exceed capacity"):
+        kv_cache_write(k, k, cache, cache.clone(), 3)
