@@ -1,0 +1,91 @@
+"""The metrics document (``tilegym-bench-metrics/1``): assembled from parts, written atomically.
+
+Pure except ``write_atomic``. A run that did not complete (crash, timeout) carries no measured
+block at all, so no consumer can read a number from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tilegym_hf_bench.metrics_schema import SCHEMA_ID
+from tilegym_hf_bench.stats import summarize
+
+MEASURED_PARTS = ("baseline", "cutile", "coverage", "correctness")
+
+
+def throughput_block(
+    tokens_per_s: list[float],
+    ttft_ms: list[float],
+    decode_tokens_per_s: list[float],
+    interleaved: bool,
+) -> dict[str, Any]:
+    """One side's ``throughput`` / ``ttft_ms`` / ``decode_tokens_per_s`` from raw samples."""
+    s = summarize(tokens_per_s)
+    return {
+        "throughput": {
+            "samples": list(tokens_per_s),
+            "mean": s.mean,
+            "std": s.std,
+            "ci95": list(s.ci95) if s.ci95 is not None else None,
+            "interleaved": interleaved,
+        },
+        "ttft_ms": {"samples": list(ttft_ms), "mean": summarize(ttft_ms).mean},
+        "decode_tokens_per_s": {
+            "samples": list(decode_tokens_per_s),
+            "mean": summarize(decode_tokens_per_s).mean,
+        },
+    }
+
+
+def assemble(
+    *,
+    status: str,
+    error: str | None,
+    model_key: str,
+    model_id: str | None,
+    weights: str,
+    commit: str,
+    started_at: str,
+    wall_s: float,
+    env: dict[str, Any],
+    workload: dict[str, Any],
+    parts: dict[str, Any],
+) -> dict[str, Any]:
+    """The whole document; ``parts`` holds the measured blocks (missing ones are null)."""
+    complete = status == "ok"
+    return {
+        "schema": SCHEMA_ID,
+        "status": status,
+        "error": error,
+        "model_key": model_key,
+        "model_id": model_id,
+        "weights": weights,
+        "commit": commit,
+        "started_at": started_at,
+        "wall_s": round(max(wall_s, 0.0), 3),
+        "env": env,
+        "workload": workload,
+        **{name: (parts.get(name) if complete else None) for name in MEASURED_PARTS},
+    }
+
+
+def write_atomic(path: str | os.PathLike, data: Any) -> None:
+    """Write JSON to a temp file in the same directory, then rename it over ``path``."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,158 @@
+"""Kernel events to a coverage table: GPU time per kernel and module, cuTile share. Pure.
+
+Model: every GPU kernel is linked (by a correlation id) to the host event that launched it;
+that host event happened on a thread at a time; the module that launched the kernel is the
+innermost module range (a profiler annotation pushed by a forward pre-hook, popped by the
+forward hook) open on that thread at that time. torch.profiler and Nsight Systems both give
+these three kinds of record.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+# names of the profiler ranges that the forward hooks push around every module's forward
+MODULE_RANGE_PREFIX = "tilegym.module:"
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    name: str
+    duration_ns: int
+    link_id: int  # id of the launching host event; 0 when the profiler gave none
+
+
+@dataclass(frozen=True)
+class HostEvent:
+    id: int
+    thread: int
+    start_ns: int
+
+
+@dataclass(frozen=True)
+class ModuleRange:
+    module: str
+    thread: int
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    name: str
+    module: str | None
+    calls: int
+    gpu_ns: int
+    cutile: bool
+
+
+@dataclass(frozen=True)
+class Coverage:
+    rows: list[KernelRow]  # largest GPU time first
+    total_ns: int
+    cutile_ns: int
+    launches: int
+    cutile_launches: int
+
+    @property
+    def gpu_time_pct(self) -> float:
+        return 100.0 * self.cutile_ns / self.total_ns if self.total_ns else 0.0
+
+    @property
+    def launch_pct(self) -> float:
+        return 100.0 * self.cutile_launches / self.launches if self.launches else 0.0
+
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+def normalize_module(qualname: str) -> str:
+    """``model.layers.17.mlp`` -> ``model.layers.*.mlp``: one row for all layers."""
+    return _INDEX.sub("*", qualname)
+
+
+def enclosing_modules(
+    queries: Iterable[HostEvent], ranges: Iterable[ModuleRange]
+) -> dict[int, str | None]:
+    """Host event id -> innermost module range open on its thread at its start (None if none).
+
+    A sweep per thread: at equal times ranges open before queries and close after them, outer
+    ranges open first and close last, so a launch on a range's edge belongs to that range.
+    """
+    OPEN, QUERY, CLOSE = 0, 1, 2
+    per_thread: dict[int, list[tuple]] = defaultdict(list)
+    for r in ranges:
+        per_thread[r.thread].append((r.start_ns, OPEN, -r.end_ns, r))
+        per_thread[r.thread].append((r.end_ns, CLOSE, -r.start_ns, r))
+    for q in queries:
+        per_thread[q.thread].append((q.start_ns, QUERY, 0, q))
+    answer: dict[int, str | None] = {}
+    for items in per_thread.values():
+        items.sort(key=lambda item: item[:3])
+        stack: list[ModuleRange] = []
+        for _time, kind, _order, obj in items:
+            if kind == OPEN:
+                stack.append(obj)
+            elif kind == CLOSE:
+                for i in range(len(stack) - 1, -1, -1):
+                    if stack[i] is obj:
+                        del stack[i]
+                        break
+            else:
+                answer[obj.id] = stack[-1].module if stack else None
+    return answer
+
+
+def aggregate(
+    kernels: Iterable[KernelEvent],
+    hosts: Iterable[HostEvent],
+    ranges: Iterable[ModuleRange],
+    is_cutile: Callable[[str], bool],
+) -> Coverage:
+    """Group kernels by (name, normalized module); sum calls and GPU time; classify."""
+    kernels = list(kernels)
+    linked = {k.link_id for k in kernels if k.link_id}
+    launchers = [h for h in hosts if h.id in linked]
+    module_of = enclosing_modules(launchers, ranges)
+    calls: dict[tuple[str, str | None], int] = defaultdict(int)
+    gpu_ns: dict[tuple[str, str | None], int] = defaultdict(int)
+    for k in kernels:
+        module = module_of.get(k.link_id)
+        key = (k.name, normalize_module(module) if module is not None else None)
+        calls[key] += 1
+        gpu_ns[key] += max(k.duration_ns, 0)
+    rows = [
+        KernelRow(name, module, calls[(name, module)], gpu_ns[(name, module)], is_cutile(name))
+        for (name, module) in calls
+    ]
+    rows.sort(key=lambda r: (-r.gpu_ns, r.name, r.module or ""))
+    return Coverage(
+        rows=rows,
+        total_ns=sum(r.gpu_ns for r in rows),
+        cutile_ns=sum(r.gpu_ns for r in rows if r.cutile),
+        launches=sum(r.calls for r in rows),
+        cutile_launches=sum(r.calls for r in rows if r.cutile),
+    )
+
+
+def coverage_block(cov: Coverage, profiler: str) -> dict:
+    """The metrics file's ``coverage`` object."""
+    return {
+        "gpu_time_pct": round(cov.gpu_time_pct, 4),
+        "launch_pct": round(cov.launch_pct, 4),
+        "total_gpu_ms": cov.total_ns / 1e6,
+        "profiler": profiler,
+        "kernels": [
+            {
+                "name": r.name,
+                "calls": r.calls,
+                "gpu_ms": r.gpu_ns / 1e6,
+                "cutile": r.cutile,
+                "module": r.module,
+            }
+            for r in cov.rows
+        ],
+    }

@@ -1,0 +1,67 @@
+"""torch.profiler (CPU + CUDA activity) over one call, as plain attribution records."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.autograd import DeviceType
+
+from tilegym_hf_bench.profiling.attribution import (
+    MODULE_RANGE_PREFIX,
+    HostEvent,
+    KernelEvent,
+    ModuleRange,
+)
+from tilegym_hf_bench.profiling.module_ranges import module_ranges
+
+
+class ProfilerError(Exception):
+    """The profiler produced nothing usable."""
+
+
+def profile_call(model: torch.nn.Module, call: Callable[[], object]):
+    """Run ``call`` once under torch.profiler with module ranges on ``model``'s forwards;
+    return (kernels, host events, module ranges)."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    torch.cuda.synchronize()
+    with module_ranges(model), torch.profiler.profile(activities=activities) as prof:
+        call()
+        torch.cuda.synchronize()
+    kernels, hosts, ranges = split_events(prof.profiler.kineto_results.events())
+    if not kernels:
+        raise ProfilerError("torch.profiler recorded no GPU kernel (is CUPTI usable here?)")
+    return kernels, hosts, ranges
+
+
+def _is_kernel(event) -> bool:
+    """A kernel, not a memcpy/memset or a GPU-side copy of a user annotation."""
+    activity = getattr(event, "activity_type", None)
+    if activity is not None:
+        return activity() == "kernel"
+    return not event.name().startswith(("Memcpy", "Memset", MODULE_RANGE_PREFIX))
+
+
+def split_events(events) -> tuple[list[KernelEvent], list[HostEvent], list[ModuleRange]]:
+    """Kineto events -> GPU kernels (each linked to the host op or annotation that was innermost
+    when it launched, as torch.profiler itself links them), host events, and our module ranges."""
+    kernels: list[KernelEvent] = []
+    hosts: list[HostEvent] = []
+    ranges: list[ModuleRange] = []
+    for e in events:
+        if e.device_type() == DeviceType.CUDA:
+            if _is_kernel(e):
+                kernels.append(KernelEvent(e.name(), e.duration_ns(), e.linked_correlation_id()))
+            continue
+        name = e.name()
+        if name.startswith(MODULE_RANGE_PREFIX):
+            ranges.append(
+                ModuleRange(
+                    name[len(MODULE_RANGE_PREFIX) :], e.start_thread_id(), e.start_ns(), e.end_ns()
+                )
+            )
+        # host ops and annotations carry their own id and no link; CUDA runtime/driver calls
+        # carry a link to the op that made them (their CUPTI ids could collide with op ids)
+        if e.correlation_id() > 0 and e.linked_correlation_id() == 0:
+            hosts.append(HostEvent(e.correlation_id(), e.start_thread_id(), e.start_ns()))
+    return kernels, hosts, ranges

@@ -1,0 +1,38 @@
+"""The worker's running record, rewritten atomically after every phase so the supervisor finds
+what was known even when it has to kill the worker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tilegym_hf_bench.metrics import write_atomic
+
+
+class Progress:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.data: dict[str, Any] = {"status": "running", "parts": {}, "not_measured": {}}
+        write_atomic(self.path, self.data)
+
+    def update(self, **fields: Any) -> None:
+        self.data.update(fields)
+        write_atomic(self.path, self.data)
+
+    def part(self, name: str, block: Any) -> None:
+        self.data["parts"][name] = block
+        write_atomic(self.path, self.data)
+
+    def not_measured(self, name: str, reason: str) -> None:
+        self.data["parts"][name] = None
+        self.data["not_measured"][name] = reason
+        write_atomic(self.path, self.data)
+
+
+def read_progress(path: str | Path) -> dict[str, Any] | None:
+    """The last record the worker wrote, or None when there is none (or it is unreadable)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None

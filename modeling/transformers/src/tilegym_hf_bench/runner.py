@@ -1,0 +1,190 @@
+"""One benchmark run inside the worker: models, throughput, correctness, coverage."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tilegym_hf_bench import correctness as corr
+from tilegym_hf_bench.envinfo import gpu_env
+from tilegym_hf_bench.errors import BenchError
+from tilegym_hf_bench.generation import Generator, make_input_ids
+from tilegym_hf_bench.metrics import throughput_block
+from tilegym_hf_bench.model_factory import (
+    fp32_reference,
+    pretrained_model,
+    random_model,
+    resolve_device,
+    twin_sharing_weights,
+    weight_fingerprint,
+)
+from tilegym_hf_bench.options import BenchOptions
+from tilegym_hf_bench.profiling.attribution import aggregate, coverage_block
+from tilegym_hf_bench.profiling.classify import KernelClassifier, load_prefixes
+from tilegym_hf_bench.progress import Progress
+from tilegym_hf_bench.report import coverage_table_lines
+from tilegym_hf_bench.tilegym_patch import apply_patch
+
+BASELINE, CUTILE = "baseline", "cutile"
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def run(options: BenchOptions, progress: Progress) -> None:
+    device = resolve_device(options.device)
+    wl = options.workload
+    env = gpu_env(device)
+    progress.update(env=env, device=device)
+    where = env["gpu_name"] or "CPU"
+    log(f"device: {device} ({where}); torch {env['torch']}, transformers {env['transformers']}")
+
+    start = time.perf_counter()
+    if options.model_id:
+        loaded = pretrained_model(options.model_key, options.model_id, device)
+    else:
+        loaded = random_model(options.model_key, device, wl.seed)
+    progress.update(weights=loaded.weights, model_type=loaded.model_type)
+    log(
+        f"weights: {loaded.weights} ({loaded.source}; seed {wl.seed}); "
+        f"model built in {time.perf_counter() - start:.1f} s"
+    )
+    baseline = loaded.model
+
+    cutile_reason = _cutile_unmeasured_reason(options, device)
+    cutile_model = None
+    if cutile_reason is None:
+        cutile_model = twin_sharing_weights(baseline)
+        before = weight_fingerprint(baseline)
+        report = apply_patch(cutile_model, loaded.model_type)
+        for line in report.lines():
+            log(line)
+        if not torch.equal(before, weight_fingerprint(baseline)):
+            raise BenchError("the cuTile patch changed the shared weights in place")
+    else:
+        progress.not_measured(CUTILE, cutile_reason)
+        log(f"cuTile: not measured ({cutile_reason})")
+
+    vocab = baseline.config.get_text_config().vocab_size
+    ids = make_input_ids(vocab, wl.batch_size, wl.input_length, wl.seed, device)
+    sides: dict[str, Generator] = {}
+    if not options.skip_baseline:
+        sides[BASELINE] = Generator(baseline, ids, device)
+    else:
+        progress.not_measured(BASELINE, "--skip-baseline")
+    if cutile_model is not None:
+        sides[CUTILE] = Generator(cutile_model, ids, device)
+
+    continuation = None
+    if sides:
+        from tilegym_hf_bench.throughput import measure, warm_up
+
+        log(
+            f"workload {wl.name}: batch {wl.batch_size}, {wl.input_length} in, "
+            f"{wl.output_length} out; warm-up >= {wl.warmup_runs}, timed {wl.timed_runs} a side"
+        )
+        warmups = warm_up(sides, wl.output_length, wl.warmup_runs, log)
+        progress.update(warmup_runs=warmups)
+        samples = measure(sides, wl.batch_size, wl.output_length, wl.timed_runs, log)
+        interleaved = len(sides) > 1
+        for name, s in samples.items():
+            progress.part(
+                name,
+                throughput_block(s.tokens_per_s, s.ttft_ms, s.decode_tokens_per_s, interleaved),
+            )
+        if BASELINE in samples:
+            continuation = samples[BASELINE].last_output
+
+    if options.skip_correctness:
+        progress.not_measured("correctness", "--skip-correctness")
+    else:
+        if continuation is None:
+            continuation = Generator(baseline, ids, device).generate(wl.output_length)
+        progress.part("correctness", check_correctness(baseline, cutile_model, continuation, wl))
+
+    coverage_reason = _coverage_unmeasured_reason(options, device, cutile_reason)
+    if coverage_reason is None:
+        block = _coverage(options, cutile_model, ids, device, wl.output_length)
+        if block is None:
+            progress.update(coverage_pending="nsys")
+        else:
+            progress.part("coverage", block)
+    else:
+        progress.not_measured("coverage", coverage_reason)
+        log(f"coverage: not measured ({coverage_reason})")
+
+
+def _cutile_unmeasured_reason(options: BenchOptions, device: str) -> str | None:
+    if options.skip_cutile:
+        return "--skip-cutile"
+    if not device.startswith("cuda"):
+        return f"cuTile kernels need a CUDA GPU; device is {device}"
+    return None
+
+
+def _coverage_unmeasured_reason(
+    options: BenchOptions, device: str, cutile_reason: str | None
+) -> str | None:
+    if options.skip_coverage:
+        return "--skip-coverage"
+    if not device.startswith("cuda"):
+        return f"coverage is GPU kernel time; device is {device}"
+    if cutile_reason is not None:
+        return f"no kernelized model ({cutile_reason})"
+    return None
+
+
+def check_correctness(baseline, cutile_model, sequence, wl) -> dict:
+    prompt = wl.input_length
+    ref_model = fp32_reference(baseline)
+    reference = corr.full_logits(ref_model, sequence, prompt)
+    del ref_model
+    base_logits = corr.stepwise_logits(baseline, sequence, prompt)
+    base_err = corr.rel_err(base_logits, reference)
+    del base_logits
+    kernel_err = top1 = None
+    finite = True
+    if cutile_model is not None:
+        kernel_logits = corr.stepwise_logits(cutile_model, sequence, prompt)
+        finite = corr.is_finite(kernel_logits)
+        kernel_err = corr.rel_err(kernel_logits, reference)
+        top1 = corr.top1_agreement(kernel_logits, reference)
+        del kernel_logits
+    v = corr.verdict(kernel_err, base_err, finite)
+    log(
+        f"correctness: {'PASS' if v.passed else 'FAIL'}: {v.reason}; bf16 baseline rel err "
+        f"{base_err:.3e} vs fp32" + (f"; top-1 agreement {top1:.4f}" if top1 is not None else "")
+    )
+    return {
+        "passed": v.passed,
+        "logits_rel_err": kernel_err if kernel_err is None or _finite(kernel_err) else None,
+        "baseline_rel_err": base_err if _finite(base_err) else None,
+        "tolerance": v.tolerance,
+        "top1_agreement": top1,
+    }
+
+
+def _finite(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))
+
+
+def _coverage(options: BenchOptions, model, ids, device: str, tokens: int) -> dict | None:
+    gen = Generator(model, ids, device)
+    classifier = KernelClassifier(load_prefixes())
+    if not classifier.can_demangle:
+        log("warning: cuda.tile.compilation is not importable; classifying by prefixes only")
+    if options.profiler == "nsys":
+        from tilegym_hf_bench.profiling.nsys_trace import profile_call as nsys_profile_call
+
+        nsys_profile_call(model, lambda: gen.generate(tokens))
+        log("coverage: one generate() recorded by Nsight Systems; read after the worker exits")
+        return None
+    from tilegym_hf_bench.profiling.torch_trace import profile_call
+
+    kernels, hosts, ranges = profile_call(model, lambda: gen.generate(tokens))
+    cov = aggregate(kernels, hosts, ranges, classifier.is_cutile)
+    for line in coverage_table_lines(cov):
+        log(line)
+    return coverage_block(cov, options.profiler)

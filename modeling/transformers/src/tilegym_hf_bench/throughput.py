@@ -1,0 +1,72 @@
+"""Warm-up until timings settle, then timed runs interleaved A B A B across the sides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tilegym_hf_bench.generation import Generator
+from tilegym_hf_bench.stats import first_run_outlier, settled
+
+EXTRA_WARMUP_RUNS = 4  # at most this many runs beyond --warmup-runs while timings still move
+
+
+@dataclass
+class SideSamples:
+    tokens_per_s: list[float] = field(default_factory=list)
+    ttft_ms: list[float] = field(default_factory=list)
+    decode_tokens_per_s: list[float] = field(default_factory=list)
+    warmup_s: list[float] = field(default_factory=list)
+    last_output: object = None
+
+
+def warm_up(sides: dict[str, Generator], tokens: int, min_runs: int, log: Callable) -> int:
+    """Full generate() runs of every side, interleaved, until each side's time settled."""
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    runs = 0
+    limit = min_runs + EXTRA_WARMUP_RUNS if min_runs else 0
+    while runs < limit and not all(settled(t, min_runs) for t in times.values()):
+        for name, gen in sides.items():
+            if runs == 0:
+                gen.timed(1)  # the prefill-only shapes of the TTFT runs compile here too
+            seconds, _ = gen.timed(tokens)
+            times[name].append(seconds)
+        runs += 1
+        log(
+            "warm-up run {}: {}".format(
+                runs, ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items())
+            )
+        )
+    if limit and not all(settled(t, min_runs) for t in times.values()):
+        log(f"warning: warm-up timings still moved by more than 10% after {runs} runs")
+    return runs
+
+
+def measure(
+    sides: dict[str, Generator], batch: int, tokens: int, runs: int, log: Callable
+) -> dict[str, SideSamples]:
+    """``runs`` rounds; each round times every side (in order) once: a 1-token generate (time to
+    first token), then the full generate. tokens/s = batch*tokens / wall time of generate()."""
+    out = {name: SideSamples() for name in sides}
+    for i in range(runs):
+        parts = []
+        for name, gen in sides.items():
+            ttft_s, _ = gen.timed(1)
+            total_s, output = gen.timed(tokens)
+            s = out[name]
+            s.tokens_per_s.append(batch * tokens / total_s)
+            s.ttft_ms.append(1000.0 * ttft_s)
+            if tokens > 1 and total_s > ttft_s:
+                s.decode_tokens_per_s.append(batch * (tokens - 1) / (total_s - ttft_s))
+            s.last_output = output
+            parts.append(f"{name} {s.tokens_per_s[-1]:.2f} tok/s (ttft {1000 * ttft_s:.1f} ms)")
+        log(f"timed run {i + 1}/{runs}: " + ", ".join(parts))
+    for name, s in out.items():
+        if first_run_outlier(s.tokens_per_s):
+            log(
+                f"warning: {name}: the first timed run ({s.tokens_per_s[0]:.2f} tok/s) is slower "
+                "than the others beyond their spread; warm-up may be too short (--warmup-runs)"
+            )
+        elif len(s.tokens_per_s) >= 3:
+            log(f"{name}: first timed run is not a slow outlier ({s.tokens_per_s[0]:.2f} tok/s)")
+    return out

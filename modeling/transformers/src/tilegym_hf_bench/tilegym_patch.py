@@ -1,0 +1,64 @@
+"""The cuTile side of the benchmark: which patch flags each model gets, and applying them.
+
+``MODEL_PATCH_KWARGS`` stays a plain dict literal: the experiment-scope hook lets an experiment
+change only its own model key's value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MODEL_PATCH_KWARGS = {
+    "qwen3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "llama": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+}
+
+
+class PatchUnavailable(Exception):
+    """The cuTile patch cannot be applied at all (missing module, unsupported model type)."""
+
+
+@dataclass
+class PatchReport:
+    """What the patch did to one model instance."""
+
+    handle: Any
+    flags: dict[str, Any]
+    applied: list[str] = field(default_factory=list)
+    not_applied: dict[str, str] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        applied = ", ".join(self.applied) if self.applied else "none"
+        out = [f"cuTile patch flags: {self.flags}", f"cuTile patch applied: {applied}"]
+        for flag, reason in sorted(self.not_applied.items()):
+            out.append(f"cuTile patch not applied: {flag} ({reason})")
+        return out
+
+
+def patch_flags(model_type: str) -> dict[str, Any]:
+    try:
+        return dict(MODEL_PATCH_KWARGS[model_type])
+    except KeyError:
+        raise PatchUnavailable(
+            f"no cuTile patch flags for model type {model_type!r} "
+            f"(MODEL_PATCH_KWARGS has {', '.join(MODEL_PATCH_KWARGS)})"
+        ) from None
+
+
+def apply_patch(model, model_type: str) -> PatchReport:
+    """Patch this model instance only, through ``tilegym.transformers.monkey_patch``."""
+    flags = patch_flags(model_type)
+    try:
+        from tilegym.transformers.monkey_patch import apply_tilegym_kernel
+    except ImportError as exc:
+        raise PatchUnavailable(
+            f"tilegym.transformers.monkey_patch is not importable: {exc}"
+        ) from exc
+    handle = apply_tilegym_kernel(model, **flags)
+    return PatchReport(
+        handle=handle,
+        flags=flags,
+        applied=list(getattr(handle, "applied", [])),
+        not_applied=dict(getattr(handle, "not_applied", {})),
+    )

@@ -1,0 +1,147 @@
+"""Coverage aggregation and module attribution on synthetic profiler records."""
+
+import cuda.tile as ct
+import pytest
+from cuda.tile.compilation import (
+    ArrayConstraint,
+    CallingConvention,
+    KernelSignature,
+    ScalarConstraint,
+    mangle_kernel_name,
+)
+from tilegym_hf_bench.metrics_schema import load_schema
+from tilegym_hf_bench.profiling.attribution import (
+    HostEvent,
+    KernelEvent,
+    ModuleRange,
+    aggregate,
+    coverage_block,
+    enclosing_modules,
+    normalize_module,
+)
+from tilegym_hf_bench.profiling.classify import (
+    KernelClassifier,
+    PrefixFileError,
+    load_prefixes,
+    parse_prefixes,
+)
+
+
+def cutile_symbol(function: str) -> str:
+    array = ArrayConstraint(
+        ct.bfloat16,
+        2,
+        index_dtype=ct.int32,
+        stride_lower_bound_incl=0,
+        alias_groups=[],
+        may_alias_internally=False,
+    )
+    sig = KernelSignature(
+        [array, ScalarConstraint(ct.float32), 64], CallingConvention.cutile_python_v2()
+    )
+    return mangle_kernel_name(function, sig)
+
+
+def test_innermost_enclosing_range_on_the_same_thread():
+    ranges = [
+        ModuleRange("model", 1, 0, 100),
+        ModuleRange("model.layers.0", 1, 10, 50),
+        ModuleRange("model.layers.0.mlp", 1, 20, 40),
+        ModuleRange("other_thread", 2, 0, 100),
+    ]
+    hosts = [
+        HostEvent(1, 1, 25),  # inside mlp
+        HostEvent(2, 1, 45),  # layer, after mlp closed
+        HostEvent(3, 1, 99),  # only the root
+        HostEvent(4, 1, 150),  # outside everything
+        HostEvent(5, 2, 5),  # other thread
+        HostEvent(6, 1, 20),  # exactly at the mlp start
+        HostEvent(7, 1, 40),  # exactly at the mlp end
+    ]
+    got = enclosing_modules(hosts, ranges)
+    assert got == {
+        1: "model.layers.0.mlp",
+        2: "model.layers.0",
+        3: "model",
+        4: None,
+        5: "other_thread",
+        6: "model.layers.0.mlp",
+        7: "model.layers.0.mlp",
+    }
+
+
+def test_ranges_with_equal_start_nest_outer_first():
+    ranges = [ModuleRange("inner", 1, 10, 20), ModuleRange("outer", 1, 10, 30)]
+    got = enclosing_modules([HostEvent(1, 1, 15), HostEvent(2, 1, 25)], ranges)
+    assert got == {1: "inner", 2: "outer"}
+
+
+def test_normalize_module_folds_layer_indices():
+    assert normalize_module("model.layers.17.mlp.down_proj") == "model.layers.*.mlp.down_proj"
+    assert normalize_module("model.layers.3") == "model.layers.*"
+    assert normalize_module("lm_head") == "lm_head"
+
+
+def test_aggregate_sums_time_per_kernel_and_module_and_classifies():
+    rms = cutile_symbol("rms_norm_kernel")
+    ranges = [
+        ModuleRange("model.layers.0.mlp", 7, 0, 10),
+        ModuleRange("model.layers.1.mlp", 7, 20, 30),
+        ModuleRange("model.layers.0.input_layernorm", 7, 40, 50),
+    ]
+    hosts = [HostEvent(11, 7, 1), HostEvent(12, 7, 21), HostEvent(13, 7, 41), HostEvent(14, 7, 60)]
+    kernels = [
+        KernelEvent("sm90_xmma_gemm_bf16", 3000, 11),
+        KernelEvent("sm90_xmma_gemm_bf16", 1000, 12),
+        KernelEvent(rms, 2000, 13),
+        KernelEvent("at::native::argmax_kernel", 4000, 14),
+        KernelEvent("at::native::copy_kernel", 500, 0),
+    ]
+    cov = aggregate(kernels, hosts, ranges, KernelClassifier().is_cutile)
+    rows = {(r.name, r.module): (r.calls, r.gpu_ns, r.cutile) for r in cov.rows}
+    assert rows == {
+        ("sm90_xmma_gemm_bf16", "model.layers.*.mlp"): (2, 4000, False),
+        (rms, "model.layers.*.input_layernorm"): (1, 2000, True),
+        ("at::native::argmax_kernel", None): (1, 4000, False),
+        ("at::native::copy_kernel", None): (1, 500, False),
+    }
+    assert cov.total_ns == 10500 and cov.cutile_ns == 2000
+    assert cov.gpu_time_pct == pytest.approx(100 * 2000 / 10500)
+    assert cov.launch_pct == pytest.approx(20.0)
+    assert [r.gpu_ns for r in cov.rows] == sorted((r.gpu_ns for r in cov.rows), reverse=True)
+
+
+def test_coverage_block_matches_the_schema_coverage_object():
+    import jsonschema
+
+    cov = aggregate(
+        [KernelEvent(cutile_symbol("silu_and_mul"), 10, 1), KernelEvent("gemm", 30, 1)],
+        [HostEvent(1, 1, 5)],
+        [ModuleRange("model.layers.0.mlp", 1, 0, 10)],
+        KernelClassifier().is_cutile,
+    )
+    block = coverage_block(cov, "torch")
+    assert block["gpu_time_pct"] == 25.0 and block["launch_pct"] == 50.0
+    schema = load_schema()
+    sub = {"$defs": schema["$defs"], **schema["properties"]["coverage"]}
+    jsonschema.Draft202012Validator(sub).validate(block)
+
+
+def test_classifier_demangles_cutile_symbols_and_matches_prefixes():
+    plain = KernelClassifier()
+    assert plain.can_demangle
+    assert plain.is_cutile(cutile_symbol("rope_kernel"))
+    assert plain.cutile_function(cutile_symbol("rope_kernel")) == "rope_kernel"
+    assert not plain.is_cutile("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_tn")
+    assert not plain.is_cutile("void at::native::vectorized_elementwise_kernel<4>")
+    with_prefix = KernelClassifier(["fused_attention"])
+    assert with_prefix.is_cutile("fused_attention_shortened_by_profiler")
+    assert not with_prefix.is_cutile("flash_fwd_kernel")
+
+
+def test_prefix_file_format():
+    assert load_prefixes() == ()
+    assert parse_prefixes("prefixes: [a_kernel, b_kernel]\n") == ("a_kernel", "b_kernel")
+    for bad in ("prefixes: a_kernel\n", "other: []\n", "prefixes: [1]\n", "- a\n"):
+        with pytest.raises(PrefixFileError):
+            parse_prefixes(bad)

@@ -1,0 +1,45 @@
+"""Flags to options: workloads per preset, overrides, and what is refused."""
+
+import pytest
+from tilegym_hf_bench.options import DEFAULT_TIMEOUT_S, BenchOptions, UsageError, parse_options
+from tilegym_hf_bench.presets import PRESETS, config_dict
+
+
+def test_default_and_decode_workloads_of_the_gpu_presets():
+    o = parse_options(["--model-key", "qwen3"])
+    w = o.workload
+    assert (w.batch_size, w.input_length, w.output_length) == (1, 2048, 128)
+    assert (w.warmup_runs, w.timed_runs, w.seed) == (2, 10, 0)
+    assert o.timeout_s == DEFAULT_TIMEOUT_S == 900 and o.profiler == "torch" and o.device == "auto"
+    d = parse_options(["--model-key", "llama", "--workload", "decode"]).workload
+    assert (d.name, d.batch_size, d.input_length, d.output_length) == ("decode", 8, 256, 256)
+
+
+def test_tiny_presets_get_cpu_sized_workloads_and_flags_override():
+    w = parse_options(["--model-key", "tiny-llama"]).workload
+    assert (w.batch_size, w.input_length, w.output_length) == (1, 128, 16)
+    o = parse_options(
+        ["--model-key", "tiny-qwen3", "--batch-size", "3", "--output-length", "7", "--seed", "9",
+         "--skip-baseline", "--skip-coverage", "--timeout", "12.5"]
+    )  # fmt: skip
+    assert (o.workload.batch_size, o.workload.output_length, o.workload.seed) == (3, 7, 9)
+    assert o.skip_baseline and o.skip_coverage and not o.skip_cutile and o.timeout_s == 12.5
+    assert BenchOptions.from_json(o.to_json()) == o
+
+
+def test_unknown_model_type_needs_model_id():
+    with pytest.raises(UsageError, match="unknown --model-key"):
+        parse_options(["--model-key", "mistral"])
+    o = parse_options(["--model-key", "mistral", "--model-id", "/models/mistral"])
+    assert o.model_id == "/models/mistral"
+
+
+def test_bundled_configs_match_the_published_architectures():
+    q = config_dict(PRESETS["qwen3"])
+    assert (q["num_hidden_layers"], q["hidden_size"], q["intermediate_size"]) == (28, 1024, 3072)
+    assert (q["num_attention_heads"], q["num_key_value_heads"], q["head_dim"]) == (16, 8, 128)
+    assert q["vocab_size"] == 151936 and q["tie_word_embeddings"]
+    ll = config_dict(PRESETS["llama"])
+    assert (ll["num_hidden_layers"], ll["hidden_size"], ll["intermediate_size"]) == (16, 2048, 8192)
+    assert ll["rope_scaling"]["rope_type"] == "llama3" and ll["rope_scaling"]["factor"] == 32.0
+    assert all(not k.startswith("_") for k in q)

@@ -1,0 +1,100 @@
+"""The two-sided path the GPU run takes (baseline + a twin sharing its weights), exercised on CPU
+with an unpatched twin: interleaved timing, teacher-forced correctness and a valid document."""
+
+import torch
+from tilegym_hf_bench.generation import Generator, make_input_ids
+from tilegym_hf_bench.metrics import assemble, throughput_block
+from tilegym_hf_bench.metrics_schema import validation_errors
+from tilegym_hf_bench.model_factory import (
+    fp32_reference,
+    random_model,
+    twin_sharing_weights,
+    weight_fingerprint,
+)
+from tilegym_hf_bench.runner import check_correctness
+from tilegym_hf_bench.throughput import measure, warm_up
+from tilegym_hf_bench.workloads import Workload
+
+WL = Workload(
+    "default", batch_size=2, input_length=10, output_length=5, warmup_runs=1, timed_runs=3
+)
+
+
+def test_random_weights_are_seeded_and_give_finite_spread_logits():
+    a = random_model("tiny-llama", "cpu", seed=5).model
+    b = random_model("tiny-llama", "cpu", seed=5).model
+    c = random_model("tiny-llama", "cpu", seed=6).model
+    assert torch.equal(weight_fingerprint(a), weight_fingerprint(b))
+    assert not torch.equal(weight_fingerprint(a), weight_fingerprint(c))
+    assert a.lm_head.weight is a.model.embed_tokens.weight
+    ids = make_input_ids(512, 2, 16, seed=0, device="cpu")
+    with torch.no_grad():
+        logits = a(input_ids=ids).logits.float()
+    assert torch.isfinite(logits).all()
+    assert logits.std() > 0.05  # not degenerate
+    assert (logits.argmax(-1) != logits.argmax(-1)[0, 0]).any()
+
+
+def test_twin_shares_weights_but_not_its_config():
+    base = random_model("tiny-qwen3", "cpu", seed=0).model
+    twin = twin_sharing_weights(base)
+    assert twin.config is not base.config
+    for (name, p), (_, q) in zip(
+        base.named_parameters(remove_duplicate=False),
+        twin.named_parameters(remove_duplicate=False),
+        strict=True,
+    ):
+        assert p is q, name
+    twin.set_attn_implementation("eager")
+    assert base.config._attn_implementation == "sdpa"
+    ref = fp32_reference(base)
+    assert ref.model.norm.weight.dtype == torch.float32
+    assert torch.equal(
+        ref.model.layers[0].mlp.up_proj.weight, base.model.layers[0].mlp.up_proj.weight.float()
+    )
+
+
+def test_interleaved_sides_and_correctness_make_a_valid_document():
+    base = random_model("tiny-qwen3", "cpu", seed=0).model
+    twin = twin_sharing_weights(base)
+    ids = make_input_ids(512, WL.batch_size, WL.input_length, WL.seed, "cpu")
+    sides = {"baseline": Generator(base, ids, "cpu"), "cutile": Generator(twin, ids, "cpu")}
+    logged = []
+    runs = warm_up(sides, WL.output_length, WL.warmup_runs, logged.append)
+    assert runs >= 2  # one requested, and at least two to see the timings settle
+    samples = measure(sides, WL.batch_size, WL.output_length, WL.timed_runs, logged.append)
+    assert [len(s.tokens_per_s) for s in samples.values()] == [3, 3]
+    assert torch.equal(samples["baseline"].last_output, samples["cutile"].last_output)
+    assert sum(line.startswith("timed run") for line in logged) == 3
+
+    result = check_correctness(base, twin, samples["baseline"].last_output, WL)
+    assert result["passed"]
+    assert result["logits_rel_err"] == result["baseline_rel_err"] > 0
+    assert 0.0 <= result["top1_agreement"] <= 1.0
+
+    parts = {
+        name: throughput_block(s.tokens_per_s, s.ttft_ms, s.decode_tokens_per_s, True)
+        for name, s in samples.items()
+    }
+    doc = assemble(
+        status="ok", error=None, model_key="tiny-qwen3", model_id=None, weights="random",
+        commit="a" * 40, started_at="2026-01-01T00:00:00+00:00", wall_s=1.0,
+        env={k: None for k in ("gpu_name", "gpu_uuid", "compute_capability", "driver", "cuda",
+                               "torch", "transformers", "cuda_tile", "tileiras", "python")},
+        workload=WL.as_metrics(), parts={**parts, "correctness": result, "coverage": None},
+    )  # fmt: skip
+    assert validation_errors(doc) == []
+    assert doc["cutile"]["throughput"]["interleaved"] is True
+
+
+def test_a_crashed_run_carries_no_measurement():
+    block = throughput_block([10.0, 11.0], [5.0, 5.0], [12.0, 13.0], False)
+    doc = assemble(
+        status="crash", error="CUDA error: out of memory", model_key="qwen3", model_id=None,
+        weights="random", commit="b" * 40, started_at="2026-01-01T00:00:00Z", wall_s=3.0,
+        env={k: None for k in ("gpu_name", "gpu_uuid", "compute_capability", "driver", "cuda",
+                               "torch", "transformers", "cuda_tile", "tileiras", "python")},
+        workload=WL.as_metrics(), parts={"baseline": block},
+    )  # fmt: skip
+    assert validation_errors(doc) == []
+    assert doc["baseline"] is None and doc["error"] == "CUDA error: out of memory"
