@@ -1,0 +1,77 @@
+"""Benchmark one commit for the local loop: a throwaway worktree, the runner's LocalExecutor.
+
+The executor runs the worktree's own code (its source roots first on PYTHONPATH) as a
+subprocess with a hard timeout, and always leaves a metrics file (synthesized on crash/timeout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tilegym_bot.forge.local import LocalForge
+from tilegym_bot.metrics_file import load_metrics
+from tilegym_bot.policy import dig
+from tilegym_bot.runner.base import BenchRequest
+from tilegym_bot.runner.local import LocalExecutor
+
+
+@dataclass
+class BenchConfig:
+    """How ``experiment run`` benchmarks a commit when no metrics files are given."""
+
+    bench_args: list[str] = field(default_factory=list)
+    timeout_s: float = 900.0
+    gpu_uuid: str | None = None
+
+
+def timed_runs(*docs: Any) -> int | None:
+    """``workload.timed_runs`` of the first document that has a usable one."""
+    for doc in docs:
+        n = dig(doc, "workload", "timed_runs")
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return None
+
+
+def with_timed_runs(args: list[str], runs: int) -> list[str]:
+    """``args`` with any ``--timed-runs`` replaced by ``--timed-runs runs``."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--timed-runs":
+            skip = True
+        elif not arg.startswith("--timed-runs="):
+            out.append(arg)
+    return [*out, "--timed-runs", str(runs)]
+
+
+def bench_commit(
+    forge: LocalForge,
+    cfg: BenchConfig,
+    *,
+    model_key: str,
+    run_name: str,
+    sha: str,
+    runs: int | None = None,
+) -> Any:
+    """Metrics of ``sha``; logs and metrics stay in ``sandbox/runs/<run_name>/``."""
+    args = ["--model-key", model_key, *cfg.bench_args]
+    if runs:
+        args = with_timed_runs(args, runs)
+    run_dir = forge.root / "sandbox" / "runs" / run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with forge.worktree(sha) as tree:
+        result = LocalExecutor().run(
+            BenchRequest(
+                repo_dir=tree,
+                commit=sha,
+                bench_args=args,
+                metrics_out=run_dir / "metrics.json",
+                log_dir=run_dir,
+                timeout_s=cfg.timeout_s,
+                gpu_uuid=cfg.gpu_uuid,
+            )
+        )
+    return load_metrics(result.metrics_path)

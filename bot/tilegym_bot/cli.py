@@ -1,0 +1,375 @@
+"""``tilegym-bot``: decide on metrics, drive the local experiment loop, show/rebuild the ledger.
+
+Exit codes (DESIGN.md): 0 done (any verdict), 1 refused or failed, 2 usage / unreadable input.
+Every error is one ``error: ...`` line (after any ``path:line: CODE`` findings), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import git
+
+from tilegym_bot.errors import BotError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage block
+        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+class _UsageError(BotError):
+    """Bad input files or values: exit 2 like argparse's usage errors."""
+
+
+def _margin(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1): {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
+
+
+# ---- decide -----------------------------------------------------------------------------------
+def _summary_text(decision) -> str:
+    d = decision.to_json()
+    cov, tp = d["coverage"], d["throughput"]
+
+    def num(v, fmt="{:.2f}"):
+        return "n/a" if v is None else fmt.format(v)
+
+    ci = tp["ratio_ci95"]
+    lines = [
+        f"verdict: {d['status']} (ledger: {d['ledger_status']})",
+        *[f"  - {r}" for r in d["reasons"]],
+        f"coverage: {num(cov['base'])}% → {num(cov['head'])}% (Δ {num(cov['delta_pp'])} pp)",
+        f"cuTile throughput: {num(tp['base'])} → {num(tp['head'])} tokens/s, ratio "
+        f"{num(tp['ratio'], '{:.3f}')}" + (f" (95% CI {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""),
+    ]
+    return "\n".join(lines)
+
+
+def _cmd_decide(args) -> int:
+    from tilegym_bot.metrics_file import load_metrics
+    from tilegym_bot.policy import decide
+
+    try:
+        base, head = load_metrics(args.base), load_metrics(args.head)
+    except BotError as exc:
+        raise _UsageError(str(exc)) from exc
+    decision = decide(base, head, margin=args.margin, rerun=args.rerun)
+    print(json.dumps(decision.to_json(), indent=2) if args.json else _summary_text(decision))
+    return 0
+
+
+# ---- experiment -------------------------------------------------------------------------------
+def _forge(args):
+    from tilegym_bot.forge.local import LocalForge
+
+    return LocalForge(args.repo)
+
+
+def _cmd_start(args) -> int:
+    from tilegym_bot import experiment
+
+    branch = experiment.start(_forge(args), args.model_key, args.name)
+    print(f"on {branch}: commit the experiment, then `tilegym-bot experiment run`")
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from tilegym_bot import experiment
+    from tilegym_bot.bench import BenchConfig
+
+    if args.base_metrics and not args.head_metrics:
+        raise _UsageError("--base-metrics needs --head-metrics")
+    outcome = experiment.run(
+        _forge(args),
+        description=args.description,
+        base_metrics=args.base_metrics,
+        head_metrics=args.head_metrics,
+        bench=BenchConfig([*(args.bench_arg or []), *args.bench_args], args.timeout, args.gpu_uuid),
+        margin=args.margin,
+    )
+    for message in outcome.messages:
+        print(message, file=sys.stderr)
+    print(
+        f"PR record #{outcome.record['number']}: {outcome.record['report_path']}", file=sys.stderr
+    )
+    print(json.dumps(outcome.decision.to_json(), indent=2))
+    return 0
+
+
+def _cmd_advance(args) -> int:
+    from tilegym_bot import experiment
+
+    print(experiment.advance(_forge(args)))
+    return 0
+
+
+def _cmd_reset(args) -> int:
+    from tilegym_bot import experiment
+
+    print(experiment.reset(_forge(args)))
+    return 0
+
+
+# ---- ledger -----------------------------------------------------------------------------------
+def _cmd_ledger_show(args) -> int:
+    from tilegym_bot import ledger
+    from tilegym_bot.experiment import MODEL_KEY_RE
+    from tilegym_bot.forge.local import LocalForge
+
+    if not MODEL_KEY_RE.fullmatch(args.model_key):
+        raise _UsageError(f"model key {args.model_key!r} is not a transformers submodule name")
+    path = ledger.ledger_path(LocalForge(args.repo).root, args.model_key)
+    try:
+        rows = ledger.read(path)
+    except ledger.LedgerError as exc:
+        raise BotError(f"{path} is malformed", [str(f) for f in exc.findings]) from exc
+    if not rows:
+        print(f"no experiments recorded yet for {args.model_key} ({path})", file=sys.stderr)
+    print(ledger.render(rows), end="")
+    if args.plot:
+        from tilegym_bot.plot import plot_ledger
+
+        plot_ledger(rows, args.plot, title=f"{args.model_key}: cuTile coverage and throughput")
+        print(f"plot: {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _cmd_ledger_rebuild(args) -> int:
+    from tilegym_bot import ledger
+    from tilegym_bot.forge.local import LocalForge
+    from tilegym_bot.rebuild import rows_from_records
+
+    root = LocalForge(args.repo).root
+    if args.github:
+        from tilegym_bot.forge.github import GitHubForge
+
+        records = GitHubForge(args.github).records()
+    else:
+        from tilegym_bot.rebuild import local_records
+
+        records = local_records(LocalForge(args.repo))
+    rows = rows_from_records(records, args.model_key)
+    path = ledger.ledger_path(root, args.model_key)
+    ledger.rewrite(path, rows)
+    print(f"{path}: {len(rows)} rows rebuilt from {'GitHub' if args.github else 'local'} PRs")
+    return 0
+
+
+def _cmd_github_apply(args) -> int:
+    from tilegym_bot.forge.github import GitHubForge, apply_verdict
+    from tilegym_bot.metrics_file import load_metrics
+
+    try:
+        base, head = load_metrics(args.base_metrics), load_metrics(args.head_metrics)
+    except BotError as exc:
+        raise _UsageError(str(exc)) from exc
+    result = apply_verdict(
+        GitHubForge(args.repo),
+        base,
+        head,
+        head_sha=args.head_sha,
+        pr_number=args.pr,
+        margin=args.margin,
+        rerun=args.rerun,
+    )
+    for action in result.actions:
+        print(action, file=sys.stderr)
+    if args.report_out:
+        args.report_out.parent.mkdir(parents=True, exist_ok=True)
+        args.report_out.write_text(result.comment, encoding="utf-8")
+    print(json.dumps(result.decision.to_json(), indent=2))
+    return 0
+
+
+RUN_HELP = """\
+Benchmark main (base) and this branch's HEAD (or take --base-metrics/--head-metrics), decide,
+and record the PR under .git/tilegym-bot/prs/. keep: merge into main (merge commit, the working
+tree is not touched). Anything else: main untouched, the branch is kept as the tag
+experiment-archive/<model_key>/<slug>, its Definitions/Solutions are copied to
+sandbox/<model_key>/drafts/<slug>/. Either way one ledger row is appended. The first run of a
+model with no ledger also records main as the baseline row (a branch without commits records
+only that). inconclusive: the benchmark is repeated once with twice the samples; with metrics
+files, run again with the rerun's files. Refuses, changing nothing, when the tree is dirty, the
+branch is not experiment/<model_key>/<slug>, main moved and the merge would conflict, or a
+metrics file is of another commit. Running it again for the same branch and SHA changes nothing.
+Benchmark flags go after --, e.g. `-- --device cuda --timed-runs 10` (or --bench-arg=--device
+--bench-arg=cuda); --timed-runs is replaced by twice the first run's count on the rerun."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="tilegym-bot",
+        description="Decide on benchmark metrics, drive the experiment loop, keep the ledger.",
+    )
+    parser.add_argument(
+        "-C",
+        dest="repo",
+        type=Path,
+        default=Path("."),
+        help="run as if started in this directory (default: .)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("decide", help="decision on two metrics files (DESIGN.md rules)")
+    p.add_argument("--base", type=Path, required=True, help="metrics of main")
+    p.add_argument("--head", type=Path, required=True, help="metrics of the experiment")
+    p.add_argument("--json", action="store_true", help="print the decision JSON")
+    p.add_argument("--margin", type=_margin, default=0.02, help="throughput margin (default 0.02)")
+    p.add_argument(
+        "--rerun",
+        action="store_true",
+        help="these metrics are the rerun with twice the samples: "
+        "a still unclear throughput drop becomes discard",
+    )
+    p.set_defaults(func=_cmd_decide)
+
+    exp = sub.add_parser(
+        "experiment",
+        help="the local experiment loop",
+        description="start → commit the kernel → run (decide, merge or archive, ledger row) → "
+        "advance (back to main); reset abandons an undecided experiment.",
+    )
+    esub = exp.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = esub.add_parser(
+        "start",
+        help="cut experiment/<model_key>/<name> from main",
+        description="Create and check out experiment/<model_key>/<name> from "
+        "main. Refuses a dirty tree or a used name.",
+    )
+    p.add_argument("--model-key", required=True)
+    p.add_argument("--name", required=True, help="slug: lowercase letters, digits, . _ -")
+    p.set_defaults(func=_cmd_start)
+    p = esub.add_parser(
+        "run",
+        help="benchmark, decide, merge or archive, ledger row",
+        description=RUN_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--description", required=True, help="what this experiment kernelized")
+    p.add_argument("--base-metrics", type=Path, help="metrics of main (skip benchmarking)")
+    p.add_argument("--head-metrics", type=Path, help="metrics of HEAD (skip benchmarking)")
+    p.add_argument("--timeout", type=_positive, default=900.0, help="per benchmark, seconds")
+    p.add_argument("--gpu-uuid", help="pin the benchmark to this GPU")
+    p.add_argument(
+        "--bench-arg",
+        action="append",
+        metavar="ARG",
+        help="extra tilegym-hf-bench argument (repeat; use --bench-arg=--flag)",
+    )
+    p.add_argument("--margin", type=_margin, default=0.02, help="throughput margin (default 0.02)")
+    p.add_argument(
+        "bench_args",
+        nargs="*",
+        metavar="-- BENCH_ARG",
+        help="tilegym-hf-bench arguments after --, e.g. -- --device cuda",
+    )
+    p.set_defaults(func=_cmd_run)
+    p = esub.add_parser(
+        "advance",
+        help="after a decision: back to main, delete the branch",
+        description="After `experiment run` decided: check out main and delete "
+        "the experiment branch (merged into main, or kept as its "
+        "archive tag). Refuses an undecided branch or a dirty tree.",
+    )
+    p.set_defaults(func=_cmd_advance)
+    p = esub.add_parser(
+        "reset",
+        help="abandon the undecided experiment (archived as a tag)",
+        description="Abandon the current undecided experiment: tag its commits "
+        "as experiment-archive/<model_key>/<slug>, copy its drafts "
+        "to sandbox/, check out main, delete the branch. No ledger "
+        "row. Refuses a dirty tree (never throws work away).",
+    )
+    p.set_defaults(func=_cmd_reset)
+
+    led = sub.add_parser("ledger", help="the experiment ledger sandbox/<model_key>_results.md")
+    lsub = led.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = lsub.add_parser("show", help="print the ledger")
+    p.add_argument("--model-key", required=True)
+    p.add_argument("--plot", type=Path, help="also write a PNG of coverage and throughput")
+    p.set_defaults(func=_cmd_ledger_show)
+    p = lsub.add_parser("rebuild", help="regenerate the ledger from the PR records/comments")
+    p.add_argument("--model-key", required=True)
+    p.add_argument(
+        "--github",
+        metavar="OWNER/NAME",
+        help="read the bot comments of this GitHub repository (GITHUB_TOKEN, "
+        "GITHUB_API_URL) instead of the local PR records",
+    )
+    p.set_defaults(func=_cmd_ledger_rebuild)
+
+    gh = sub.add_parser("github", help="act on a GitHub pull request")
+    gsub = gh.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = gsub.add_parser(
+        "apply",
+        help="decide, sticky comment, label, squash-merge (keep) or close",
+        description="Decide on two metrics files and act on the PR whose head is --head-sha: one "
+        "sticky bot comment, label autokernel:<status>, squash-merge with sha= on "
+        "keep (only if the head is still --head-sha), close otherwise (inconclusive "
+        "stays open for the rerun). Token from GITHUB_TOKEN, API from GITHUB_API_URL.",
+    )
+    p.add_argument("--repo", required=True, metavar="OWNER/NAME")
+    p.add_argument("--head-sha", required=True, help="the benchmarked head commit")
+    p.add_argument("--pr", type=int, help="PR number (default: find it by --head-sha)")
+    p.add_argument("--base-metrics", type=Path, required=True)
+    p.add_argument("--head-metrics", type=Path, required=True)
+    p.add_argument("--margin", type=_margin, default=0.02)
+    p.add_argument("--rerun", action="store_true", help="these metrics are the rerun")
+    p.add_argument("--report-out", type=Path, help="also write the comment here (job summary)")
+    p.set_defaults(func=_cmd_github_apply)
+
+    for module in ("tilegym_bot.runner.cli", "tilegym_bot.doctor"):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        register = getattr(mod, "register", None)
+        if callable(register):
+            register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except _UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except BotError as exc:
+        for line in exc.details:
+            print(line, file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (git.GitError, OSError) as exc:
+        print(f"error: {type(exc).__name__}: {str(exc).strip()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,439 @@
+"""The local experiment loop (DESIGN.md, "Local experiment loop") on the local forge.
+
+``start`` cuts ``experiment/<model_key>/<slug>`` from main. ``run`` benchmarks main and the
+branch head (or takes metrics files), decides, records the PR, then merges (keep) or archives
+(anything else) and appends the ledger. Every refusal happens before anything is changed, and
+``run`` again on an already decided branch + SHA only re-applies what is missing (idempotent).
+``advance`` returns to main after a decision; ``reset`` abandons an undecided experiment.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tilegym_bot import ledger
+from tilegym_bot.bench import BenchConfig, bench_commit, timed_runs
+from tilegym_bot.errors import BotError
+from tilegym_bot.forge.local import MAIN, LocalForge, now_iso
+from tilegym_bot.ledger import LedgerError, LedgerRow
+from tilegym_bot.metrics_file import load_metrics
+from tilegym_bot.policy import DEFAULT_MARGIN, Decision, decide, decide_baseline, dig
+from tilegym_bot.report import build_record, render_comment
+
+MODEL_KEY_RE = re.compile(r"[a-z][a-z0-9_]*")
+SLUG_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
+BRANCH_RE = re.compile(
+    rf"experiment/(?P<model_key>{MODEL_KEY_RE.pattern})/(?P<slug>{SLUG_RE.pattern})"
+)
+DRAFT_RE = re.compile(
+    r"src/tilegym/transformers/[^/]+/(kernel_definitions|kernel_solutions)/[^/]+\.json"
+)
+
+
+@dataclass
+class RunOutcome:
+    decision: Decision
+    record: dict[str, Any]
+    final: bool
+    messages: list[str]
+
+
+def branch_name(model_key: str, slug: str) -> str:
+    return f"experiment/{model_key}/{slug}"
+
+
+def archive_tag(model_key: str, slug: str) -> str:
+    return f"experiment-archive/{model_key}/{slug}"
+
+
+def parse_branch(branch: str | None) -> tuple[str, str]:
+    match = BRANCH_RE.fullmatch(branch or "")
+    if not match:
+        where = f"on {branch!r}" if branch else "on a detached HEAD"
+        raise BotError(
+            f"{where}: not an experiment branch experiment/<model_key>/<slug>; "
+            "run `tilegym-bot experiment start` first"
+        )
+    return match["model_key"], match["slug"]
+
+
+def _require_clean(forge: LocalForge, action: str) -> None:
+    dirty = forge.dirty_paths()
+    if dirty:
+        shown = ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
+        raise BotError(f"working tree is dirty ({shown}): commit or discard it before {action}")
+
+
+def _read_ledger(path: Path) -> list[LedgerRow]:
+    try:
+        return ledger.read(path)
+    except LedgerError as exc:
+        raise BotError(
+            f"{path} is malformed; fix it (nothing was changed)",
+            [str(f) for f in exc.findings],
+        ) from exc
+
+
+def start(forge: LocalForge, model_key: str, name: str) -> str:
+    if not MODEL_KEY_RE.fullmatch(model_key):
+        raise BotError(f"model key {model_key!r} must be a transformers submodule name like qwen3")
+    if not SLUG_RE.fullmatch(name):
+        raise BotError(f"name {name!r} must be a slug: lowercase letters, digits, '.', '_', '-'")
+    _require_clean(forge, "starting an experiment")
+    if not forge.has_ref(f"refs/heads/{MAIN}"):
+        raise BotError(f"the repository has no {MAIN} branch")
+    branch = branch_name(model_key, name)
+    if forge.has_ref(f"refs/heads/{branch}"):
+        raise BotError(
+            f"branch {branch} already exists: pick another name or `experiment reset` it"
+        )
+    if forge.tag_target(archive_tag(model_key, name)):
+        raise BotError(f"{archive_tag(model_key, name)} exists: that name was used; pick another")
+    forge.create_branch(branch, MAIN)
+    return branch
+
+
+def _check_commit(doc: Any, expected: str, path: Path, what: str) -> None:
+    commit = dig(doc, "commit")
+    if isinstance(commit, str) and commit != expected:
+        raise BotError(
+            f"{path}: metrics are of commit {commit[:8]} but {what} is {expected[:8]}: "
+            f"benchmark {what} again; nothing was changed"
+        )
+
+
+def _copy_drafts(forge: LocalForge, model_key: str, slug: str, base: str, head: str) -> list[str]:
+    """The branch's Definitions/Solutions (as committed on ``head``) → sandbox/K/drafts/SLUG/."""
+    dest_root = forge.root / "sandbox" / model_key / "drafts" / slug
+    copied = []
+    for path in forge.changed_files(base, head):
+        if not DRAFT_RE.fullmatch(path):
+            continue
+        parts = Path(path).parts
+        dest = dest_root / parts[-2] / parts[-1]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(forge.file_at(head, path))
+        copied.append(str(dest.relative_to(forge.root)))
+    return copied
+
+
+def _row_description(record: dict[str, Any]) -> str:
+    if record["baseline"]:
+        return "baseline"
+    status = record["decision"]["status"]
+    extra = f" [{status}]" if status in ("incorrect", "inconclusive") else ""
+    return f"{record['description']}{extra}"
+
+
+def _merge_or_archive(forge: LocalForge, record: dict[str, Any]) -> list[str]:
+    """keep: merge the head into main; anything else: archive tag and drafts. Idempotent."""
+    head, model_key, slug = record["head_sha"], record["model_key"], record["slug"]
+    if record["state"] == "merged":
+        if forge.is_ancestor(head, forge.rev(MAIN)):
+            return []
+        reasons = "\n".join(f"- {r}" for r in record["decision"]["reasons"])
+        new = forge.merge_into_main(
+            head, f"Merge {record['branch']}: {record['description']}\n\n{reasons}\n"
+        )
+        return [f"merged {record['branch']} into {MAIN} ({new[:8]})"]
+    messages = []
+    tag = archive_tag(model_key, slug)
+    if forge.tag_target(tag) is None:
+        forge.tag(tag, head, f"{record['decision']['status']}: {record['description']}")
+        messages.append(f"archived {record['branch']} as tag {tag}; {MAIN} untouched")
+    drafts = _copy_drafts(forge, model_key, slug, record["base_sha"], head)
+    if drafts:
+        messages.append(f"copied drafts: {', '.join(drafts)}")
+    return messages
+
+
+def _finish(forge: LocalForge, record: dict[str, Any]) -> list[str]:
+    """Apply a final decision; every step checks the state first, so repeating it is a no-op.
+    A baseline (main measured as is) has nothing to merge or archive."""
+    model_key = record["model_key"]
+    messages = [] if record["baseline"] else _merge_or_archive(forge, record)
+    path = ledger.ledger_path(forge.root, model_key)
+    base_row = record.get("baseline_row")
+    if base_row and ledger.append(path, LedgerRow(**base_row), skip_if_commit_present=True):
+        messages.append(f"ledger: baseline row for {base_row['commit'][:8]}")
+    decision = record["decision"]
+    row = LedgerRow(
+        record["head_sha"],
+        decision["coverage"]["head"],
+        decision["throughput"]["head"],
+        decision["ledger_status"],
+        _row_description(record),
+    )
+    if ledger.append(path, row, skip_if_commit_present=True):
+        messages.append(f"ledger: {row.format()}")
+    from tilegym_bot.plot import plot_ledger
+
+    png = forge.prs_dir / f"{record['number']}.png"
+    plot_ledger(ledger.read(path), png, title=f"{model_key}: cuTile coverage and throughput")
+    return messages
+
+
+def _load_files(
+    base_path: Path | None, head_path: Path | None, baseline_only: bool
+) -> tuple[Any, Any]:
+    if baseline_only:
+        path = head_path or base_path
+        return None, load_metrics(path)
+    if base_path is None or head_path is None:
+        raise BotError("--base-metrics and --head-metrics go together")
+    return load_metrics(base_path), load_metrics(head_path)
+
+
+@dataclass
+class _Plan:
+    """What ``run`` found before measuring anything (all refusals are checked by then)."""
+
+    branch: str
+    model_key: str
+    slug: str
+    head_sha: str
+    main_sha: str
+    record: dict[str, Any] | None
+    needs_baseline: bool  # the model has no ledger rows yet
+    baseline_only: bool  # the branch has no commits beyond main
+    rerun: bool  # the previous run of this SHA was inconclusive
+
+
+def _preflight(forge: LocalForge, description: str) -> _Plan:
+    branch = forge.current_branch()
+    model_key, slug = parse_branch(branch)
+    if not description.strip():
+        raise BotError("--description must not be empty")
+    _require_clean(forge, "running the experiment")
+    head_sha, main_sha = forge.rev("HEAD"), forge.rev(MAIN)
+    record = forge.find_pr(branch)
+    if record and record["state"] in ("merged", "closed") and record["head_sha"] != head_sha:
+        raise BotError(
+            f"{branch} was already decided ({record['decision']['status']}) at "
+            f"{record['head_sha'][:8]}: start a new experiment for new commits"
+        )
+    plan = _Plan(
+        branch=branch,
+        model_key=model_key,
+        slug=slug,
+        head_sha=head_sha,
+        main_sha=main_sha,
+        record=record,
+        needs_baseline=not _read_ledger(ledger.ledger_path(forge.root, model_key)),
+        baseline_only=head_sha == main_sha,
+        rerun=bool(record and record.get("awaiting_rerun") and record["head_sha"] == head_sha),
+    )
+    if record and record["state"] in ("merged", "closed"):
+        return plan  # already decided for this SHA: only re-applied
+    if plan.baseline_only and not plan.needs_baseline:
+        raise BotError(f"{branch} has no commits beyond {MAIN}: commit the experiment first")
+    tag_sha = forge.tag_target(archive_tag(model_key, slug))
+    if tag_sha and tag_sha != head_sha:
+        raise BotError(f"tag {archive_tag(model_key, slug)} already exists for another commit")
+    if not forge.is_ancestor(main_sha, head_sha):
+        tree, conflicts = forge.merge_conflicts(main_sha, head_sha)
+        if tree is None:
+            raise BotError(
+                f"{MAIN} moved since {branch} was cut and the merge would conflict in "
+                f"{', '.join(conflicts)}: rebase the experiment on {MAIN}; nothing was changed"
+            )
+    return plan
+
+
+@dataclass
+class _Measured:
+    base: Any
+    head: Any
+    decision: Decision
+    rerun: bool
+    rounds: list[dict[str, Any]]
+
+
+def _measure_and_decide(
+    forge: LocalForge,
+    plan: _Plan,
+    base_metrics: Path | None,
+    head_metrics: Path | None,
+    cfg: BenchConfig,
+    margin: float,
+) -> _Measured:
+    """Metrics from the files or the runner, and the decision; an inconclusive first round is
+    benchmarked again with twice the samples (with files: by the next ``run``)."""
+
+    def measure(sha: str, label: str, runs: int | None = None) -> Any:
+        name = f"{plan.model_key}-{plan.slug}-{sha[:8]}-{label}"
+        return bench_commit(forge, cfg, model_key=plan.model_key, run_name=name, sha=sha, runs=runs)
+
+    files = base_metrics is not None or head_metrics is not None
+    if files:
+        base, head = _load_files(base_metrics, head_metrics, plan.baseline_only)
+        what = f"HEAD of {plan.branch}"
+        _check_commit(head, plan.head_sha, Path(head_metrics or base_metrics), what)
+        if base is not None:
+            _check_commit(base, plan.main_sha, Path(base_metrics), MAIN)
+    else:
+        base = None if plan.baseline_only else measure(plan.main_sha, "base")
+        head = measure(plan.head_sha, "head")
+    if plan.baseline_only:
+        return _Measured(None, head, decide_baseline(head), False, [])
+    decision = decide(base, head, margin=margin, rerun=plan.rerun)
+    rounds: list[dict[str, Any]] = []
+    if decision.status == "inconclusive" and not plan.rerun and not files:
+        rounds.append({"at": now_iso(), "rerun": False, "decision": decision.to_json()})
+        runs = 2 * (timed_runs(head, base) or 5)
+        base = measure(plan.main_sha, "base-rerun", runs)
+        head = measure(plan.head_sha, "head-rerun", runs)
+        return _Measured(base, head, decide(base, head, margin=margin, rerun=True), True, rounds)
+    return _Measured(base, head, decision, plan.rerun, rounds)
+
+
+def _save_record(forge: LocalForge, plan: _Plan, m: _Measured, description: str) -> dict[str, Any]:
+    """The PR record with its comment (report) saved under .git/tilegym-bot/prs/."""
+    final = plan.baseline_only or not (m.decision.status == "inconclusive" and not m.rerun)
+    record = plan.record or {
+        "number": None,
+        "model_key": plan.model_key,
+        "slug": plan.slug,
+        "branch": plan.branch,
+        "history": [],
+    }
+    record.update(
+        base_sha=plan.main_sha,
+        head_sha=plan.head_sha,
+        description=description.strip(),
+        baseline=plan.baseline_only,
+        metrics={"base": m.base, "head": m.head},
+        decision=m.decision.to_json(),
+        rerun=m.rerun,
+        awaiting_rerun=not final,
+        state=("merged" if m.decision.status == "keep" else "closed") if final else "open",
+    )
+    if plan.needs_baseline and not plan.baseline_only:
+        main_measured = decide_baseline(m.base)
+        record["baseline_row"] = {
+            "commit": plan.main_sha,
+            "coverage": main_measured.coverage_head,
+            "throughput": main_measured.throughput_head,
+            "status": main_measured.ledger_status,
+            "description": "baseline",
+        }
+    decided_at = now_iso()
+    record["history"].extend(
+        [*m.rounds, {"at": decided_at, "rerun": m.rerun, "decision": m.decision.to_json()}]
+    )
+    if final:
+        record["decided_at"] = decided_at
+    record = forge.save_pr(record)  # allocates the number the comment names
+    decision = Decision.from_json(record["decision"], baseline=plan.baseline_only)
+    embedded = build_record(
+        decision,
+        model_key=plan.model_key,
+        description=_row_description(record),
+        base_sha=None if plan.baseline_only else plan.main_sha,
+        head_sha=plan.head_sha,
+        decided_at=decided_at,
+        pr=record["number"],
+        final=final,
+        baseline_row=record.get("baseline_row"),
+    )
+    record["comment"] = render_comment(decision, m.base, m.head, embedded)
+    record["report_path"] = str(forge.write_report(record["number"], record["comment"]))
+    return forge.save_pr(record)
+
+
+def run(
+    forge: LocalForge,
+    *,
+    description: str,
+    base_metrics: Path | None = None,
+    head_metrics: Path | None = None,
+    bench: BenchConfig | None = None,
+    margin: float = DEFAULT_MARGIN,
+) -> RunOutcome:
+    plan = _preflight(forge, description)
+    if plan.record and plan.record["state"] in ("merged", "closed"):
+        messages = _finish(forge, plan.record) or ["already decided: nothing changed"]
+        return RunOutcome(Decision.from_json(plan.record["decision"]), plan.record, True, messages)
+    measured = _measure_and_decide(
+        forge, plan, base_metrics, head_metrics, bench or BenchConfig(), margin
+    )
+    now = (forge.current_branch(), forge.rev("HEAD"), forge.rev(MAIN))
+    if now != (plan.branch, plan.head_sha, plan.main_sha):
+        raise BotError(
+            f"HEAD or {MAIN} moved while benchmarking (benchmarked {plan.head_sha[:8]} against "
+            f"{plan.main_sha[:8]}): nothing was recorded; run again"
+        )
+    _require_clean(forge, "recording the result")
+    record = _save_record(forge, plan, measured, description)
+    if record["awaiting_rerun"]:
+        hint = (
+            "inconclusive: benchmark base and head again with twice the samples "
+            "(--timed-runs 2N) and run `experiment run` again with those metrics files"
+        )
+        return RunOutcome(measured.decision, record, False, [hint])
+    return RunOutcome(measured.decision, record, True, _finish(forge, record))
+
+
+def advance(forge: LocalForge) -> str:
+    """After a decision: check out main and delete the experiment branch (it is merged or kept
+    as its archive tag)."""
+    branch = forge.current_branch()
+    model_key, slug = parse_branch(branch)
+    _require_clean(forge, "advancing")
+    record = forge.find_pr(branch)
+    if not record or record["state"] not in ("merged", "closed"):
+        raise BotError(f"{branch} has no decision yet: run `tilegym-bot experiment run` first")
+    head = forge.rev(f"refs/heads/{branch}")
+    if record["state"] == "merged" and not forge.is_ancestor(head, forge.rev(MAIN)):
+        raise BotError(f"{branch} has commits that are not in {MAIN}: run `experiment run` again")
+    archived = forge.tag_target(archive_tag(model_key, slug))
+    if record["state"] == "closed" and not record.get("baseline") and archived != head:
+        raise BotError(f"{branch} has commits after its archive tag: nothing was changed")
+    forge.checkout(MAIN)
+    forge.delete_branch(branch)
+    record["retired"] = True
+    forge.save_pr(record)
+    kept = (
+        "merged" if record["state"] == "merged" else f"archived as {archive_tag(model_key, slug)}"
+    )
+    return f"on {MAIN} at {forge.rev(MAIN)[:8]}; deleted {branch} ({kept})"
+
+
+def reset(forge: LocalForge) -> str:
+    """Abandon an undecided experiment: archive its commits as a tag, copy its drafts, check out
+    main and delete the branch. No ledger row (nothing was decided)."""
+    branch = forge.current_branch()
+    model_key, slug = parse_branch(branch)
+    _require_clean(forge, "resetting (reset never throws away uncommitted work)")
+    record = forge.find_pr(branch)
+    if record and record["state"] in ("merged", "closed"):
+        raise BotError(f"{branch} was already decided: use `tilegym-bot experiment advance`")
+    head, main = forge.rev("HEAD"), forge.rev(MAIN)
+    tag = archive_tag(model_key, slug)
+    notes = []
+    if not forge.is_ancestor(head, main):
+        if forge.tag_target(tag) not in (None, head):
+            raise BotError(f"tag {tag} already exists for another commit: nothing was changed")
+        if forge.tag_target(tag) is None:
+            forge.tag(tag, head, f"abandoned: {branch}")
+        notes.append(f"archived as {tag}")
+        drafts = _copy_drafts(forge, model_key, slug, main, head)
+        if drafts:
+            notes.append(f"drafts in {', '.join(drafts)}")
+    forge.checkout(MAIN)
+    forge.delete_branch(branch)
+    record = record or {
+        "number": None,
+        "model_key": model_key,
+        "slug": slug,
+        "branch": branch,
+        "head_sha": head,
+        "base_sha": main,
+        "history": [],
+    }
+    record.update(state="abandoned", retired=True, abandoned_at=now_iso())
+    forge.save_pr(record)
+    return f"abandoned {branch}" + (f" ({'; '.join(notes)})" if notes else "") + f"; on {MAIN}"

@@ -1,0 +1,1 @@
+"""Where experiments live: ``local`` (plain git, the default) and ``github`` (pull requests)."""

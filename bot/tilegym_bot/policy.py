@@ -1,0 +1,386 @@
+"""The keep/discard decision of DESIGN.md ("Decision"), on two metrics documents. Pure: no I/O.
+
+Rules, in order (the first that applies decides):
+
+1. head metrics fail the schema → ``inconclusive`` (rejected, never merged);
+2. head ``crash`` / ``timeout`` → that status;
+3. base metrics fail the schema, base not ``ok``, or base and head not comparable (model key,
+   workload lengths, GPU name and compute capability, profiler) → ``inconclusive``;
+4. head correctness failed → ``incorrect`` (not measured → ``inconclusive``);
+5. coverage not above base by more than 0.01 percentage points → ``discard``;
+6. throughput ratio r (paired speedups when both files have interleaved baseline samples, else
+   mean cuTile throughputs) with its 95% CI (``stats.ratio_of_means``): whole CI below
+   1 − margin → ``discard``; r ≥ 1 − margin → pass; otherwise ``inconclusive``, and on the rerun
+   with twice the samples (``rerun=True``) ``discard``;
+7. ``keep``.
+
+Only rule 6's statistical doubt is turned into ``discard`` by ``rerun``: a rejected file or an
+incomparable pair says nothing about the experiment, so it stays ``inconclusive`` (the ledger
+records every ``inconclusive`` as ``discard`` anyway, and nothing is merged).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tilegym_hf_bench.metrics_schema import validation_errors
+
+from tilegym_bot.stats import RatioEstimate, mean, ratio_of_means
+
+STATUSES = ("keep", "discard", "incorrect", "inconclusive", "crash", "timeout")
+LEDGER_STATUS = {
+    "keep": "keep",
+    "discard": "discard",
+    "incorrect": "discard",
+    "inconclusive": "discard",
+    "crash": "crash",
+    "timeout": "timeout",
+}
+DEFAULT_MARGIN = 0.02
+COVERAGE_MIN_GAIN_PP = 0.01
+_MAX_SCHEMA_REASONS = 5
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: str
+    reasons: tuple[str, ...]
+    coverage_base: float | None = None
+    coverage_head: float | None = None
+    throughput_base: float | None = None
+    throughput_head: float | None = None
+    ratio: float | None = None
+    ratio_ci95: tuple[float, float] | None = None
+    baseline: bool = field(default=False)
+
+    @property
+    def ledger_status(self) -> str:
+        return LEDGER_STATUS[self.status]
+
+    @property
+    def coverage_delta_pp(self) -> float | None:
+        if self.coverage_base is None or self.coverage_head is None:
+            return None
+        return self.coverage_head - self.coverage_base
+
+    def to_json(self) -> dict[str, Any]:
+        """The DESIGN.md decision object (exactly its fields)."""
+        return {
+            "status": self.status,
+            "ledger_status": self.ledger_status,
+            "reasons": list(self.reasons),
+            "coverage": {
+                "base": self.coverage_base,
+                "head": self.coverage_head,
+                "delta_pp": self.coverage_delta_pp,
+            },
+            "throughput": {
+                "base": self.throughput_base,
+                "head": self.throughput_head,
+                "ratio": self.ratio,
+                "ratio_ci95": list(self.ratio_ci95) if self.ratio_ci95 else None,
+            },
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], *, baseline: bool = False) -> Decision:
+        ci = doc["throughput"]["ratio_ci95"]
+        return cls(
+            status=doc["status"],
+            reasons=tuple(doc["reasons"]),
+            coverage_base=doc["coverage"]["base"],
+            coverage_head=doc["coverage"]["head"],
+            throughput_base=doc["throughput"]["base"],
+            throughput_head=doc["throughput"]["head"],
+            ratio=doc["throughput"]["ratio"],
+            ratio_ci95=tuple(ci) if ci else None,
+            baseline=baseline,
+        )
+
+
+def dig(doc: Any, *keys: str) -> Any:
+    """``doc[k1][k2]...`` or None when any level is missing or not a mapping."""
+    for key in keys:
+        if not isinstance(doc, dict):
+            return None
+        doc = doc.get(key)
+    return doc
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _usable(samples: Any) -> list[float] | None:
+    """The samples when all are finite and positive numbers, else None."""
+    if not isinstance(samples, list) or not samples:
+        return None
+    values = [_finite(v) for v in samples]
+    if any(v is None or v <= 0 for v in values):
+        return None
+    return values  # type: ignore[return-value]
+
+
+def coverage_pct(doc: Any) -> float | None:
+    return _finite(dig(doc, "coverage", "gpu_time_pct"))
+
+
+def cutile_throughput(doc: Any) -> float | None:
+    """Mean cuTile tokens/s: from the samples when usable, else the reported mean."""
+    samples = _usable(dig(doc, "cutile", "throughput", "samples"))
+    if samples:
+        return mean(samples)
+    return _finite(dig(doc, "cutile", "throughput", "mean"))
+
+
+def speedup_samples(doc: Any) -> list[float] | None:
+    """s_i = cuTile_i / baseline_i when both blocks are interleaved with equal sample counts."""
+    base_tp = dig(doc, "baseline", "throughput")
+    cut_tp = dig(doc, "cutile", "throughput")
+    if not (isinstance(base_tp, dict) and isinstance(cut_tp, dict)):
+        return None
+    if base_tp.get("interleaved") is not True or cut_tp.get("interleaved") is not True:
+        return None
+    b, c = _usable(base_tp.get("samples")), _usable(cut_tp.get("samples"))
+    if b is None or c is None or len(b) != len(c):
+        return None
+    return [ci / bi for ci, bi in zip(c, b, strict=True)]
+
+
+@dataclass(frozen=True)
+class _Ratio:
+    estimate: RatioEstimate | None
+    method: str
+    problem: str | None
+
+
+def _estimate(head: list[float], base: list[float], method: str) -> _Ratio:
+    try:
+        return _Ratio(ratio_of_means(head, base), method, None)
+    except ValueError as exc:  # e.g. a speedup overflowing to inf
+        return _Ratio(None, method, f"throughput ratio not computable ({exc}); rerun the benchmark")
+
+
+def throughput_ratio(base: Any, head: Any) -> _Ratio:
+    """r = head / base per DESIGN.md, with its CI, or the reason it cannot be computed."""
+    s_base, s_head = speedup_samples(base), speedup_samples(head)
+    if s_base is not None and s_head is not None:
+        method = (
+            f"paired speedups cuTile/PyTorch per run "
+            f"({len(s_head)} head vs {len(s_base)} base runs)"
+        )
+        return _estimate(s_head, s_base, method)
+    for side, doc in (("base", base), ("head", head)):
+        samples = dig(doc, "cutile", "throughput", "samples")
+        if isinstance(samples, list) and samples and _usable(samples) is None:
+            return _Ratio(
+                None,
+                "",
+                f"{side} cuTile throughput samples contain a non-finite or non-positive value "
+                f"({samples}): the benchmark output is broken; rerun it",
+            )
+    a = _usable(dig(head, "cutile", "throughput", "samples"))
+    b = _usable(dig(base, "cutile", "throughput", "samples"))
+    if a and b:
+        method = f"ratio of mean cuTile throughputs ({len(a)} head vs {len(b)} base runs)"
+        return _estimate(a, b, method)
+    ma, mb = cutile_throughput(head), cutile_throughput(base)
+    if ma is not None and mb is not None and ma > 0 and mb > 0:
+        method = "ratio of reported mean cuTile throughputs (no samples: no confidence interval)"
+        return _Ratio(RatioEstimate(ma / mb, None), method, None)
+    missing = [s for s, v in (("base", mb), ("head", ma)) if v is None or v <= 0]
+    return _Ratio(
+        None,
+        "",
+        f"no cuTile throughput measured on {' and '.join(missing)}: "
+        "run the benchmark without --skip-cutile",
+    )
+
+
+def differences(base: Any, head: Any) -> list[str]:
+    """Why base and head are not comparable (empty when they are)."""
+    checks = [
+        ("model key", ("model_key",)),
+        ("batch size", ("workload", "batch_size")),
+        ("input length", ("workload", "input_length")),
+        ("output length", ("workload", "output_length")),
+        ("GPU", ("env", "gpu_name")),
+        ("compute capability", ("env", "compute_capability")),
+    ]
+    found = []
+    for label, keys in checks:
+        b, h = dig(base, *keys), dig(head, *keys)
+        if b != h:
+            found.append(f"{label} differs (base {b!r}, head {h!r})")
+    for label, keys in (("workload", ("workload", "name")), ("profiler", ("coverage", "profiler"))):
+        b, h = dig(base, *keys), dig(head, *keys)
+        if b is not None and h is not None and b != h:
+            found.append(f"{label} differs (base {b!r}, head {h!r})")
+    return found
+
+
+def _fmt_ratio(est: RatioEstimate) -> str:
+    if est.ci95 is None:
+        return f"{est.ratio:.3f} (no 95% CI: fewer than two runs on a side)"
+    lo, hi = est.ci95
+    return f"{est.ratio:.3f} (95% CI {lo:.3f}–{hi:.3f})"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}%"
+
+
+def _tps(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} tokens/s"
+
+
+def _summary(base: Any, head: Any) -> dict[str, Any]:
+    ratio = throughput_ratio(base, head).estimate
+    return {
+        "coverage_base": coverage_pct(base),
+        "coverage_head": coverage_pct(head),
+        "throughput_base": cutile_throughput(base),
+        "throughput_head": cutile_throughput(head),
+        "ratio": ratio.ratio if ratio else None,
+        "ratio_ci95": ratio.ci95 if ratio else None,
+    }
+
+
+def _schema_reasons(side: str, doc: Any) -> list[str]:
+    errors = validation_errors(doc)
+    if not errors:
+        return []
+    shown = [f"{side} metrics rejected by the schema: {e}" for e in errors[:_MAX_SCHEMA_REASONS]]
+    if len(errors) > _MAX_SCHEMA_REASONS:
+        shown.append(f"{side} metrics: {len(errors) - _MAX_SCHEMA_REASONS} more schema errors")
+    shown.append(
+        f"fix the {side} benchmark output and rerun; nothing is merged on rejected metrics"
+    )
+    return shown
+
+
+def _crash_reason(side: str, doc: Any) -> str:
+    error = dig(doc, "error") or "no error message recorded"
+    return f"{side} benchmark ended with {doc['status']}: {error}; read its logs and fix the cause"
+
+
+def decide(
+    base: Any, head: Any, *, margin: float = DEFAULT_MARGIN, rerun: bool = False
+) -> Decision:
+    """Decide on head (the experiment) against base (main); both are parsed metrics documents."""
+    if not (0.0 <= margin < 1.0) or not math.isfinite(margin):
+        raise ValueError(f"margin must be in [0, 1), got {margin}")
+    summary = _summary(base, head)
+
+    def verdict(status: str, *reasons: str) -> Decision:
+        return Decision(status, tuple(reasons), **summary)
+
+    if reasons := _schema_reasons("head", head):
+        return verdict("inconclusive", *reasons)
+    if head["status"] in ("crash", "timeout"):
+        return verdict(head["status"], _crash_reason("head", head))
+    if reasons := _schema_reasons("base", base):
+        return verdict("inconclusive", *reasons)
+    if base["status"] != "ok":
+        return verdict(
+            "inconclusive",
+            _crash_reason("base", base) + ": without a base measurement nothing can be compared",
+        )
+    if diffs := differences(base, head):
+        return verdict(
+            "inconclusive",
+            *[f"not comparable: {d}" for d in diffs],
+            "benchmark base and head with the same model, workload and GPU",
+        )
+
+    correctness = head["correctness"]
+    if correctness is None:
+        return verdict(
+            "inconclusive",
+            "head correctness was not measured: cannot keep a kernel whose output is unchecked",
+        )
+    if not correctness["passed"]:
+        return verdict(
+            "incorrect",
+            "head output is incorrect: logits relative error "
+            f"{correctness['logits_rel_err']} vs tolerance {correctness['tolerance']} "
+            f"(PyTorch bf16's own error {correctness['baseline_rel_err']}, top-1 agreement "
+            f"{correctness['top1_agreement']}); fix the kernel before measuring speed",
+        )
+
+    cov_b, cov_h = summary["coverage_base"], summary["coverage_head"]
+    if cov_b is None or cov_h is None:
+        missing = [s for s, v in (("base", cov_b), ("head", cov_h)) if v is None]
+        return verdict(
+            "inconclusive",
+            f"no finite cuTile coverage on {' and '.join(missing)}: "
+            "run the benchmark without --skip-coverage",
+        )
+    delta = cov_h - cov_b
+    cov_text = f"coverage {_pct(cov_b)} → {_pct(cov_h)}"
+    if not delta > COVERAGE_MIN_GAIN_PP:
+        return verdict(
+            "discard",
+            f"{cov_text}: no gain (needs more than +{COVERAGE_MIN_GAIN_PP} pp); "
+            "kernelize one of the largest uncovered kernels",
+        )
+    cov_reason = f"{cov_text}: +{delta:.2f} pp"
+
+    ratio = throughput_ratio(base, head)
+    if ratio.estimate is None:
+        return verdict("inconclusive", cov_reason, str(ratio.problem))
+    est, floor = ratio.estimate, 1.0 - margin
+    tp_text = f"throughput ratio head/base {_fmt_ratio(est)}, {ratio.method}"
+    if est.ci95 is not None and est.ci95[1] < floor:
+        return verdict(
+            "discard",
+            cov_reason,
+            f"{tp_text}: the whole interval lies below {floor:.2f}, a significant slowdown; "
+            "make the kernel faster than the PyTorch code it replaces",
+        )
+    if est.ratio < floor:
+        if rerun:
+            return verdict(
+                "discard",
+                cov_reason,
+                f"{tp_text}: below {floor:.2f} and still not significant after the rerun with "
+                "twice the samples: recorded as discard",
+            )
+        return verdict(
+            "inconclusive",
+            cov_reason,
+            f"{tp_text}: below {floor:.2f} but the drop is not significant; "
+            "rerun both sides with twice the samples",
+        )
+    return verdict(
+        "keep",
+        cov_reason,
+        f"{tp_text}: not below {floor:.2f}, no significant drop",
+        "correctness passed (logits relative error "
+        f"{correctness['logits_rel_err']} within {correctness['tolerance']})",
+    )
+
+
+def decide_baseline(doc: Any) -> Decision:
+    """The first measurement of a model's main: recorded as is (``keep``) unless it failed."""
+    values = {
+        "coverage_head": coverage_pct(doc),
+        "throughput_head": cutile_throughput(doc),
+        "baseline": True,
+    }
+    if reasons := _schema_reasons("baseline", doc):
+        return Decision("inconclusive", tuple(reasons), **values)
+    if doc["status"] != "ok":
+        return Decision(doc["status"], (_crash_reason("baseline", doc),), **values)
+    reasons = [
+        f"baseline: main measured as is (coverage {_pct(values['coverage_head'])}, cuTile "
+        f"throughput {_tps(values['throughput_head'])}); later experiments are compared with main"
+    ]
+    correctness = doc["correctness"]
+    if correctness is not None and not correctness["passed"]:
+        reasons.append("warning: main itself fails the correctness check; fix main first")
+    return Decision("keep", tuple(reasons), **values)

@@ -1,0 +1,166 @@
+"""``tilegym-bot runner ...``: benchmark one commit, serve a GPU queue, check an artifact.
+
+``register(subparsers)`` plugs these into the ``tilegym-bot`` parser; every leaf parser sets
+``func(args) -> int``. ``main(argv)`` runs them standalone (``python -m tilegym_bot.runner.cli``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from tilegym_bot.runner.base import BenchRequest
+
+
+def _executor(args: argparse.Namespace):
+    if args.executor == "docker":
+        from tilegym_bot.runner.docker import DockerExecutor
+
+        return DockerExecutor(args.image, memory_limit=args.memory)
+    from tilegym_bot.runner.local import LocalExecutor
+
+    return LocalExecutor()
+
+
+def _check_executor_args(args: argparse.Namespace) -> str | None:
+    if args.executor == "docker" and not args.image:
+        return "--image is required with --executor docker"
+    return None
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from tilegym_bot.runner.gpulock import GpuLockedExecutor
+
+    problem = _check_executor_args(args)
+    bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
+    if problem is None and not bench_args:
+        problem = "no benchmark arguments: pass them after `--`, e.g. -- --model-key qwen3"
+    if problem is None and args.timeout <= 0:
+        problem = "--timeout must be positive"
+    commit = args.commit
+    if problem is None and commit is None:
+        import git
+
+        try:
+            commit = git.Repo(args.repo).head.commit.hexsha
+        except (git.exc.GitError, ValueError) as exc:
+            problem = f"cannot read HEAD of {args.repo}: {exc}"
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    metrics_out = Path(args.metrics_out)
+    request = BenchRequest(
+        repo_dir=Path(args.repo),
+        commit=commit,
+        bench_args=bench_args,
+        metrics_out=metrics_out,
+        log_dir=Path(args.log_dir) if args.log_dir else metrics_out.parent / "logs",
+        timeout_s=args.timeout,
+        gpu_uuid=args.gpu_uuid,
+    )
+    result = GpuLockedExecutor(_executor(args), args.lock_dir).run(request)
+    print(
+        f"runner: {commit[:12]}: {result.status} (exit {result.returncode}, "
+        f"{result.wall_s:.1f} s) -> {result.metrics_path}; logs {result.stderr_log}"
+    )
+    return 0 if result.status == "ok" else 1
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from tilegym_bot.runner.jobqueue import serve
+
+    problem = _check_executor_args(args)
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    if problem is None and not gpus:
+        problem = "--gpus needs at least one GPU UUID"
+    if problem is None and len(set(gpus)) != len(gpus):
+        problem = "--gpus lists a GPU twice"
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    # SIGTERM (a service stop) like Ctrl-C: take no new request, let the running ones finish.
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set()) if in_main else None
+    try:
+        return serve(
+            Path(args.queue),
+            gpus,
+            lambda: _executor(args),
+            once=args.once,
+            poll_s=args.poll,
+            lock_dir=args.lock_dir,
+            stop=stop,
+        )
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _check_artifact(args: argparse.Namespace) -> int:
+    from tilegym.findings import report
+    from tilegym_bot.runner.artifact import check_artifact
+
+    record, findings = check_artifact(Path(args.dir), args.expect_head_sha)
+    if record is None:
+        return report(findings) or 1
+    lines = [f"{key}={record[key]}" for key in ("pr", "base_sha", "head_sha")]
+    print("\n".join(lines))
+    if args.github_output:
+        with open(args.github_output, "a") as fh:
+            fh.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _add_executor_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--executor", choices=("local", "docker"), default="local")
+    parser.add_argument("--image", help="experiment image (with --executor docker)")
+    parser.add_argument("--memory", default="64g", help="container memory limit (docker)")
+    parser.add_argument("--lock-dir", type=Path, default=None, help="per-GPU lock files")
+
+
+def register(subparsers) -> None:
+    runner = subparsers.add_parser("runner", help="run benchmarks on this host's GPUs")
+    sub = runner.add_subparsers(dest="runner_command", required=True, metavar="COMMAND")
+
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark one checkout: ... bench --metrics-out F -- <tilegym-hf-bench args>",
+    )
+    bench.add_argument("--repo", default=".", help="checkout of the commit to benchmark")
+    bench.add_argument("--commit", help="40-hex SHA the checkout must be at (default: its HEAD)")
+    bench.add_argument("--metrics-out", required=True)
+    bench.add_argument("--log-dir", help="default: <metrics-out folder>/logs")
+    bench.add_argument("--gpu-uuid", help="GPU to use (nvidia-smi -L), e.g. GPU-1a2b...")
+    bench.add_argument("--timeout", type=float, default=900.0, help="hard limit in seconds")
+    _add_executor_flags(bench)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=_bench)
+
+    serve = sub.add_parser("serve", help="serve a queue folder of requests, one worker per GPU")
+    serve.add_argument("--gpus", required=True, help="comma-separated GPU UUIDs")
+    serve.add_argument("--queue", required=True, help="queue folder (see runner.jobqueue)")
+    serve.add_argument("--once", action="store_true", help="drain the queue, then exit")
+    serve.add_argument("--poll", type=float, default=5.0, help="seconds between empty polls")
+    _add_executor_flags(serve)
+    serve.set_defaults(func=_serve)
+
+    check = sub.add_parser("check-artifact", help="validate a downloaded benchmark artifact")
+    check.add_argument("dir")
+    check.add_argument("--expect-head-sha", help="the head SHA GitHub says was benchmarked")
+    check.add_argument("--github-output", help="also append pr=/base_sha=/head_sha= here")
+    check.set_defaults(func=_check_artifact)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tilegym-bot")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Pure parts of the runner: exit-to-status rules, synthesized metrics, the artifact checks."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from tilegym_bot.runner.artifact import check_artifact, check_pr_record
+from tilegym_bot.runner.base import BenchRequest, classify, flag_value, synthesize_metrics
+from tilegym_bot.runner.cli import main
+from tilegym_hf_bench.metrics_schema import validation_errors
+
+BASE, HEAD = "b" * 40, "c" * 40
+
+
+def metrics_for(sha: str, status: str = "ok") -> dict:
+    req = BenchRequest(
+        Path("."), sha, ["--model-key", "qwen3", "--batch-size", "4"], Path("m"), Path(".")
+    )
+    doc = synthesize_metrics(req, status, "", "2026-01-01T00:00:00+00:00", 12.5)
+    return dict(doc, error=None) if status == "ok" else doc
+
+
+def test_synthesized_metrics_are_schema_valid_and_keep_the_request():
+    req = BenchRequest(
+        Path("."), HEAD, ["--model-key=llama", "--model-id", "meta/x", "--input-length", "64"],
+        Path("m"), Path("."), gpu_uuid="GPU-1",
+    )  # fmt: skip
+    doc = synthesize_metrics(req, "timeout", "too slow", "2026-01-01T00:00:00+00:00", 901.0)
+    assert validation_errors(doc) == []
+    assert (doc["model_key"], doc["model_id"], doc["weights"]) == ("llama", "meta/x", "pretrained")
+    assert doc["workload"]["input_length"] == 64 and doc["env"]["gpu_uuid"] == "GPU-1"
+    assert doc["cutile"] is None and doc["coverage"] is None and doc["error"] == "too slow"
+
+
+def test_flag_values_in_both_spellings():
+    assert flag_value(["--a", "1", "--b=2", "--a=3"], "--a") == "3"
+    assert flag_value(["--b=2"], "--b") == "2" and flag_value(["--a"], "--a") is None
+
+
+@pytest.mark.parametrize(
+    ("rc", "timed_out", "doc", "problem", "expect"),
+    [
+        (None, True, {"status": "ok", "error": None}, None, ("timeout", True)),
+        (0, False, {"status": "ok", "error": None}, None, ("ok", False)),
+        (1, False, {"status": "crash", "error": "OOM"}, None, ("crash", False)),
+        (0, False, None, "no metrics file was written", ("crash", True)),
+        (-11, False, None, "no metrics file was written", ("crash", True)),
+    ],
+)
+def test_classify(rc, timed_out, doc, problem, expect):
+    status, error, synth = classify(rc, timed_out, doc, problem, 900.0, "last line")
+    assert (status, synth) == expect
+    if rc == -11:
+        assert error.startswith("benchmark was killed by SIGSEGV and no metrics file was written")
+    if synth:
+        assert error.endswith("stderr tail:\nlast line")
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"pr": 3, "base_sha": BASE}, "exactly pr, base_sha, head_sha"),
+        ({"pr": "3", "base_sha": BASE, "head_sha": HEAD}, "pr must be a positive integer"),
+        ({"pr": True, "base_sha": BASE, "head_sha": HEAD}, "pr must be a positive integer"),
+        ({"pr": 3, "base_sha": BASE, "head_sha": "HEAD"}, "head_sha must be 40"),
+    ],
+)
+def test_pr_record_shape(doc, message):
+    [finding] = check_pr_record(doc, "pr.json")
+    assert message in str(finding) and str(finding).startswith("pr.json:1: ART002 ")
+
+
+def write_artifact(folder: Path, base: dict | str, head: dict | str | None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pr.json").write_text(json.dumps({"pr": 7, "base_sha": BASE, "head_sha": HEAD}))
+    for name, doc in (("base.json", base), ("head.json", head)):
+        if doc is not None:
+            (folder / name).write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return folder
+
+
+def test_a_sound_artifact_yields_the_pr_record(tmp_path, capsys):
+    folder = write_artifact(tmp_path / "a", metrics_for(BASE), metrics_for(HEAD, "crash"))
+    record, findings = check_artifact(folder, HEAD)
+    assert findings == [] and record == {"pr": 7, "base_sha": BASE, "head_sha": HEAD}
+    out = tmp_path / "gh_output"
+    args = ["runner", "check-artifact", str(folder), "--expect-head-sha", HEAD]
+    assert main([*args, "--github-output", str(out)]) == 0
+    assert out.read_text() == f"pr=7\nbase_sha={BASE}\nhead_sha={HEAD}\n"
+
+
+@pytest.mark.parametrize(
+    ("base", "head", "expect_head", "code"),
+    [
+        (HEAD, HEAD, HEAD, "ART004"),  # the base file describes another commit
+        (BASE, {"schema": "x"}, HEAD, "ART003"),
+        (BASE, "{oops", HEAD, "ART001"),
+        (BASE, None, HEAD, "ART001"),
+        (BASE, HEAD, "d" * 40, "ART004"),  # not the head GitHub says was benchmarked
+    ],
+)
+def test_unsound_artifacts_are_refused_with_findings(
+    tmp_path, capsys, base, head, expect_head, code
+):
+    def doc(value):
+        return metrics_for(value) if value in (BASE, HEAD) else value
+
+    folder = write_artifact(tmp_path / "a", doc(base), doc(head))
+    record, findings = check_artifact(folder, expect_head)
+    assert record is None and {f.code for f in findings} == {code}
+    assert main(["runner", "check-artifact", str(folder), "--expect-head-sha", expect_head]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(re.match(r"^\S+:1: ART00\d ", line) for line in lines)
+
+
+def test_bench_usage_errors_are_one_line(tmp_path, capsys):
+    out = str(tmp_path / "m.json")
+    assert main(["runner", "bench", "--repo", str(tmp_path), "--metrics-out", out]) == 2
+    assert capsys.readouterr().err.startswith("error: no benchmark arguments")
+    args = [
+        "runner",
+        "bench",
+        "--executor",
+        "docker",
+        "--metrics-out",
+        out,
+        "--",
+        "--model-key",
+        "x",
+    ]
+    assert main(args) == 2
+    assert capsys.readouterr().err == "error: --image is required with --executor docker\n"
+    assert main(["runner", "bench", "--repo", str(tmp_path), "--metrics-out", out, "--", "-x"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: cannot read HEAD of {tmp_path}")

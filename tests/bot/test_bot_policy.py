@@ -1,0 +1,334 @@
+"""Every rule of the DESIGN.md decision, table-driven on plain metrics documents."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tilegym_bot.policy import decide, decide_baseline
+from tilegym_bot.stats import ratio_of_means
+
+BASE_SHA = "a" * 40
+
+
+def _set(doc, path, value):
+    *parents, last = path
+    for key in parents:
+        doc = doc[key]
+    doc[last] = value
+
+
+def _del(doc, path):
+    *parents, last = path
+    for key in parents:
+        doc = doc[key]
+    del doc[last]
+
+
+NOISY = (50.0, 51.0, 49.0, 50.5, 49.5)
+# (id, base kwargs, head kwargs, head edits [(path, value|DEL)], rerun, status, reason part)
+DEL = object()
+CASES = [
+    ("keep", {}, {"coverage": 55.0}, [], False, "keep", "coverage 50.00% → 55.00%: +5.00 pp"),
+    ("coverage_equal", {}, {}, [], False, "discard", "coverage 50.00% → 50.00%: no gain"),
+    ("coverage_gain_at_threshold", {}, {"coverage": 50.01}, [], False, "discard", "no gain"),
+    ("coverage_drop", {}, {"coverage": 40.0}, [], False, "discard", "no gain"),
+    ("crash_head", {}, {"status": "crash"}, [], False, "crash", "head benchmark ended with crash"),
+    ("timeout_head", {}, {"status": "timeout"}, [], False, "timeout", "ended with timeout"),
+    ("crash_beats_bad_base", {"status": "crash"}, {"status": "crash"}, [], False, "crash", "head"),
+    ("base_crashed", {"status": "crash"}, {"coverage": 55.0}, [], False, "inconclusive", "base"),
+    ("incorrect", {}, {"coverage": 55.0, "passed": False}, [], False, "incorrect", "incorrect"),
+    (
+        "correctness_missing",
+        {},
+        {"coverage": 55.0, "passed": None},
+        [],
+        False,
+        "inconclusive",
+        "correctness was not measured",
+    ),
+    (
+        "other_gpu",
+        {},
+        {"coverage": 55.0, "gpu": "NVIDIA B200"},
+        [],
+        False,
+        "inconclusive",
+        "GPU differs",
+    ),
+    (
+        "other_model",
+        {},
+        {"coverage": 55.0, "model_key": "llama"},
+        [],
+        False,
+        "inconclusive",
+        "model key differs",
+    ),
+    (
+        "other_workload",
+        {},
+        {"coverage": 55.0},
+        [(("workload", "input_length"), 2048)],
+        False,
+        "inconclusive",
+        "input length differs",
+    ),
+    (
+        "other_cc",
+        {},
+        {"coverage": 55.0},
+        [(("env", "compute_capability"), "10.0")],
+        False,
+        "inconclusive",
+        "compute capability differs",
+    ),
+    (
+        "missing_field",
+        {},
+        {"coverage": 55.0},
+        [(("coverage", "gpu_time_pct"), DEL)],
+        False,
+        "inconclusive",
+        "head metrics rejected by the schema",
+    ),
+    (
+        "wrong_type",
+        {},
+        {"coverage": 55.0},
+        [(("cutile",), "fast")],
+        False,
+        "inconclusive",
+        "rejected by the schema",
+    ),
+    ("nan_coverage", {}, {"coverage": math.nan}, [], False, "inconclusive", "no finite cuTile"),
+    (
+        "nan_sample",
+        {},
+        {"coverage": 55.0, "cutile": (50.0, math.nan, 49.0)},
+        [],
+        False,
+        "inconclusive",
+        "non-finite",
+    ),
+    (
+        "no_cutile",
+        {},
+        {"coverage": 55.0, "cutile": None},
+        [],
+        False,
+        "inconclusive",
+        "no cuTile throughput measured on head",
+    ),
+    (
+        "no_coverage",
+        {"coverage": None},
+        {"coverage": 55.0},
+        [],
+        False,
+        "inconclusive",
+        "no finite cuTile coverage on base",
+    ),
+    ("equal_samples", {}, {"coverage": 55.0, "cutile": NOISY}, [], False, "keep", "1.000"),
+    (
+        "single_sample_fast",
+        {"cutile": (50.0,)},
+        {"coverage": 55.0, "cutile": (51.0,)},
+        [],
+        False,
+        "keep",
+        "no 95% CI",
+    ),
+    (
+        "single_sample_slow",
+        {"cutile": (50.0,)},
+        {"coverage": 55.0, "cutile": (40.0,)},
+        [],
+        False,
+        "inconclusive",
+        "rerun both sides with twice the samples",
+    ),
+    (
+        "zero_variance_slow",
+        {"cutile": (50.0,) * 4},
+        {"coverage": 55.0, "cutile": (45.0,) * 4},
+        [],
+        False,
+        "discard",
+        "significant slowdown",
+    ),
+    (
+        "zero_variance_equal",
+        {"cutile": (50.0,) * 4},
+        {"coverage": 55.0, "cutile": (50.0,) * 4},
+        [],
+        False,
+        "keep",
+        "1.000 (95% CI 1.000–1.000)",
+    ),
+    (
+        "significant_drop",
+        {},
+        {"coverage": 55.0, "cutile": tuple(v * 0.8 for v in NOISY)},
+        [],
+        False,
+        "discard",
+        "whole interval lies below 0.98",
+    ),
+    (
+        "unclear_drop",
+        {"cutile": (40.0, 60.0, 50.0)},
+        {"coverage": 55.0, "cutile": (38.0, 58.0, 48.0)},
+        [],
+        False,
+        "inconclusive",
+        "not significant",
+    ),
+    (
+        "unclear_drop_rerun",
+        {"cutile": (40.0, 60.0, 50.0)},
+        {"coverage": 55.0, "cutile": (38.0, 58.0, 48.0)},
+        [],
+        True,
+        "discard",
+        "after the rerun with twice the samples",
+    ),
+    (
+        "within_margin",
+        {},
+        {"coverage": 55.0, "cutile": tuple(v * 0.985 for v in NOISY)},
+        [],
+        False,
+        "keep",
+        "not below 0.98",
+    ),
+    ("rerun_keeps_keep", {}, {"coverage": 55.0}, [], True, "keep", "no significant drop"),
+    (
+        "rerun_rejected_stays_inconclusive",
+        {},
+        {"coverage": 55.0, "gpu": "B200"},
+        [],
+        True,
+        "inconclusive",
+        "GPU differs",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "base_kw, head_kw, edits, rerun, status, reason",
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_decision_rules(make_metrics, base_kw, head_kw, edits, rerun, status, reason):
+    base = make_metrics(commit=BASE_SHA, **base_kw)
+    head = make_metrics(**head_kw)
+    for path, value in edits:
+        _del(head, path) if value is DEL else _set(head, path, value)
+    decision = decide(base, head, rerun=rerun)
+    assert decision.status == status, decision.reasons
+    assert any(reason in r for r in decision.reasons), decision.reasons
+    doc = decision.to_json()
+    assert set(doc) == {"status", "ledger_status", "reasons", "coverage", "throughput"}
+    expected_ledger = {"incorrect": "discard", "inconclusive": "discard"}.get(status, status)
+    assert doc["ledger_status"] == expected_ledger
+
+
+def test_paired_speedups_cancel_machine_drift(make_metrics):
+    """Head's machine is 30% slower overall, but its cuTile/PyTorch speedup is higher: keep."""
+    base = make_metrics(
+        commit=BASE_SHA,
+        cutile=(50.0, 52.0, 48.0, 51.0),
+        baseline=(25.0, 26.0, 24.0, 25.5),
+        interleaved=True,
+    )
+    head = make_metrics(
+        coverage=55.0,
+        cutile=(37.8, 39.3, 36.3, 38.5),
+        baseline=(17.5, 18.2, 16.8, 17.85),
+        interleaved=True,
+    )
+    decision = decide(base, head)
+    assert decision.status == "keep", decision.reasons
+    assert decision.ratio == pytest.approx(
+        (37.8 / 17.5 + 39.3 / 18.2 + 36.3 / 16.8 + 38.5 / 17.85) / 4 / 2.0, rel=1e-9
+    )
+    assert any("paired speedups" in r for r in decision.reasons)
+    # The same numbers without the interleaved flag fall back to mean cuTile throughputs: drop.
+    for doc in (base, head):
+        for block in ("baseline", "cutile"):
+            del doc[block]["throughput"]["interleaved"]
+    assert decide(base, head).status == "discard"
+
+
+def test_unequal_interleaved_counts_fall_back_to_means(make_metrics):
+    base = make_metrics(commit=BASE_SHA, interleaved=True)
+    head = make_metrics(coverage=55.0, interleaved=True, baseline=(25.0, 25.0))
+    decision = decide(base, head)
+    assert any("ratio of mean cuTile throughputs" in r for r in decision.reasons)
+
+
+def test_margin_is_a_parameter(make_metrics):
+    base = make_metrics(commit=BASE_SHA)
+    head = make_metrics(coverage=55.0, cutile=tuple(v * 0.94 for v in NOISY))
+    assert decide(base, head).status == "discard"
+    assert decide(base, head, margin=0.07).status == "keep"
+    with pytest.raises(ValueError):
+        decide(base, head, margin=1.5)
+
+
+def test_decision_json_is_finite_on_nan(make_metrics):
+    decision = decide(make_metrics(commit=BASE_SHA), make_metrics(coverage=math.nan))
+    assert decision.to_json()["coverage"] == {"base": 50.0, "head": None, "delta_pp": None}
+
+
+def test_baseline_decisions(make_metrics):
+    ok = decide_baseline(make_metrics())
+    assert (ok.status, ok.ledger_status, ok.coverage_head) == ("keep", "keep", 50.0)
+    assert decide_baseline(make_metrics(status="timeout")).status == "timeout"
+    assert decide_baseline({"schema": "nope"}).status == "inconclusive"
+
+
+def test_ratio_ci_welch_t():
+    """Checked by hand: log-ratio delta method, Welch df, t(0.975) from scipy."""
+    est = ratio_of_means([10.0, 12.0], [10.0, 10.0])
+    se = math.sqrt(2.0 / (2 * 11.0**2))  # var([10,12]) = 2, n = 2, mean 11; other side 0
+    t = 12.706204736174698  # t(0.975, df=1)
+    assert est.ratio == pytest.approx(1.1)
+    assert est.ci95 == pytest.approx((1.1 * math.exp(-t * se), 1.1 * math.exp(t * se)))
+    with pytest.raises(ValueError):
+        ratio_of_means([1.0, math.nan], [1.0])
+    with pytest.raises(ValueError):
+        ratio_of_means([], [1.0])
+
+
+def test_overflowing_speedups_are_inconclusive(make_metrics):
+    base = make_metrics(commit=BASE_SHA, interleaved=True)
+    head = make_metrics(coverage=55.0, interleaved=True, baseline=(1e-320,) * 5)
+    decision = decide(base, head)
+    assert decision.status == "inconclusive" and "not computable" in decision.reasons[-1]
+
+
+samples = st.lists(
+    st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(1.0, 100.0)),
+    min_size=0,
+    max_size=6,
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(base=samples, head=samples, cov=st.floats(allow_nan=True), interleaved=st.booleans())
+def test_any_samples_give_a_decision_and_finite_json(make_metrics, base, head, cov, interleaved):
+    b = make_metrics(commit=BASE_SHA, cutile=base, baseline=base, interleaved=interleaved)
+    h = make_metrics(coverage=cov, cutile=head, baseline=base, interleaved=interleaved)
+    decision = decide(b, h)
+    assert decision.status in ("keep", "discard", "inconclusive")
+    json.dumps(decision.to_json(), allow_nan=False)
+    if decision.ratio_ci95:
+        lo, hi = decision.ratio_ci95
+        assert lo <= decision.ratio <= hi
