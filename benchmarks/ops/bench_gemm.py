@@ -1,0 +1,306 @@
+"""cuTile GEMMs vs cuBLAS (torch) for every projection of qwen3 and llama (H200 table).
+
+Rows: plain projections (`linear` vs `F.linear`), and the fused forms against the PyTorch ops
+they replace: o_proj/down_proj + residual (`linear_residual` vs `r + F.linear`) and
+gate-up + SiLU (`fused_gate_up_silu` vs `F.linear` on the packed weight, then `silu(g) * u`).
+Timing: `_timing.interleaved` (CUDA events per call, L2 flushed before each call so weights
+come from HBM as in a real forward pass, variants interleaved, medians, p10-p90 spread).
+
+Modes:
+  (default)            the table with the tile table's configs
+  --sweep              also time every candidate config; the table uses the best one and
+                       --tuned-out writes the winners per (M bucket, N, K, gated) as JSON
+  --warmup-shard I/N   run shard I of N of all launches once (JIT compile into the disk cache,
+                       so parallel processes compile while the timed run only loads)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import format_table, interleaved  # noqa: E402
+
+from tilegym.ops import gemm  # noqa: E402
+from tilegym.ops.gemm_configs import (  # noqa: E402
+    TileConfig,
+    candidate_configs,
+    choose_config,
+    m_bucket,
+)
+
+MODELS = {
+    "qwen3": dict(hidden=1024, q=16 * 128, kv=8 * 128, inter=3072, vocab=151936),
+    "llama": dict(hidden=2048, q=32 * 64, kv=8 * 64, inter=8192, vocab=128256),
+}
+TOKENS = (1, 8, 16, 2048)
+HEADER = [
+    "model",
+    "proj",
+    "M",
+    "N",
+    "K",
+    "cuBLAS_us",
+    "spread%",
+    "cuTile_us",
+    "spread%",
+    "TFLOP/s",
+    "%cuBLAS",
+    "config",
+]
+
+
+def rows_for(model: str) -> list[tuple[str, str, int, int]]:
+    """(proj, op, N, K); op: linear | residual | gated (N = intermediate for gated)."""
+    c = MODELS[model]
+    h, q, kv, i = c["hidden"], c["q"], c["kv"], c["inter"]
+    return [
+        ("q_proj", "linear", q, h),
+        ("k_proj/v_proj", "linear", kv, h),
+        ("qkv_proj(packed)", "linear", q + 2 * kv, h),
+        ("o_proj", "linear", h, q),
+        ("o_proj+residual", "residual", h, q),
+        ("gate_proj/up_proj", "linear", i, h),
+        ("gate_up(packed)", "linear", 2 * i, h),
+        ("gate_up+silu*mul", "gated", i, h),
+        ("down_proj", "linear", h, i),
+        ("down_proj+residual", "residual", h, i),
+        ("lm_head", "linear", c["vocab"], h),
+    ]
+
+
+def make_fns(op: str, m: int, n: int, k: int):
+    """(cuBLAS baseline fn, fn(cfg) -> cuTile callable) on fresh random bf16 inputs.
+
+    Every cuTile callable returns its output, so the sweep can check each config's result.
+    """
+    dt = torch.bfloat16
+    x = torch.randn(m, k, device="cuda", dtype=dt)
+    rows = 2 * n if op == "gated" else n
+    w = torch.randn(rows, k, device="cuda", dtype=dt) / math.sqrt(k)
+    out = torch.empty(m, n, device="cuda", dtype=dt)
+    if op == "gated":
+
+        def base():
+            g, u = F.linear(x, w).chunk(2, dim=-1)
+            return F.silu(g) * u
+
+        return base, lambda cfg: lambda: gemm.fused_gate_up_silu(x, w, out=out, config=cfg)
+    if op == "residual":
+        r = torch.randn(m, n, device="cuda", dtype=dt)
+        return (
+            lambda: r + F.linear(x, w),
+            lambda cfg: lambda: gemm.linear_residual(x, w, r, out=out, config=cfg),
+        )
+    return lambda: F.linear(x, w), lambda cfg: lambda: gemm.linear(x, w, out=out, config=cfg)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative Frobenius error on the GPU (inf when the output has NaN/inf)."""
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _cfg_list(c: TileConfig) -> list:
+    return [c.tm, c.tn, c.tk, c.split, c.latency, c.transpose_tile]
+
+
+def _cfg_str(c: TileConfig) -> str:
+    lat = f"L{c.latency}" if c.latency else ""
+    return f"{c.tm}x{c.tn}x{c.tk}/s{c.split}{lat}{'' if c.transpose_tile else 'o'}"
+
+
+def work_items(models, tokens, sweep: bool):
+    for model in models:
+        for proj, op, n, k in rows_for(model):
+            for m in tokens:
+                gated = op == "gated"
+                cfgs = candidate_configs(m, n, k, gated=gated) if sweep else [None]
+                yield model, proj, op, m, n, k, cfgs
+
+
+def warmup(models, tokens, sweep: bool, shard: int, nshards: int) -> None:
+    """Launch every (shape, config) of this shard once, grouped so compiles spread evenly."""
+    items = []
+    for _model, _proj, op, m, n, k, cfgs in work_items(models, tokens, sweep):
+        for cfg in cfgs:
+            c = cfg or choose_config(m, n, k, gated=op == "gated")
+            key = (op, c.tm, c.tn, c.tk, c.latency, c.transpose_tile, c.split > 1)
+            items.append((key, (op, m, n, k, cfg)))
+    groups = sorted({g for g, _ in items})
+    mine = {g for idx, g in enumerate(groups) if idx % nshards == shard}
+    for g, (op, m, n, k, cfg) in items:
+        if g in mine:
+            _, fn = make_fns(op, m, n, k)
+            try:
+                fn(cfg)()
+                torch.cuda.synchronize()
+            except Exception as exc:  # reported, and the timed run excludes this config
+                print(f"# compile/launch failed {g}: {type(exc).__name__}: {exc}", flush=True)
+            del fn
+    print(f"warmup shard {shard}/{nshards}: {len(mine)} compile groups done", flush=True)
+
+
+def pick_tuned(scores) -> dict[str, list]:
+    """Per (bucket, N, K, gated): the config with the best geometric-mean time/cuBLAS ratio
+    over all rows of that key it was timed on (only configs timed on every such row)."""
+    tuned = {}
+    for key, per_cfg in scores.items():
+        full = {c: v for c, v in per_cfg.items() if len(v) == max(map(len, per_cfg.values()))}
+        best = min(full, key=lambda c: math.prod(full[c]) ** (1 / len(full[c])))
+        tuned["|".join(map(str, key))] = _cfg_list(best)
+    return tuned
+
+
+def bench(models, tokens, sweep: bool, iters: int, on_row=None):
+    rows, records, records_bad = [], [], []
+    scores: dict[tuple, dict[TileConfig, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for model, proj, op, m, n, k, cfgs in work_items(models, tokens, sweep):
+        base, make = make_fns(op, m, n, k)
+        gated = op == "gated"
+        chosen = choose_config(m, n, k, gated=gated)
+        cands = cfgs if sweep else [chosen]
+        ref = base().float()
+        good = []
+        for cfg in cands:
+            fn = make(cfg)
+            try:
+                err = rel_err(fn(), ref)
+            except Exception as exc:  # a config that does not compile or launch is skipped
+                print(f"# FAILED {model} {proj} M={m} {cfg}: {type(exc).__name__}", flush=True)
+                continue
+            if err <= 1e-2:
+                good.append((cfg, fn))
+            else:
+                records_bad.append((model, proj, m, cfg, err))
+                print(f"# WRONG RESULT {model} {proj} M={m} {cfg}: rel err {err:.2e}", flush=True)
+        del ref
+        if not good:
+            continue
+        cands = [cfg for cfg, _ in good]
+        fns = {"cublas": base, **{f"c{i}": fn for i, (_, fn) in enumerate(good)}}
+        stats = interleaved(fns, warmup=2, iters=iters)
+        for idx, cfg in enumerate(cands):
+            ratio = stats[f"c{idx}"].median_us / stats["cublas"].median_us
+            scores[(m_bucket(m), n, k, gated)][cfg].append(ratio)
+        best = min(range(len(cands)), key=lambda i: stats[f"c{i}"].median_us)
+        cb, ct_ = stats["cublas"], stats[f"c{best}"]
+        flops = 2 * m * k * (2 * n if gated else n)
+        cfg = cands[best]
+        rec = dict(
+            model=model,
+            proj=proj,
+            op=op,
+            M=m,
+            N=n,
+            K=k,
+            cublas_us=cb.median_us,
+            cublas_spread_pct=cb.spread_pct,
+            cutile_us=ct_.median_us,
+            cutile_spread_pct=ct_.spread_pct,
+            tflops=flops / ct_.median_us / 1e6,
+            pct_of_cublas=100 * cb.median_us / ct_.median_us,
+            config=_cfg_list(cfg),
+            table_config=_cfg_list(chosen),
+        )
+        records.append(rec)
+        rows.append(
+            [
+                model,
+                proj,
+                m,
+                n,
+                k,
+                cb.median_us,
+                cb.spread_pct,
+                ct_.median_us,
+                ct_.spread_pct,
+                rec["tflops"],
+                rec["pct_of_cublas"],
+                _cfg_str(cfg),
+            ]
+        )
+        print(format_table(HEADER, [rows[-1]]).splitlines()[-1], flush=True)
+        if on_row:
+            on_row(records, pick_tuned(scores))
+    tuned = pick_tuned(scores)
+    return rows, records, tuned, records_bad
+
+
+def summary(records) -> list[str]:
+    lines = []
+    pre = [r for r in records if r["M"] >= 2048 and r["op"] == "linear"]
+    dec = [r for r in records if r["M"] <= 16 and r["op"] == "linear"]
+    for name, sel, target in (("prefill", pre, 90.0), ("decode", dec, 100.0)):
+        if sel:
+            worst = min(sel, key=lambda r: r["pct_of_cublas"])
+            miss = [r for r in sel if r["pct_of_cublas"] < target]
+            lines.append(
+                f"{name}: {len(sel) - len(miss)}/{len(sel)} rows >= {target:.0f}% of cuBLAS; "
+                f"worst {worst['pct_of_cublas']:.1f}% ({worst['model']} {worst['proj']} "
+                f"M={worst['M']})"
+            )
+    fused = [r for r in records if r["op"] != "linear"]
+    faster = [r for r in fused if r["pct_of_cublas"] > 100]
+    lines.append(f"fused epilogues faster than the torch pair: {len(faster)}/{len(fused)} rows")
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--warmup-shard", default=None, metavar="I/N")
+    p.add_argument("--json-out", default=None)
+    p.add_argument("--tuned-out", default=None)
+    a = p.parse_args(argv)
+    models = [m for m in a.models.split(",") if m]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        print(f"error: unknown model(s) {unknown}; known: {list(MODELS)}", file=sys.stderr)
+        return 2
+    tokens = [int(t) for t in a.tokens.split(",")]
+    if not torch.cuda.is_available():
+        print("error: no CUDA GPU", file=sys.stderr)
+        return 1
+    if a.warmup_shard:
+        i, n = (int(v) for v in a.warmup_shard.split("/"))
+        warmup(models, tokens, a.sweep, i, n)
+        return 0
+    props = torch.cuda.get_device_properties(0)
+    print(f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}")
+    print(format_table(HEADER, []).splitlines()[0], flush=True)
+
+    def save(records, tuned):
+        """Rewrite the JSON outputs after every row, so a cut-off run keeps what it measured."""
+        doc = {"gpu": props.name, "torch": torch.__version__, "rows": records, "tuned": tuned}
+        for path, obj in ((a.json_out, doc), (a.tuned_out, tuned)):
+            if path:
+                with open(path + ".tmp", "w") as f:
+                    json.dump(obj, f, indent=1)
+                os.replace(path + ".tmp", path)
+
+    rows, records, tuned, bad = bench(models, tokens, a.sweep, a.iters, on_row=save)
+    print()
+    print(format_table(HEADER, rows))
+    print("\n".join(summary(records)))
+    print(f"configs with a wrong result (excluded): {len(bad)}")
+    for model, proj, m, cfg, err in bad:
+        print(f"  {model} {proj} M={m} {_cfg_str(cfg)}: rel err {err:.2e}")
+    save(records, tuned)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,435 @@
+"""cuTile GEMMs for the linear projections of transformer models.
+
+`linear` computes `x @ W^T (+ bias)`, `linear_residual` adds a residual in the epilogue
+(o_proj, down_proj) and `fused_gate_up_silu` computes `silu(x @ Wg^T) * (x @ Wu^T)` from a
+weight packed once as `[gate; up]`, so the `[M, 2I]` intermediate never reaches memory.
+All accumulate in fp32. Weights stay in their `[N, K]` nn.Linear layout: the kernels read them
+K-major through a transposed tile load, so no per-call copy is made.
+
+Tile shapes come from `gemm_configs` (an H200-measured table). An experimental split-K path
+(explicit `TileConfig(split=...)` only, never chosen by the table; see `gemm_configs`) has each
+split store its fp32 partial tile into a workspace, and the last split of an output tile to
+arrive (per-tile atomic counter) sums the partials, applies the epilogue and resets the counter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.tile as ct
+import torch
+
+from tilegym.ops.gemm_configs import TileConfig, choose_config
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+_ZERO = ct.PaddingMode.ZERO
+_COUNTER_SLOTS = 1 << 16
+
+
+def _tile_coords(m, n, tm, tn, group_m):
+    """Grouped (swizzled) output-tile coordinates of this CTA, for L2 reuse of W tiles."""
+    bid = ct.bid(0)
+    num_m = ct.cdiv(m, tm)
+    num_n = ct.cdiv(n, tn)
+    per_group = group_m * num_n
+    group = bid // per_group
+    first_m = group * group_m
+    rows = min(num_m - first_m, group_m)
+    return first_m + (bid % rows), (bid % per_group) // rows
+
+
+def _load_x(x, bm, k, tm, tk, latency):
+    if latency > 0:
+        return ct.load(x, index=(bm, k), shape=(tm, tk), padding_mode=_ZERO, latency=latency)
+    return ct.load(x, index=(bm, k), shape=(tm, tk), padding_mode=_ZERO)
+
+
+def _load_wt(w, bn, k, tn, tk, latency, transpose_tile):
+    """Tile `W[bn*tn : , k*tk : ]^T` of shape (tk, tn) from the [N, K] weight.
+
+    transpose_tile: load the tile in W's own K-contiguous layout and transpose it as a tile;
+    otherwise load through a transposed (order=(1, 0)) view. Which is faster is measured.
+    """
+    if transpose_tile:
+        if latency > 0:
+            t = ct.load(w, index=(bn, k), shape=(tn, tk), padding_mode=_ZERO, latency=latency)
+        else:
+            t = ct.load(w, index=(bn, k), shape=(tn, tk), padding_mode=_ZERO)
+        return ct.transpose(t)
+    if latency > 0:
+        return ct.load(
+            w, index=(k, bn), shape=(tk, tn), order=(1, 0), padding_mode=_ZERO, latency=latency
+        )
+    return ct.load(w, index=(k, bn), shape=(tk, tn), order=(1, 0), padding_mode=_ZERO)
+
+
+def _sum_partials(ws, base, split, bm, bn, tm, tn):
+    acc = ct.full((tm, tn), 0, dtype=ct.float32)
+    for s in range(split):
+        part = ct.load(ws, index=(base + s, bm, bn), shape=(1, tm, tn), padding_mode=_ZERO)
+        acc = acc + ct.reshape(part, (tm, tn))
+    return acc
+
+
+def _linear_epilogue(acc, b, r, y, bm, bn, tm, tn, has_bias, has_res):
+    if has_bias:
+        bias = ct.load(b, index=(bn,), shape=(tn,), padding_mode=_ZERO)
+        acc = acc + ct.reshape(ct.astype(bias, ct.float32), (1, tn))
+    if has_res:
+        res = ct.load(r, index=(bm, bn), shape=(tm, tn), padding_mode=_ZERO)
+        acc = acc + ct.astype(res, ct.float32)
+    ct.store(y, index=(bm, bn), tile=ct.astype(acc, y.dtype))
+
+
+@ct.kernel
+def tilegym_linear_kernel(
+    X,
+    W,
+    B,
+    R,
+    Y,
+    WS,
+    CNT,
+    split: int,
+    TM: ConstInt,
+    TN: ConstInt,
+    TK: ConstInt,
+    GROUP_M: ConstInt,
+    LATENCY: ConstInt,
+    TRANSPOSE_TILE: ConstBool,
+    SPLIT_K: ConstBool,
+    HAS_BIAS: ConstBool,
+    HAS_RES: ConstBool,
+):
+    """Y[M, N] = X[M, K] @ W[N, K]^T (+ B[N]) (+ R[M, N]); grid (tiles, split).
+
+    SPLIT_K (compile-time) selects the split-K epilogue; `split` (runtime) is the split count.
+    """
+    m = X.shape[0]
+    n = W.shape[0]
+    bm, bn = _tile_coords(m, n, TM, TN, GROUP_M)
+    s = ct.bid(1)
+    k_tiles = ct.num_tiles(X, axis=1, shape=(TM, TK))
+    acc = ct.full((TM, TN), 0, dtype=ct.float32)
+    for k in range(s, k_tiles, split):
+        a = _load_x(X, bm, k, TM, TK, LATENCY)
+        acc = ct.mma(a, _load_wt(W, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE), acc)
+    if not SPLIT_K:
+        _linear_epilogue(acc, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
+    else:
+        ct.store(WS, index=(s, bm, bn), tile=ct.reshape(acc, (1, TM, TN)))
+        tile_id = bm * ct.cdiv(n, TN) + bn
+        arrived = ct.atomic_add(CNT, tile_id, 1)
+        if arrived == split - 1:
+            total = _sum_partials(WS, 0, split, bm, bn, TM, TN)
+            _linear_epilogue(total, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
+            ct.atomic_xchg(CNT, tile_id, 0)
+
+
+def _silu_mul_store(gate, up, y, bm, bn):
+    act = gate / (1.0 + ct.exp(-gate))
+    ct.store(y, index=(bm, bn), tile=ct.astype(act * up, y.dtype))
+
+
+@ct.kernel
+def tilegym_gate_up_silu_kernel(
+    X,
+    WG,
+    WU,
+    Y,
+    WS,
+    CNT,
+    split: int,
+    TM: ConstInt,
+    TN: ConstInt,
+    TK: ConstInt,
+    GROUP_M: ConstInt,
+    LATENCY: ConstInt,
+    TRANSPOSE_TILE: ConstBool,
+    SPLIT_K: ConstBool,
+):
+    """Y[M, I] = silu(X @ WG^T) * (X @ WU^T); WS holds gate partials at [0, split), up after."""
+    m = X.shape[0]
+    n = WG.shape[0]
+    bm, bn = _tile_coords(m, n, TM, TN, GROUP_M)
+    s = ct.bid(1)
+    k_tiles = ct.num_tiles(X, axis=1, shape=(TM, TK))
+    gate = ct.full((TM, TN), 0, dtype=ct.float32)
+    up = ct.full((TM, TN), 0, dtype=ct.float32)
+    for k in range(s, k_tiles, split):
+        a = _load_x(X, bm, k, TM, TK, LATENCY)
+        gate = ct.mma(a, _load_wt(WG, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE), gate)
+        up = ct.mma(a, _load_wt(WU, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE), up)
+    if not SPLIT_K:
+        _silu_mul_store(gate, up, Y, bm, bn)
+    else:
+        ct.store(WS, index=(s, bm, bn), tile=ct.reshape(gate, (1, TM, TN)))
+        ct.store(WS, index=(split + s, bm, bn), tile=ct.reshape(up, (1, TM, TN)))
+        tile_id = bm * ct.cdiv(n, TN) + bn
+        arrived = ct.atomic_add(CNT, tile_id, 1)
+        if arrived == split - 1:
+            gate_sum = _sum_partials(WS, 0, split, bm, bn, TM, TN)
+            up_sum = _sum_partials(WS, split, split, bm, bn, TM, TN)
+            _silu_mul_store(gate_sum, up_sum, Y, bm, bn)
+            ct.atomic_xchg(CNT, tile_id, 0)
+
+
+class _DeviceBuffers:
+    """Per-device split-K workspace (grown on demand) and zeroed tile counters.
+
+    Allocate before CUDA-graph capture (one eager call of each shape does it); the counters
+    are reset by the kernels themselves, so they stay zero between launches.
+    """
+
+    def __init__(self) -> None:
+        self._ws: dict[torch.device, torch.Tensor] = {}
+        self._cnt: dict[torch.device, torch.Tensor] = {}
+        self._dummy: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def workspace(self, device: torch.device, numel: int) -> torch.Tensor:
+        ws = self._ws.get(device)
+        if ws is None or ws.numel() < numel:
+            ws = torch.empty(max(numel, 1 << 20), dtype=torch.float32, device=device)
+            self._ws[device] = ws
+        return ws
+
+    def counters(self, device: torch.device) -> torch.Tensor:
+        cnt = self._cnt.get(device)
+        if cnt is None:
+            cnt = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
+            self._cnt[device] = cnt
+        return cnt
+
+    def dummies(
+        self, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A 1-D and a 2-D placeholder for absent bias / residual (never read)."""
+        key = (device, dtype)
+        if key not in self._dummy:
+            self._dummy[key] = (
+                torch.zeros(16, dtype=dtype, device=device),
+                torch.zeros(16, 16, dtype=dtype, device=device),
+            )
+        return self._dummy[key]
+
+
+_BUFFERS = _DeviceBuffers()
+
+
+def _as_2d(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) != x2.shape[1]):
+        x2 = x2.contiguous()
+    return x2
+
+
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, k: int) -> None:
+    """One clear ValueError for inputs the kernels do not take (instead of a launch failure)."""
+    if not (x.is_cuda and weight.is_cuda):
+        raise ValueError(f"x and weight must be CUDA tensors, got {x.device} and {weight.device}")
+    if x.dtype not in _DTYPES:
+        raise ValueError(f"dtype {x.dtype} is not supported (bfloat16, float16)")
+    if weight.dim() != 2 or weight.shape[1] != k:
+        raise ValueError(f"weight shape {tuple(weight.shape)} does not match K={k}")
+    if x.dtype != weight.dtype:
+        raise ValueError(f"x dtype {x.dtype} differs from weight dtype {weight.dtype}")
+    if weight.stride(1) != 1:
+        raise ValueError("weight must be contiguous along K")
+
+
+def _split_buffers(cfg: TileConfig, m: int, n: int, parts: int, device: torch.device):
+    """Workspace view [parts*split, M, N] and counters, or placeholders when split == 1."""
+    cnt = _BUFFERS.counters(device)
+    tiles = math.ceil(m / cfg.tm) * math.ceil(n / cfg.tn)
+    if cfg.split == 1 or tiles > cnt.numel():
+        return None, cnt
+    ws = _BUFFERS.workspace(device, parts * cfg.split * m * n)
+    return ws[: parts * cfg.split * m * n].view(parts * cfg.split, m, n), cnt
+
+
+def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
+    m, _ = x2.shape
+    n = weight.shape[0]
+    device = x2.device
+    ws, cnt = _split_buffers(cfg, m, n, 1, device)
+    split = cfg.split if ws is not None else 1
+    if ws is None:
+        ws = _BUFFERS.workspace(device, 1).view(-1)[:1].view(1, 1, 1)
+    dummy_b, dummy_r = _BUFFERS.dummies(device, x2.dtype)
+    grid = (math.ceil(m / cfg.tm) * math.ceil(n / cfg.tn), split, 1)
+    args = (
+        x2,
+        weight,
+        bias if bias is not None else dummy_b,
+        residual2 if residual2 is not None else dummy_r,
+        out2,
+        ws,
+        cnt,
+        split,
+        cfg.tm,
+        cfg.tn,
+        cfg.tk,
+        cfg.group_m,
+        cfg.latency,
+        cfg.transpose_tile,
+        split > 1,
+        bias is not None,
+        residual2 is not None,
+    )
+    ct.launch(torch.cuda.current_stream(device), grid, tilegym_linear_kernel, args)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
+    """`x[..., K] @ weight[N, K]^T (+ bias[N])` with fp32 accumulation; returns `[..., N]`.
+
+    `out` (contiguous, `[..., N]`) receives the result when given; `config` overrides the
+    tile table (the benchmark's sweep uses it).
+    """
+    k = x.shape[-1]
+    _check(x, weight, k)
+    n = weight.shape[0]
+    x2 = _as_2d(x)
+    m = x2.shape[0]
+    if out is None:
+        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    cfg = config or choose_config(m, n, k)
+    _launch_linear(x2, weight, bias, None, out.view(m, n), cfg)
+    return out
+
+
+def linear_residual(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
+    """`residual + x @ weight^T`, the add done in the GEMM epilogue (o_proj, down_proj)."""
+    k = x.shape[-1]
+    _check(x, weight, k)
+    n = weight.shape[0]
+    if residual.shape[-1] != n or residual.shape[:-1] != x.shape[:-1]:
+        raise ValueError(f"residual shape {tuple(residual.shape)} does not match output")
+    x2 = _as_2d(x)
+    m = x2.shape[0]
+    if out is None:
+        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    cfg = config or choose_config(m, n, k)
+    _launch_linear(x2, weight, None, _as_2d(residual), out.view(m, n), cfg)
+    return out
+
+
+def fused_gate_up_silu(
+    x: torch.Tensor,
+    gate_up_weight: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
+    """`silu(x @ Wg^T) * (x @ Wu^T)` for `gate_up_weight = cat([Wg, Wu])` of shape `[2I, K]`."""
+    k = x.shape[-1]
+    _check(x, gate_up_weight, k)
+    if gate_up_weight.shape[0] % 2:
+        raise ValueError(f"gate_up_weight has an odd row count {gate_up_weight.shape[0]}")
+    i = gate_up_weight.shape[0] // 2
+    x2 = _as_2d(x)
+    m = x2.shape[0]
+    if out is None:
+        out = torch.empty(*x.shape[:-1], i, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    cfg = config or choose_config(m, i, k, gated=True)
+    device = x.device
+    ws, cnt = _split_buffers(cfg, m, i, 2, device)
+    split = cfg.split if ws is not None else 1
+    if ws is None:
+        ws = _BUFFERS.workspace(device, 1).view(-1)[:1].view(1, 1, 1)
+    grid = (math.ceil(m / cfg.tm) * math.ceil(i / cfg.tn), split, 1)
+    args = (
+        x2,
+        gate_up_weight[:i],
+        gate_up_weight[i:],
+        out.view(m, i),
+        ws,
+        cnt,
+        split,
+        cfg.tm,
+        cfg.tn,
+        cfg.tk,
+        cfg.group_m,
+        cfg.latency,
+        cfg.transpose_tile,
+        split > 1,
+    )
+    ct.launch(torch.cuda.current_stream(device), grid, tilegym_gate_up_silu_kernel, args)
+    return out
+
+
+def _aot_cases(ops: tuple[str, ...]) -> list[tuple[str, TileConfig, bool]]:
+    """(op, tiles, has_bias) the AOT gate compiles: per op the decode (split-K) and the prefill
+    tile shapes, kept few because one compile takes seconds."""
+    cases = []
+    for op in ops:
+        gated = op == "gated"
+        decode = choose_config(1, 4096, 4096, gated=gated)
+        large = choose_config(4096, 4096, 4096, gated=gated)
+        cases += [(op, decode, False), (op, large, op == "linear")]
+    return cases
+
+
+def aot_signatures(
+    ops: tuple[str, ...] = ("linear", "residual", "gated"),
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16),
+) -> dict:
+    """`{kernel: [KernelSignature, ...]}` for the kernels of `ops` ('linear', 'residual',
+    'gated'); by default every `@ct.kernel` here, in bf16 and fp16."""
+    from cuda.tile.compilation import ArrayConstraint, CallingConvention, KernelSignature
+
+    def arr(dtype, ndim, group=None):
+        return ArrayConstraint(
+            dtype,
+            ndim,
+            index_dtype=ct.int32,
+            stride_lower_bound_incl=0,
+            alias_groups=(group,) if group else (),
+            may_alias_internally=False,
+            stride_constant=(None,) * (ndim - 1) + (1,),
+        )
+
+    ct_dtypes = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16}
+    cconv = CallingConvention.cutile_python_v1()
+    split = ct.compilation.ScalarConstraint(ct.int32)
+    sigs: dict = {}
+    for torch_dt in dtypes:
+        dt = ct_dtypes[torch_dt]
+        for op, cfg, has_bias in _aot_cases(ops):
+            consts = [split, cfg.tm, cfg.tn, cfg.tk, cfg.group_m]
+            consts += [cfg.latency, cfg.transpose_tile, cfg.split > 1]
+            work = [arr(ct.float32, 3), arr(ct.int32, 1)]
+            if op == "gated":
+                params = [arr(dt, 2), arr(dt, 2, "w"), arr(dt, 2, "w"), arr(dt, 2), *work]
+                kernel, tail = tilegym_gate_up_silu_kernel, []
+            else:
+                params = [arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 2), *work]
+                kernel, tail = tilegym_linear_kernel, [has_bias, op == "residual"]
+            sigs.setdefault(kernel, []).append(KernelSignature([*params, *consts, *tail], cconv))
+    return sigs
+
+
+__all__ = ["TileConfig", "aot_signatures", "fused_gate_up_silu", "linear", "linear_residual"]

@@ -1,0 +1,233 @@
+"""cuTile GEMMs (linear, linear + residual, fused gate-up + SiLU) against fp32 references.
+
+GPU tests cover every projection of the qwen3 and llama models at decode and prefill token
+counts (lm_head included), odd M/N/K with and without bias, explicit split-K, and NaN-poisoned
+outputs. The CPU tests cover the tile-table policy and the AOT signatures.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+
+from tilegym.ops import gemm_configs
+from tilegym.ops.gemm_configs import TileConfig, candidate_configs, choose_config
+from tilegym.ops.testing import assert_close_rel
+
+#: one bf16 rounding of an fp32-accumulated result: about 2.3e-3 relative (Frobenius)
+GEMM_TOL = {torch.bfloat16: 8e-3, torch.float16: 2e-3}
+
+MODELS = {
+    "qwen3": dict(hidden=1024, q=16 * 128, kv=8 * 128, inter=3072, vocab=151936),
+    "llama": dict(hidden=2048, q=32 * 64, kv=8 * 64, inter=8192, vocab=128256),
+}
+
+
+def projections(model: str) -> dict[str, tuple[str, int, int]]:
+    """name -> (op, N, K); op is 'linear', 'residual' or 'gated' (N = intermediate size)."""
+    c = MODELS[model]
+    h = c["hidden"]
+    return {
+        "q_proj": ("linear", c["q"], h),
+        "k_proj": ("linear", c["kv"], h),
+        "qkv_proj": ("linear", c["q"] + 2 * c["kv"], h),
+        "o_proj": ("residual", h, c["q"]),
+        "gate_proj": ("linear", c["inter"], h),
+        "gate_up_silu": ("gated", c["inter"], h),
+        "down_proj": ("residual", h, c["inter"]),
+        "lm_head": ("linear", c["vocab"], h),
+    }
+
+
+def _rand(shape, gen, dtype, scale=1.0):
+    return (torch.randn(shape, device="cuda", generator=gen) * scale).to(dtype)
+
+
+def _run_case(op, m, n, k, gen, dtype=torch.bfloat16, bias=False, config=None, lead=()):
+    """Run one op on fresh random inputs into a NaN-poisoned output; check against fp32."""
+    from tilegym.ops import gemm
+
+    x = _rand((*lead, m, k), gen, dtype)
+    rows = 2 * n if op == "gated" else n
+    w = _rand((rows, k), gen, dtype, 1 / math.sqrt(k))
+    out = torch.full((*lead, m, n), float("nan"), device="cuda", dtype=dtype)
+    xf, wf = x.float(), w.float()
+    if op == "gated":
+        res = gemm.fused_gate_up_silu(x, w, out=out, config=config)
+        g, u = torch.nn.functional.linear(xf, wf).split(n, dim=-1)
+        ref = torch.nn.functional.silu(g) * u
+    elif op == "residual":
+        r = _rand((*lead, m, n), gen, dtype)
+        res = gemm.linear_residual(x, w, r, out=out, config=config)
+        ref = r.float() + torch.nn.functional.linear(xf, wf)
+    else:
+        b = _rand((n,), gen, dtype) if bias else None
+        res = gemm.linear(x, w, b, out=out, config=config)
+        ref = torch.nn.functional.linear(xf, wf, None if b is None else b.float())
+    assert res.data_ptr() == out.data_ptr()
+    assert_close_rel(out, ref, tol=GEMM_TOL[dtype])
+
+
+CASES = [
+    (model, name, m)
+    for model in MODELS
+    for name in projections(model)
+    for m in (1, 16, 2048)
+    if not (name == "lm_head" and m == 16)
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model,name,m", CASES)
+def test_model_projection(model, name, m, gen):
+    op, n, k = projections(model)[name]
+    _run_case(op, m, n, k, gen)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 17, 1000, 2049])
+@pytest.mark.parametrize("n", [1000, 2048])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_odd_shapes(m, n, bias, gen):
+    _run_case("linear", m, n, 1000, gen, bias=bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [3, 17, 2049])
+@pytest.mark.parametrize("op", ["residual", "gated"])
+def test_fused_epilogues_odd_shapes(op, m, gen):
+    _run_case(op, m, 1000, 1000, gen)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["linear", "residual", "gated"])
+@pytest.mark.parametrize("split", [2, 5, 16])
+def test_explicit_split_k_twice(op, split, gen):
+    """The experimental split-K path (explicit configs only) at a tile shape that has been
+    correct on the H200: uneven and empty K shares; a second call proves the counters reset."""
+    cfg = TileConfig(16, 64, 128, split)
+    for _ in range(2):
+        _run_case(op, 3, 1000, 1000, gen, config=cfg)
+
+
+@pytest.mark.gpu
+def test_fp16_and_batched_input(gen):
+    _run_case("linear", 5, 1024, 2048, gen, dtype=torch.float16, lead=(2,))
+    _run_case("gated", 33, 512, 1024, gen, lead=(3,))
+
+
+@pytest.mark.gpu
+def test_allocated_output_is_fully_written(gen, poison_empty):
+    """Without `out=`, outputs and the split-K workspace come from NaN-poisoned torch.empty."""
+    from tilegym.ops import gemm
+
+    for m in (1, 300):
+        x = _rand((m, 1024), gen, torch.bfloat16)
+        w = _rand((2 * 3072, 1024), gen, torch.bfloat16, 1 / 32)
+        ref = torch.nn.functional.linear(x.float(), w.float())
+        assert_close_rel(gemm.linear(x, w), ref, tol=GEMM_TOL[torch.bfloat16])
+        g, u = ref.split(3072, dim=-1)
+        act = torch.nn.functional.silu(g) * u
+        assert_close_rel(gemm.fused_gate_up_silu(x, w), act, tol=GEMM_TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+def test_zero_output_fails_the_check(gen):
+    x = _rand((4, 256), gen, torch.bfloat16)
+    w = _rand((128, 256), gen, torch.bfloat16)
+    ref = torch.nn.functional.linear(x.float(), w.float())
+    with pytest.raises(AssertionError, match="relative error"):
+        assert_close_rel(torch.zeros_like(ref, dtype=torch.bfloat16), ref, tol=8e-3)
+
+
+def test_zero_output_fails_the_check_cpu():
+    ref = torch.randn(16, 64) @ torch.randn(64, 32)
+    with pytest.raises(AssertionError, match="relative error"):
+        assert_close_rel(torch.zeros_like(ref, dtype=torch.bfloat16), ref, tol=8e-3)
+    assert_close_rel(ref.to(torch.bfloat16), ref, tol=8e-3)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("m", [1, 8, 16, 17, 100, 2048, 5000])
+def test_configs_cover_model_shapes(model, m):
+    """Every model projection has a valid, unsplit config; the measured table covers the
+    decode and prefill buckets of every projection shape."""
+    for op, n, k in projections(model).values():
+        gated = op == "gated"
+        cfg = choose_config(m, n, k, gated=gated)
+        assert cfg.split == 1
+        bucket = gemm_configs.m_bucket(m)
+        if bucket != "small" and gemm_configs.TILE_TABLE.exists():
+            assert (bucket, n, k, gated) in gemm_configs.TUNED, (model, op, n, k)
+
+
+def test_defaults_outside_the_table():
+    cfg = choose_config(3, 1000, 1000)
+    assert (cfg.tm, cfg.split) == (16, 1)
+    assert choose_config(5000, 1000, 1000).tm == 128
+    assert choose_config(40, 1000, 1000, gated=True).tm == 64
+
+
+def test_tile_config_validation_and_candidates():
+    with pytest.raises(ValueError):
+        TileConfig(24, 64, 64)
+    with pytest.raises(ValueError):
+        TileConfig(16, 64, 64, split=0)
+    with pytest.raises(ValueError):
+        choose_config(0, 64, 64)
+    cands = candidate_configs(1, 1024, 1024)
+    assert cands[0] == choose_config(1, 1024, 1024)
+    assert len(set(cands)) == len(cands)
+    assert all(c.split == 1 for c in cands)
+
+
+def test_aot_signatures_compile_for_sm90():
+    """The declared signatures cover both kernels and one of them compiles on the CPU."""
+    from cuda.tile.compilation import export_kernel
+
+    from tilegym.ops import gemm
+
+    sigs = gemm.aot_signatures()
+    assert set(sigs) == {gemm.tilegym_linear_kernel, gemm.tilegym_gate_up_silu_kernel}
+    assert all(sigs.values())
+    buf = io.BytesIO()
+    export_kernel(
+        gemm.tilegym_linear_kernel,
+        [sigs[gemm.tilegym_linear_kernel][0]],
+        buf,
+        gpu_code="sm_90",
+        output_format="cubin",
+    )
+    assert len(buf.getvalue()) > 1000
+
+
+def test_tile_table_parses_and_rejects_bad_keys():
+    table = gemm_configs.parse_table({"decode|1024|2048|False": [16, 64, 256, 8, 10, True]})
+    cfg = table[("decode", 1024, 2048, False)]
+    assert (cfg.tm, cfg.tn, cfg.tk, cfg.split, cfg.latency, cfg.transpose_tile) == (
+        16,
+        64,
+        256,
+        8,
+        10,
+        True,
+    )
+    with pytest.raises(ValueError):
+        gemm_configs.parse_table({"huge|1|1|False": [16, 16, 16, 1, 0, True]})
+    if gemm_configs.TILE_TABLE.exists():
+        assert gemm_configs.TUNED, "the shipped tile table is empty"
+
+
+def test_bad_inputs_raise_one_clear_error():
+    from tilegym.ops import gemm
+
+    x, w = torch.randn(2, 8), torch.randn(4, 8)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        gemm.linear(x, w)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        gemm.fused_gate_up_silu(x, w)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        gemm.linear_residual(x, w, torch.randn(2, 4))
