@@ -1,0 +1,125 @@
+"""Shared GPU timing helper for the op benchmarks: CUDA events, warm-up, medians, L2 flush.
+
+Import it as a plain module from this directory (``sys.path.insert(0, dirname(__file__))``
+then ``from _timing import time_cuda, interleaved, Stats``). The API is stable:
+
+- ``time_cuda(fn, warmup=10, iters=50, flush_l2=True) -> Stats``
+- ``interleaved(fns, warmup=10, iters=50, flush_l2=True) -> dict[str, Stats]``: the variants
+  take turns iteration by iteration, so clock and thermal drift hit all of them alike.
+- ``gbps(nbytes, stats)``, ``pct_of_copy(nbytes, stats)`` turn bytes moved into bandwidth.
+
+Every timed call is bracketed by its own pair of CUDA events; with ``flush_l2`` a buffer larger
+than the L2 cache is overwritten before each call (outside the events), so inputs come from HBM.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+H200_COPY_TBPS = 4.3
+"""H200 device-to-device copy bandwidth in TB/s: the ceiling for memory-bound kernels."""
+
+_FLUSH_BYTES = 256 * 1024 * 1024  # well above any current L2 (H200: 60 MiB)
+_flush_buf: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Percentiles of one kernel's per-call GPU time in microseconds."""
+
+    median_us: float
+    p10_us: float
+    p90_us: float
+    n: int
+
+    @property
+    def spread_pct(self) -> float:
+        """(p90 - p10) / median, in percent: how noisy the measurement was."""
+        return 100.0 * (self.p90_us - self.p10_us) / self.median_us if self.median_us else 0.0
+
+
+def _flush() -> None:
+    global _flush_buf
+    if _flush_buf is None:
+        _flush_buf = torch.empty(_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    _flush_buf.zero_()
+
+
+def _percentile(sorted_vals: list[float], q: float) -> float:
+    if len(sorted_vals) == 1:
+        return sorted_vals[0]
+    pos = q * (len(sorted_vals) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+
+
+def summarize(samples_us: list[float]) -> Stats:
+    """Median and 10th/90th percentiles of timing samples (pure, testable without a GPU)."""
+    if not samples_us:
+        raise ValueError("no timing samples")
+    s = sorted(samples_us)
+    return Stats(statistics.median(s), _percentile(s, 0.1), _percentile(s, 0.9), len(s))
+
+
+def interleaved(
+    fns: dict[str, Callable[[], object]],
+    warmup: int = 10,
+    iters: int = 50,
+    flush_l2: bool = True,
+) -> dict[str, Stats]:
+    """Time several variants taking turns; returns per-variant Stats keyed like ``fns``."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    events = {
+        k: [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(iters)
+        ]
+        for k in fns
+    }
+    for i in range(iters):
+        for k, fn in fns.items():
+            if flush_l2:
+                _flush()
+            start, end = events[k][i]
+            start.record()
+            fn()
+            end.record()
+    torch.cuda.synchronize()
+    return {k: summarize([s.elapsed_time(e) * 1000.0 for s, e in evs]) for k, evs in events.items()}
+
+
+def time_cuda(
+    fn: Callable[[], object], warmup: int = 10, iters: int = 50, flush_l2: bool = True
+) -> Stats:
+    """GPU time of one callable (median over ``iters`` calls after ``warmup`` calls)."""
+    return interleaved({"fn": fn}, warmup=warmup, iters=iters, flush_l2=flush_l2)["fn"]
+
+
+def gbps(nbytes: int, stats: Stats) -> float:
+    """Effective bandwidth in GB/s for ``nbytes`` moved in the median time."""
+    return nbytes / (stats.median_us * 1e-6) / 1e9
+
+
+def pct_of_copy(nbytes: int, stats: Stats, ceiling_tbps: float = H200_COPY_TBPS) -> float:
+    """Effective bandwidth as a percentage of the device copy ceiling."""
+    return 100.0 * gbps(nbytes, stats) / (ceiling_tbps * 1000.0)
+
+
+def format_table(header: list[str], rows: list[list[object]]) -> str:
+    """Fixed-width text table (right-aligned numbers) for benchmark output."""
+    cells = [[f"{c:.1f}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    widths = [
+        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)
+    ]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)

@@ -1,0 +1,17 @@
+"""Reusable cuTile kernels, each with a plain PyTorch reference beside it.
+
+Modules are imported on demand (``from tilegym.ops.rms_norm import rms_norm``) so that one
+module's toolchain problem never hides another's kernels:
+
+- ``rms_norm``: RMSNorm and fused residual-add + RMSNorm (transformers numerics)
+- ``rope``: rotary embedding for q and k in one launch; Qwen3 q/k-norm fused with RoPE
+- ``silu_and_mul``: SwiGLU activation over separate or concatenated gate/up
+- ``elementwise``: residual add
+- ``embedding``: token embedding lookup
+- ``gemm``, ``attention``, ``kv_cache``: GEMM and attention kernels (their own modules)
+- ``testing``: relative-error parity checks used by the GPU tests
+
+Every kernel module defines ``aot_signatures()`` for the AOT compile gate.
+"""
+
+SMALL_OP_MODULES = ("rms_norm", "rope", "silu_and_mul", "elementwise", "embedding")

@@ -1,0 +1,59 @@
+"""Helpers shared by the op modules: tile sizing, dtype maps and AOT signature building."""
+
+from __future__ import annotations
+
+import cuda.tile as ct
+import torch
+from cuda.tile.compilation import ArrayConstraint, CallingConvention, KernelSignature
+
+PAD_ZERO = ct.PaddingMode.ZERO
+
+#: dtypes every op accepts for activations (weights may be any of these too).
+ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+_CT_DTYPE = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32}
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (tile extents must be powers of two)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def ct_dtype(dtype: torch.dtype):
+    """The cuda.tile dtype for a torch dtype."""
+    return _CT_DTYPE[dtype]
+
+
+def stream() -> int:
+    """The current CUDA stream: kernels run in order with the surrounding PyTorch ops."""
+    return torch.cuda.current_stream()
+
+
+def check_activation(name: str, t: torch.Tensor) -> None:
+    """One clear error for inputs the kernels do not handle (instead of a compile failure)."""
+    if not t.is_cuda:
+        raise ValueError(f"{name} must be a CUDA tensor, got device {t.device}")
+    if t.dtype not in ACT_DTYPES:
+        raise ValueError(f"{name} dtype {t.dtype} is not supported (bf16, fp16, fp32)")
+
+
+def array_sig(dtype, ndim: int, *, last_contiguous: bool = True) -> ArrayConstraint:
+    """An ArrayConstraint as the JIT derives it for a torch tensor (int32 indices)."""
+    return ArrayConstraint(
+        ct_dtype(dtype) if isinstance(dtype, torch.dtype) else dtype,
+        ndim,
+        index_dtype=ct.int32,
+        stride_lower_bound_incl=0,
+        alias_groups=(),
+        may_alias_internally=False,
+        stride_constant=(None,) * (ndim - 1) + (1,) if last_contiguous else None,
+    )
+
+
+def signature(*params) -> KernelSignature:
+    """A KernelSignature in the calling convention launches use."""
+    return KernelSignature(params, CallingConvention.cutile_python_v1())
+
+
+#: activation dtypes the AOT inventory compiles every kernel for.
+AOT_DTYPES = (torch.bfloat16, torch.float16)

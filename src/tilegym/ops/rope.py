@@ -1,0 +1,266 @@
+"""Rotary position embedding as transformers applies it, q and k in one launch.
+
+Semantics of ``apply_rotary_pos_emb`` (half-rotation layout): with ``x1, x2`` the two halves of
+the rotated part, ``out1 = x1*cos1 - x2*sin1`` and ``out2 = x2*cos2 + x1*sin2``, where cos/sin
+come from the model's rotary module (shape ``(B or 1, S, R)``). A partial rotary factor
+(``R < head_dim``) rotates the first ``R`` dims and passes the rest through unchanged.
+
+``qk_norm_rope`` fuses Qwen3's per-head q/k RMSNorm with the rotation and the
+``(B, S, H, D) -> (B, H, S, D)`` transpose: one launch replaces about twenty PyTorch kernels.
+"""
+
+from __future__ import annotations
+
+import cuda.tile as ct
+import torch
+from cuda.tile.compilation import ScalarConstraint
+
+from tilegym.ops._common import (
+    AOT_DTYPES,
+    PAD_ZERO,
+    array_sig,
+    check_activation,
+    next_pow2,
+    signature,
+    stream,
+)
+
+
+@ct.function
+def _rotate_store(x, out, b, s, cb, c, sn, half, rot, TH: ct.Constant[int], TR: ct.Constant[int]):
+    """Rotate the first ``rot`` dims of token (b, s) of a (B, H, S, D) array into ``out``."""
+    x1 = ct.load(x.slice(3, 0, half), (b, 0, s, 0), (1, TH, 1, TR), padding_mode=PAD_ZERO)
+    x2 = ct.load(x.slice(3, half, rot), (b, 0, s, 0), (1, TH, 1, TR), padding_mode=PAD_ZERO)
+    c1 = ct.load(c.slice(2, 0, half), (cb, s, 0), (1, 1, TR), padding_mode=PAD_ZERO)
+    c2 = ct.load(c.slice(2, half, rot), (cb, s, 0), (1, 1, TR), padding_mode=PAD_ZERO)
+    s1 = ct.load(sn.slice(2, 0, half), (cb, s, 0), (1, 1, TR), padding_mode=PAD_ZERO)
+    s2 = ct.load(sn.slice(2, half, rot), (cb, s, 0), (1, 1, TR), padding_mode=PAD_ZERO)
+    c1 = c1.astype(ct.float32).reshape((1, 1, 1, TR))
+    c2 = c2.astype(ct.float32).reshape((1, 1, 1, TR))
+    s1 = s1.astype(ct.float32).reshape((1, 1, 1, TR))
+    s2 = s2.astype(ct.float32).reshape((1, 1, 1, TR))
+    f1 = x1.astype(ct.float32)
+    f2 = x2.astype(ct.float32)
+    ct.store(out.slice(3, 0, half), (b, 0, s, 0), (f1 * c1 - f2 * s1).astype(out.dtype))
+    ct.store(out.slice(3, half, rot), (b, 0, s, 0), (f2 * c2 + f1 * s2).astype(out.dtype))
+
+
+@ct.function
+def _pass_through(x, out, b, s, rot, TH: ct.Constant[int], TP: ct.Constant[int]):
+    d = x.shape[3]
+    xp = ct.load(x.slice(3, rot, d), (b, 0, s, 0), (1, TH, 1, TP), padding_mode=PAD_ZERO)
+    ct.store(out.slice(3, rot, d), (b, 0, s, 0), xp)
+
+
+@ct.kernel
+def rope_kernel(
+    q,
+    k,
+    cos,
+    sin,
+    q_out,
+    k_out,
+    cos_batched,
+    TQH: ct.Constant[int],
+    TKH: ct.Constant[int],
+    TR: ct.Constant[int],
+    TP: ct.Constant[int],
+):
+    """One block per token: all q heads and all k heads of that token."""
+    t = ct.bid(0)
+    seq = q.shape[2]
+    b = t // seq
+    s = t % seq
+    cb = b * cos_batched
+    rot = cos.shape[2]
+    half = rot // 2
+    _rotate_store(q, q_out, b, s, cb, cos, sin, half, rot, TQH, TR)
+    _rotate_store(k, k_out, b, s, cb, cos, sin, half, rot, TKH, TR)
+    if TP > 0:
+        _pass_through(q, q_out, b, s, rot, TQH, TP)
+        _pass_through(k, k_out, b, s, rot, TKH, TP)
+
+
+@ct.function
+def _norm_rotate_store(x, w, out, b, s, cb, c, sn, eps, TH: ct.Constant[int], TR: ct.Constant[int]):
+    """RMSNorm each head of token (b, s) of a (B, S, H, D) array, rotate, store (B, H, S, D)."""
+    d = x.shape[3]
+    half = d // 2
+    x1 = ct.load(x.slice(3, 0, half), (b, s, 0, 0), (1, 1, TH, TR), padding_mode=PAD_ZERO)
+    x2 = ct.load(x.slice(3, half, d), (b, s, 0, 0), (1, 1, TH, TR), padding_mode=PAD_ZERO)
+    f1 = x1.astype(ct.float32)
+    f2 = x2.astype(ct.float32)
+    ss = ct.sum(f1 * f1, axis=3, keepdims=True) + ct.sum(f2 * f2, axis=3, keepdims=True)
+    inv = ct.rsqrt(ss / d + eps)
+    w1 = ct.load(w.slice(0, 0, half), (0,), (TR,), padding_mode=PAD_ZERO).astype(ct.float32)
+    w2 = ct.load(w.slice(0, half, d), (0,), (TR,), padding_mode=PAD_ZERO).astype(ct.float32)
+    n1 = (f1 * inv).astype(x.dtype).astype(ct.float32) * w1.reshape((1, 1, 1, TR))
+    n2 = (f2 * inv).astype(x.dtype).astype(ct.float32) * w2.reshape((1, 1, 1, TR))
+    n1 = n1.astype(out.dtype).astype(ct.float32).reshape((1, TH, 1, TR))
+    n2 = n2.astype(out.dtype).astype(ct.float32).reshape((1, TH, 1, TR))
+    c1 = ct.load(c.slice(2, 0, half), (cb, s, 0), (1, 1, TR), padding_mode=PAD_ZERO)
+    c2 = ct.load(c.slice(2, half, d), (cb, s, 0), (1, 1, TR), padding_mode=PAD_ZERO)
+    s1 = ct.load(sn.slice(2, 0, half), (cb, s, 0), (1, 1, TR), padding_mode=PAD_ZERO)
+    s2 = ct.load(sn.slice(2, half, d), (cb, s, 0), (1, 1, TR), padding_mode=PAD_ZERO)
+    c1 = c1.astype(ct.float32).reshape((1, 1, 1, TR))
+    c2 = c2.astype(ct.float32).reshape((1, 1, 1, TR))
+    s1 = s1.astype(ct.float32).reshape((1, 1, 1, TR))
+    s2 = s2.astype(ct.float32).reshape((1, 1, 1, TR))
+    ct.store(out.slice(3, 0, half), (b, 0, s, 0), (n1 * c1 - n2 * s1).astype(out.dtype))
+    ct.store(out.slice(3, half, d), (b, 0, s, 0), (n2 * c2 + n1 * s2).astype(out.dtype))
+
+
+@ct.kernel
+def qk_norm_rope_kernel(
+    q,
+    k,
+    q_weight,
+    k_weight,
+    cos,
+    sin,
+    q_out,
+    k_out,
+    eps,
+    cos_batched,
+    TQH: ct.Constant[int],
+    TKH: ct.Constant[int],
+    TR: ct.Constant[int],
+):
+    """One block per token: per-head RMSNorm of q and k, then RoPE, written head-major."""
+    t = ct.bid(0)
+    seq = q.shape[1]
+    b = t // seq
+    s = t % seq
+    cb = b * cos_batched
+    _norm_rotate_store(q, q_weight, q_out, b, s, cb, cos, sin, eps, TQH, TR)
+    _norm_rotate_store(k, k_weight, k_out, b, s, cb, cos, sin, eps, TKH, TR)
+
+
+def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _cos_sin(cos: torch.Tensor, sin: torch.Tensor, batch: int, seq: int):
+    if cos.dim() == 2:
+        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+    if cos.shape != sin.shape or cos.dim() != 3 or cos.shape[1] != seq:
+        raise ValueError(f"cos/sin must be (B or 1, {seq}, R), got {tuple(cos.shape)}")
+    if cos.shape[0] not in (1, batch):
+        raise ValueError(f"cos/sin batch {cos.shape[0]} must be 1 or {batch}")
+    rot = cos.shape[-1]
+    if rot % 2:
+        raise ValueError(f"rotary dim {rot} must be even")
+    return _last_contiguous(cos), _last_contiguous(sin), int(cos.shape[0] > 1)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """``apply_rotary_pos_emb(q, k, cos, sin)`` for (B, H, S, D) q/k (any strides).
+
+    ``cos``/``sin`` are ``(B or 1, S, R)`` with ``R <= D`` (partial rotary: the rest of each
+    head passes through). Returns new contiguous (B, H, S, D) tensors.
+    """
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        check_activation(name, t)
+    if q.dim() != 4 or k.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise ValueError(f"q {tuple(q.shape)} / k {tuple(k.shape)} must be (B, H, S, D) alike")
+    bsz, hq, seq, d = q.shape
+    cos, sin, batched = _cos_sin(cos, sin, bsz, seq)
+    rot = cos.shape[-1]
+    if rot > d:
+        raise ValueError(f"rotary dim {rot} exceeds head dim {d}")
+    q, k = _last_contiguous(q), _last_contiguous(k)
+    q_out = torch.empty((bsz, hq, seq, d), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((bsz, k.shape[1], seq, d), dtype=k.dtype, device=k.device)
+    if bsz * seq:
+        consts = rope_constants(hq, k.shape[1], d, rot)
+        args = (q, k, cos, sin, q_out, k_out, batched, *consts)
+        ct.launch(stream(), (bsz * seq, 1, 1), rope_kernel, args)
+    return q_out, k_out
+
+
+def rope_constants(hq: int, hk: int, d: int, rot: int) -> tuple[int, int, int, int]:
+    """(TQH, TKH, TR, TP) tile extents for ``rope_kernel``; TP = 0 when nothing passes through."""
+    return next_pow2(hq), next_pow2(hk), next_pow2(rot // 2), next_pow2(d - rot) if rot < d else 0
+
+
+def qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+):
+    """Qwen3's ``q_norm``/``k_norm`` (per head) + transpose + RoPE, q and k in one launch.
+
+    ``q``/``k`` are the projections viewed ``(B, S, H, D)`` (any strides, e.g. slices of a
+    fused QKV output); returns contiguous ``(B, H, S, D)`` q and k. Full rotary only.
+    """
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        check_activation(name, t)
+    if q.dim() != 4 or k.dim() != 4 or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q {tuple(q.shape)} / k {tuple(k.shape)} must be (B, S, H, D) alike")
+    bsz, seq, hq, d = q.shape
+    hk = k.shape[2]
+    cos, sin, batched = _cos_sin(cos, sin, bsz, seq)
+    if cos.shape[-1] != d or d % 2:
+        raise ValueError(f"qk_norm_rope needs full rotary: cos dim {cos.shape[-1]} vs head {d}")
+    if q_weight.shape != (d,) or k_weight.shape != (d,):
+        raise ValueError("q/k norm weights must have shape (head_dim,)")
+    q, k = _last_contiguous(q), _last_contiguous(k)
+    out_dtype = torch.promote_types(q.dtype, q_weight.dtype)
+    q_out = torch.empty((bsz, hq, seq, d), dtype=out_dtype, device=q.device)
+    k_out = torch.empty((bsz, hk, seq, d), dtype=out_dtype, device=q.device)
+    if bsz * seq:
+        qw, kw = q_weight.contiguous(), k_weight.contiguous()
+        tq, tk, tr = next_pow2(hq), next_pow2(hk), next_pow2(d // 2)
+        args = (q, k, qw, kw, cos, sin, q_out, k_out, float(eps), batched, tq, tk, tr)
+        ct.launch(stream(), (bsz * seq, 1, 1), qk_norm_rope_kernel, args)
+    return q_out, k_out
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``rotate_half``."""
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope_reference(q, k, cos, sin, unsqueeze_dim: int = 1):
+    """transformers' ``apply_rotary_pos_emb``, extended to partial rotary as e.g. GLM does."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    rot = cos.shape[-1]
+
+    def one(x):
+        xr, xp = x[..., :rot], x[..., rot:]
+        return torch.cat(((xr * cos) + (rotate_half(xr) * sin), xp), dim=-1)
+
+    return one(q), one(k)
+
+
+def qk_norm_rope_reference(q, k, q_weight, k_weight, eps, cos, sin):
+    """Qwen3Attention: ``q_norm(q).transpose(1, 2)`` etc., then ``apply_rotary_pos_emb``."""
+    from tilegym.ops.rms_norm import rms_norm_reference
+
+    qn = rms_norm_reference(q, q_weight, eps).transpose(1, 2)
+    kn = rms_norm_reference(k, k_weight, eps).transpose(1, 2)
+    return apply_rope_reference(qn, kn, cos, sin)
+
+
+def aot_signatures(
+    heads=((16, 8, 128), (32, 8, 64)), dtypes=AOT_DTYPES, partial_rot=((32, 8, 64, 32),)
+) -> dict:
+    """AOT signatures: (q heads, kv heads, head dim) of Qwen3-0.6B and Llama-3.2-1B, plus a
+    partial-rotary layout."""
+    plain, fused = [], []
+    i32, f32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
+    for dt in dtypes:
+        a4, a3, a1 = array_sig(dt, 4), array_sig(dt, 3), array_sig(dt, 1)
+        for hq, hk, d in heads:
+            plain.append(signature(a4, a4, a3, a3, a4, a4, i32, *rope_constants(hq, hk, d, d)))
+            tiles = (next_pow2(hq), next_pow2(hk), next_pow2(d // 2))
+            fused.append(signature(a4, a4, a1, a1, a3, a3, a4, a4, f32, i32, *tiles))
+        for hq, hk, d, rot in partial_rot:
+            plain.append(signature(a4, a4, a3, a3, a4, a4, i32, *rope_constants(hq, hk, d, rot)))
+    return {rope_kernel: plain, qk_norm_rope_kernel: fused}

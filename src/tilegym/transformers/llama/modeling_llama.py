@@ -1,0 +1,239 @@
+"""cuTile forwards for Llama-style decoder layers (Llama, and Qwen3 which adds q/k norms).
+
+Each ``make_*`` builds a plain function with the upstream module's ``forward`` contract, for
+binding to one instance (``types.MethodType``) or setting on a class. What a forward routes
+through cuTile is fixed when it is built (the ``Routes`` flags), so two models in one process
+can be patched differently. The forwards work with the transformers 5.x releases the project
+supports: the KV cache argument is ``past_key_values`` up to 5.2x and ``cache`` later, and both
+are accepted and handed to ``Cache.update`` the way the installed release does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from tilegym.ops.rms_norm import add_rms_norm, rms_norm
+from tilegym.ops.rope import apply_rope, qk_norm_rope
+from tilegym.ops.silu_and_mul import silu_and_mul
+
+
+@dataclass(frozen=True)
+class Routes:
+    """Which parts of a decoder layer run on cuTile kernels."""
+
+    rms_norm: bool = False
+    rope: bool = False
+    swiglu: bool = False
+    linear: bool = False
+    qk_norm: bool = False  # the model has per-head q/k RMSNorm (Qwen3)
+
+
+class FusedWeights:
+    """Concatenated projection weights (QKV, gate+up) built once per module, freed on undo."""
+
+    def __init__(self) -> None:
+        self._by_module: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get(self, module: torch.nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
+        cached = self._by_module.get(module)
+        if cached is None:
+            projs = [getattr(module, n) for n in names]
+            weight = torch.cat([p.weight.detach() for p in projs], dim=0)
+            biases = [p.bias for p in projs]
+            bias = None
+            if any(b is not None for b in biases):
+                bias = torch.cat(
+                    [
+                        b.detach() if b is not None else weight.new_zeros(p.out_features)
+                        for b, p in zip(biases, projs, strict=True)
+                    ]
+                )
+            cached = (weight, bias)
+            self._by_module[module] = cached
+        return cached
+
+    def build(self, module: torch.nn.Module, names: tuple[str, ...]) -> None:
+        self.get(module, names)
+
+    def clear(self) -> None:
+        self._by_module = weakref.WeakKeyDictionary()
+
+
+QKV = ("q_proj", "k_proj", "v_proj")
+GATE_UP = ("gate_proj", "up_proj")
+
+
+def cache_update_takes_kwargs(attention_cls: type) -> bool:
+    """True when the installed release passes ``kwargs=`` to ``cache.update`` (``cache`` arg)."""
+    params = inspect.signature(inspect.unwrap(attention_cls.forward)).parameters
+    return "cache" in params
+
+
+def make_rms_norm_forward() -> Callable:
+    """``XRMSNorm.forward`` on the cuTile RMSNorm kernel."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+    return forward
+
+
+def make_mlp_forward(routes: Routes, fused: FusedWeights, gemm) -> Callable:
+    """``XMLP.forward``: gate/up (fused GEMM + SiLU, or SiLU-and-mul kernel), down(+residual)."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if routes.linear and self.gate_proj.bias is None and self.up_proj.bias is None:
+            w, _ = fused.get(self, GATE_UP)
+            act = gemm.fused_gate_up_silu(x, w) if routes.swiglu else _torch_act(self, x, w, gemm)
+        elif routes.swiglu:
+            act = silu_and_mul(self.gate_proj(x), self.up_proj(x))
+        else:
+            act = self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+        if routes.linear and self.down_proj.bias is None:
+            if residual is not None:
+                return gemm.linear_residual(act, self.down_proj.weight, residual)
+            return gemm.linear(act, self.down_proj.weight)
+        out = self.down_proj(act)
+        return out if residual is None else residual + out
+
+    return forward
+
+
+def _torch_act(mlp, x, w, gemm):
+    gate, up = gemm.linear(x, w).chunk(2, dim=-1)
+    return mlp.act_fn(gate) * up
+
+
+def make_attention_forward(
+    routes: Routes, fused: FusedWeights, gemm, eager_fn: Callable, all_attention, takes_kwargs
+) -> Callable:
+    """``XAttention.forward``: fused QKV GEMM, (q/k norm +) RoPE kernel, o_proj(+residual)."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        cache=None,
+        residual: torch.Tensor | None = None,
+        **kwargs,
+    ):
+        cache = cache if cache is not None else past_key_values
+        input_shape = hidden_states.shape[:-1]
+        bsz, seq = input_shape
+        d = self.head_dim
+        hq = self.q_proj.out_features // d
+        hk = self.k_proj.out_features // d
+        if routes.linear:
+            w, b = fused.get(self, QKV)
+            qkv = gemm.linear(hidden_states, w, b)
+            q = qkv[..., : hq * d].view(bsz, seq, hq, d)
+            k = qkv[..., hq * d : (hq + hk) * d].view(bsz, seq, hk, d)
+            v = qkv[..., (hq + hk) * d :].view(bsz, seq, hk, d)
+        else:
+            q = self.q_proj(hidden_states).view(bsz, seq, hq, d)
+            k = self.k_proj(hidden_states).view(bsz, seq, hk, d)
+            v = self.v_proj(hidden_states).view(bsz, seq, hk, d)
+        cos, sin = position_embeddings
+        if routes.qk_norm and routes.rope and routes.rms_norm:
+            q, k = qk_norm_rope(
+                q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.variance_epsilon, cos, sin
+            )
+        else:
+            if routes.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            if routes.rope:
+                q, k = apply_rope(q, k, cos, sin)
+            else:
+                q, k = _torch_rope(q, k, cos, sin)
+        v = v.transpose(1, 2)
+        if cache is not None:
+            if takes_kwargs:
+                k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+            else:
+                k, v = cache.update(k, v, self.layer_idx)
+        attention_interface = all_attention.get_interface(
+            self.config._attn_implementation, eager_fn
+        )
+        extra = {}
+        if hasattr(self, "sliding_window"):
+            extra["sliding_window"] = self.sliding_window
+        attn_output, attn_weights = attention_interface(
+            self,
+            q,
+            k,
+            v,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **extra,
+            **kwargs,
+        )
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        if routes.linear and self.o_proj.bias is None:
+            if residual is not None:
+                return gemm.linear_residual(attn_output, self.o_proj.weight, residual), attn_weights
+            return gemm.linear(attn_output, self.o_proj.weight), attn_weights
+        out = self.o_proj(attn_output)
+        return (out if residual is None else residual + out), attn_weights
+
+    return forward
+
+
+def _torch_rope(q, k, cos, sin):
+    from tilegym.ops.rope import apply_rope_reference
+
+    return apply_rope_reference(q, k, cos, sin)
+
+
+def make_decoder_layer_forward(routes: Routes) -> Callable:
+    """``XDecoderLayer.forward``: the attention residual add is folded into the o_proj GEMM
+    (``linear``) or into the fused add+RMSNorm kernel (``rms_norm``); the MLP residual add into
+    the down_proj GEMM (``linear``), else it stays a PyTorch add: the standalone cuTile add
+    measured slower than PyTorch's on the H200 (benchmarks/ops/bench_silu_and_mul.py)."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        residual = hidden_states
+        normed = self.input_layernorm(hidden_states)
+        fold = routes.linear and self.self_attn.o_proj.bias is None
+        attn_out, _ = self.self_attn(
+            hidden_states=normed,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            position_embeddings=position_embeddings,
+            residual=residual if fold else None,
+            **kwargs,
+        )
+        norm = self.post_attention_layernorm
+        if fold:
+            hidden_states = attn_out
+            normed = norm(hidden_states)
+        elif routes.rms_norm:
+            hidden_states, normed = add_rms_norm(
+                attn_out, residual, norm.weight, norm.variance_epsilon
+            )
+        else:
+            hidden_states = residual + attn_out
+            normed = norm(hidden_states)
+        return self.mlp(normed, residual=hidden_states)
+
+    return forward
+
+
+UPSTREAM_MODULE = "transformers.models.llama.modeling_llama"
+CLASS_PREFIX = "Llama"
+HAS_QK_NORM = False

@@ -1,0 +1,299 @@
+"""Apply (and undo) cuTile kernels on transformers models, per instance or per class.
+
+``apply_tilegym_kernel_to_<model_key>(rope=..., rms_norm=..., swiglu=..., attn=..., linear=...,
+model=None)`` returns a ``PatchHandle``: ``.applied`` lists the flags now routed through cuTile,
+``.not_applied`` maps every other flag to the reason, and ``.undo()`` restores the exact original
+forwards (and frees repacked weights). With ``model`` only that instance's modules change, so a
+baseline and a kernelized model can run side by side; without it the transformers classes are
+patched (before instantiation) and ``undo()`` puts the original function objects back.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+SUPPORTED_TRANSFORMERS = (5, 17)
+"""Oldest supported transformers release; every 5.x after it is accepted, 6.x is not."""
+
+FLAGS = ("rope", "rms_norm", "swiglu", "attn", "linear")
+GEMM_API = ("linear", "fused_gate_up_silu", "linear_residual")
+_MARK = "_tilegym_patched"
+
+
+class UnsupportedTransformersVersion(RuntimeError):
+    """The installed transformers release is outside the range the patches were written for."""
+
+
+class UnsupportedModelType(ValueError):
+    """``apply_tilegym_kernel`` got a model whose ``config.model_type`` has no patch."""
+
+
+class AlreadyPatched(RuntimeError):
+    """The target already carries a tilegym patch; undo that one first."""
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """Where a model family's upstream classes and cuTile glue live."""
+
+    model_type: str
+    glue_module: str
+
+    def glue(self):
+        return importlib.import_module(self.glue_module)
+
+
+FAMILIES = {
+    "qwen3": ModelFamily("qwen3", "tilegym.transformers.qwen3.modeling_qwen3"),
+    "llama": ModelFamily("llama", "tilegym.transformers.llama.modeling_llama"),
+}
+
+
+@dataclass
+class PatchHandle:
+    """What one apply call did, and how to take it back."""
+
+    model_type: str
+    applied: list[str] = field(default_factory=list)
+    not_applied: dict[str, str] = field(default_factory=dict)
+    repacked: object = field(default=None, repr=False)
+    """The ``FusedWeights`` holding concatenated QKV / gate+up weights (``linear`` only)."""
+    _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def undo(self) -> None:
+        """Restore every patched forward, the attention setting and free repacked weights."""
+        while self._undo:
+            self._undo.pop()()
+
+
+def transformers_version_error(version: str) -> str | None:
+    """Why ``version`` is unsupported, or None (pure; tested with plain strings)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        return f"cannot parse transformers version {version!r}"
+    lo = ".".join(map(str, SUPPORTED_TRANSFORMERS))
+    if v.release[:2] < SUPPORTED_TRANSFORMERS or v.major >= 6:
+        return (
+            f"transformers {version} is not supported by tilegym patches "
+            f"(supported: >= {lo}, < 6); install a supported release"
+        )
+    return None
+
+
+def check_transformers_version() -> None:
+    """Raise ``UnsupportedTransformersVersion`` unless the installed release is supported."""
+    import transformers
+
+    reason = transformers_version_error(transformers.__version__)
+    if reason:
+        raise UnsupportedTransformersVersion(reason)
+
+
+def optional_module(name: str, attrs: tuple[str, ...]) -> tuple[object | None, str | None]:
+    """(module, None) when ``name`` imports and has ``attrs``; else (None, reason)."""
+    try:
+        mod = importlib.import_module(name)
+    except Exception as exc:  # any failure (missing file, toolchain) is a reason, not a crash
+        return None, f"{name} is not importable: {type(exc).__name__}: {exc}"
+    missing = [a for a in attrs if not hasattr(mod, a)]
+    if missing:
+        return None, f"{name} lacks {', '.join(missing)}"
+    return mod, None
+
+
+class _Patcher:
+    """Sets forwards on instances or classes and remembers exactly how to restore them."""
+
+    def __init__(self, handle: PatchHandle) -> None:
+        self.handle = handle
+
+    def instance(self, module: torch.nn.Module, fn: Callable) -> None:
+        if getattr(getattr(module, "forward", None), _MARK, False):
+            raise AlreadyPatched(f"{type(module).__name__} instance is already tilegym-patched")
+        had = "forward" in module.__dict__
+        old = module.__dict__.get("forward")
+        bound = types.MethodType(fn, module)
+        setattr(fn, _MARK, True)
+        module.forward = bound
+
+        def undo() -> None:
+            if had:
+                module.forward = old
+            else:
+                module.__dict__.pop("forward", None)
+
+        self.handle._undo.append(undo)
+
+    def cls(self, klass: type, fn: Callable) -> None:
+        old = klass.__dict__["forward"]
+        if getattr(old, _MARK, False):
+            raise AlreadyPatched(f"{klass.__name__}.forward is already tilegym-patched")
+        setattr(fn, _MARK, True)
+        fn.__qualname__ = f"{klass.__name__}.forward"
+        klass.forward = fn
+        self.handle._undo.append(lambda: setattr(klass, "forward", old))
+
+
+def _apply(family: ModelFamily, flags: dict[str, bool], model) -> PatchHandle:
+    check_transformers_version()
+    glue = family.glue()
+    upstream = importlib.import_module(glue.UPSTREAM_MODULE)
+    prefix = glue.CLASS_PREFIX
+    classes = {
+        part: getattr(upstream, f"{prefix}{part}")
+        for part in ("RMSNorm", "MLP", "Attention", "DecoderLayer")
+    }
+    handle = PatchHandle(family.model_type)
+    for flag, wanted in flags.items():
+        if not wanted:
+            handle.not_applied[flag] = "disabled by the caller"
+
+    gemm = None
+    if flags["linear"]:
+        gemm, reason = optional_module("tilegym.ops.gemm", GEMM_API)
+        if reason:
+            handle.not_applied["linear"] = reason
+    swiglu = flags["swiglu"]
+    if swiglu and model is not None and model.config.hidden_act not in ("silu", "swish"):
+        handle.not_applied["swiglu"] = f"hidden_act {model.config.hidden_act!r} is not SiLU"
+        swiglu = False
+    routes = glue.Routes(
+        rms_norm=flags["rms_norm"],
+        rope=flags["rope"],
+        swiglu=swiglu,
+        linear=gemm is not None,
+        qk_norm=glue.HAS_QK_NORM,
+    )
+    fused = glue.FusedWeights()
+    handle.repacked = fused
+    handle._undo.append(fused.clear)
+    patcher = _Patcher(handle)
+    forwards = {}
+    if routes.rms_norm:
+        forwards["RMSNorm"] = glue.make_rms_norm_forward()
+    if routes.rms_norm or routes.rope or routes.swiglu or routes.linear:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        takes_kwargs = glue.cache_update_takes_kwargs(classes["Attention"])
+        eager = upstream.eager_attention_forward
+        forwards["MLP"] = glue.make_mlp_forward(routes, fused, gemm)
+        forwards["Attention"] = glue.make_attention_forward(
+            routes, fused, gemm, eager, ALL_ATTENTION_FUNCTIONS, takes_kwargs
+        )
+        forwards["DecoderLayer"] = glue.make_decoder_layer_forward(routes)
+
+    try:
+        if model is None:
+            for part, fn in forwards.items():
+                patcher.cls(classes[part], fn)
+        else:
+            _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, glue)
+        _apply_attention(flags["attn"], model, handle)
+    except Exception:
+        handle.undo()
+        raise
+    for flag, on in (
+        ("rope", routes.rope),
+        ("rms_norm", routes.rms_norm),
+        ("swiglu", routes.swiglu),
+        ("linear", routes.linear),
+    ):
+        if on:
+            handle.applied.append(flag)
+    if flags["attn"] and "attn" not in handle.not_applied:
+        handle.applied.append("attn")
+    handle.applied.sort(key=FLAGS.index)
+    return handle
+
+
+def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, glue) -> None:
+    for module in model.modules():
+        for part, fn in forwards.items():
+            if type(module) is classes[part] or isinstance(module, classes[part]):
+                patcher.instance(module, fn)
+                if routes.linear and part == "Attention":
+                    fused.build(module, glue.QKV)
+                if routes.linear and part == "MLP" and module.gate_proj.bias is None:
+                    fused.build(module, glue.GATE_UP)
+                break
+    head = getattr(model, "lm_head", None)
+    if routes.linear and isinstance(head, torch.nn.Linear):
+
+        def lm_head_forward(self, x):
+            return gemm.linear(x, self.weight, self.bias)
+
+        patcher.instance(head, lm_head_forward)
+
+
+def _apply_attention(wanted: bool, model, handle: PatchHandle) -> None:
+    if not wanted:
+        return
+    attention, reason = optional_module("tilegym.transformers.attention", ("enable",))
+    if reason:
+        handle.not_applied["attn"] = reason
+        return
+    if model is None:
+        handle.not_applied["attn"] = (
+            "attention is switched per model instance (AttentionInterface 'tilegym'); "
+            "pass model= or call tilegym.transformers.attention.enable(model)"
+        )
+        return
+    handle._undo.append(attention.enable(model))
+
+
+def _flags(rope, rms_norm, swiglu, attn, linear) -> dict[str, bool]:
+    return {
+        "rope": bool(rope),
+        "rms_norm": bool(rms_norm),
+        "swiglu": bool(swiglu),
+        "attn": bool(attn),
+        "linear": bool(linear),
+    }
+
+
+def apply_tilegym_kernel_to_qwen3(
+    rope=True, rms_norm=True, swiglu=True, attn=True, linear=True, model=None
+) -> PatchHandle:
+    """Route Qwen3 (Qwen3-0.6B architecture) through cuTile kernels; see the module doc."""
+    return _apply(FAMILIES["qwen3"], _flags(rope, rms_norm, swiglu, attn, linear), model)
+
+
+def apply_tilegym_kernel_to_llama(
+    rope=True, rms_norm=True, swiglu=True, attn=True, linear=True, model=None
+) -> PatchHandle:
+    """Route Llama (Llama-3.2-1B architecture) through cuTile kernels; see the module doc."""
+    return _apply(FAMILIES["llama"], _flags(rope, rms_norm, swiglu, attn, linear), model)
+
+
+APPLY_BY_MODEL_TYPE = {
+    "qwen3": apply_tilegym_kernel_to_qwen3,
+    "llama": apply_tilegym_kernel_to_llama,
+}
+
+
+def supported_model_types() -> list[str]:
+    """Model types (``config.model_type``) that have a patch."""
+    return sorted(APPLY_BY_MODEL_TYPE)
+
+
+def apply_tilegym_kernel(model, **flags) -> PatchHandle:
+    """Patch ``model`` according to its ``config.model_type`` (not its name or id)."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    apply = APPLY_BY_MODEL_TYPE.get(model_type)
+    if apply is None:
+        raise UnsupportedModelType(
+            f"no tilegym patch for model_type {model_type!r}; "
+            f"supported: {', '.join(supported_model_types())}"
+        )
+    unknown = sorted(set(flags) - set(FLAGS))
+    if unknown:
+        raise TypeError(f"unknown patch flags {unknown}; known: {', '.join(FLAGS)}")
+    return apply(model=model, **flags)

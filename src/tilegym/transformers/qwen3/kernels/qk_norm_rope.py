@@ -1,0 +1,21 @@
+"""Qwen3 per-head q/k RMSNorm + transpose + RoPE entry point over ``tilegym.ops.rope``."""
+
+from __future__ import annotations
+
+import torch
+
+from tilegym.ops import rope as _ops
+
+HEADS = (16, 8, 128)  # q heads, kv heads, head dim of Qwen3-0.6B
+EPS = 1e-6
+
+
+def qk_norm_rope(q, k, q_weight, k_weight, cos, sin):
+    """(B, S, H, D) projections -> normed, rotated (B, H, S, D) q and k."""
+    return _ops.qk_norm_rope(q, k, q_weight, k_weight, EPS, cos, sin)
+
+
+def aot_signatures() -> dict:
+    """The fused kernel for Qwen3-0.6B's head layout (bf16)."""
+    sigs = _ops.aot_signatures(heads=(HEADS,), dtypes=(torch.bfloat16,), partial_rot=())
+    return {_ops.qk_norm_rope_kernel: sigs[_ops.qk_norm_rope_kernel]}

@@ -1,0 +1,37 @@
+"""The shared benchmark timing helper's statistics (pure; no GPU)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "ops" / "_timing.py"
+_spec = importlib.util.spec_from_file_location("bench_timing", _PATH)
+timing = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = timing  # dataclasses resolve their module through sys.modules
+_spec.loader.exec_module(timing)
+
+
+def test_summarize_percentiles():
+    st = timing.summarize([float(v) for v in range(1, 12)])  # 1..11
+    assert (st.median_us, st.p10_us, st.p90_us, st.n) == (6.0, 2.0, 10.0, 11)
+    assert st.spread_pct == pytest.approx(100 * 8 / 6)
+
+
+def test_summarize_single_sample_and_empty():
+    st = timing.summarize([4.0])
+    assert st.median_us == st.p10_us == st.p90_us == 4.0
+    with pytest.raises(ValueError):
+        timing.summarize([])
+
+
+def test_bandwidth_helpers():
+    st = timing.Stats(median_us=100.0, p10_us=90.0, p90_us=110.0, n=3)
+    assert timing.gbps(430_000_000, st) == pytest.approx(4300.0)
+    assert timing.pct_of_copy(430_000_000, st) == pytest.approx(100.0)
+
+
+def test_format_table_aligns_columns():
+    out = timing.format_table(["a", "bb"], [[1.25, "x"], [10.0, "yy"]]).splitlines()
+    assert out[0] == "   a  bb" and out[2] == " 1.2   x" and out[3] == "10.0  yy"
