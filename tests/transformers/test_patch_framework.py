@@ -16,12 +16,12 @@ from tilegym.transformers import monkey_patch as mp
 FAMILIES = ["qwen3", "llama"]
 
 
-def tiny_model(model_type: str):
+def tiny_model(model_type: str, head_dim: int = 16):
     """The bundled small config with 1 layer and narrow dims: real classes, CPU-cheap."""
     path = Path(tilegym.transformers.__file__).parent / model_type / "small_config.json"
     d = json.loads(path.read_text())
     d.update(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
-    d.update(head_dim=16, num_hidden_layers=1, vocab_size=128)
+    d.update(head_dim=head_dim, num_hidden_layers=1, vocab_size=128)
     return AutoModelForCausalLM.from_config(AutoConfig.for_model(**d))
 
 
@@ -148,11 +148,11 @@ def test_double_patch_is_refused():
 
 
 def test_attention_setting_restored_on_undo():
-    model = tiny_model("llama")
+    model = tiny_model("llama", head_dim=64)
     before = model.config._attn_implementation
     handle = mp.apply_tilegym_kernel(model, linear=False)
-    if "attn" in handle.applied:
-        assert model.model.layers[0].self_attn.config._attn_implementation == "tilegym"
+    assert "attn" in handle.applied, handle.not_applied
+    assert model.model.layers[0].self_attn.config._attn_implementation == "tilegym"
     handle.undo()
     assert model.model.layers[0].self_attn.config._attn_implementation == before
 
@@ -216,3 +216,14 @@ def test_glue_with_pytorch_routes_matches_upstream(model_type):
         torch.testing.assert_close(glued(input_ids=ids).logits, base(input_ids=ids).logits)
         kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
         assert torch.equal(glued.generate(ids[:1], **kw), base.generate(ids[:1], **kw))
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_unsupported_head_dim_leaves_attention_alone_with_a_reason(model_type):
+    model = tiny_model(model_type, head_dim=16)
+    before = model.config._attn_implementation
+    handle = mp.apply_tilegym_kernel(model, linear=False)
+    assert "attn" not in handle.applied
+    assert "head_dim 16" in handle.not_applied["attn"]
+    assert model.config._attn_implementation == before
+    handle.undo()

@@ -37,7 +37,12 @@ from transformers.masking_utils import (
     causal_mask_function,
 )
 
-from tilegym.ops.attention import aligned_key_valid, decode_attention, prefill_attention
+from tilegym.ops.attention import (
+    SUPPORTED_HEAD_DIMS,
+    aligned_key_valid,
+    decode_attention,
+    prefill_attention,
+)
 from tilegym.ops.kv_cache import KVBuffer
 
 NAME = "tilegym"
@@ -239,8 +244,24 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, tilegym_mask)
 
 
+def unsupported_reason(config) -> str | None:
+    """Why the kernels cannot serve this model configuration, or None when they can.
+
+    Checked before switching a model, so an unsupported model stays on its own attention with
+    a reason instead of failing at its first forward."""
+    head_dim = getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads
+    )
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"head_dim {head_dim} is not supported (cuTile attention: {SUPPORTED_HEAD_DIMS})"
+    return None
+
+
 def enable(model: torch.nn.Module) -> Callable[[], None]:
     """Switch this model instance to tilegym attention; return a callable undoing it."""
+    reason = unsupported_reason(model.config)
+    if reason:
+        raise TilegymAttentionError(reason)
     register()
     old_config = model.config
     new_config = copy.deepcopy(old_config)

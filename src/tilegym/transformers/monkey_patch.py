@@ -236,7 +236,9 @@ def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, glue
 def _apply_attention(wanted: bool, model, handle: PatchHandle) -> None:
     if not wanted:
         return
-    attention, reason = optional_module("tilegym.transformers.attention", ("enable",))
+    attention, reason = optional_module(
+        "tilegym.transformers.attention", ("enable", "unsupported_reason")
+    )
     if reason:
         handle.not_applied["attn"] = reason
         return
@@ -245,6 +247,10 @@ def _apply_attention(wanted: bool, model, handle: PatchHandle) -> None:
             "attention is switched per model instance (AttentionInterface 'tilegym'); "
             "pass model= or call tilegym.transformers.attention.enable(model)"
         )
+        return
+    unsupported = attention.unsupported_reason(model.config)
+    if unsupported:
+        handle.not_applied["attn"] = unsupported
         return
     handle._undo.append(attention.enable(model))
 
