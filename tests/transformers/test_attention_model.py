@@ -33,7 +33,7 @@ def _config(model_key: str, tiny: bool = False, **extra):
         **extra,
     )
     if tiny:
-        heads = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+        heads = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
     elif model_key == "qwen3":
         heads = dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128)
     else:
