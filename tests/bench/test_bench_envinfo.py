@@ -2,6 +2,7 @@
 
 import git
 import pytest
+from tilegym_hf_bench import envinfo
 from tilegym_hf_bench.envinfo import ENV_KEYS, CommitError, resolve_commit, static_env
 
 
@@ -30,3 +31,22 @@ def test_static_env_without_torch_import():
     env = static_env()
     assert tuple(env) == ENV_KEYS
     assert env["gpu_name"] is None and env["python"] and env["transformers"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "tileiras: NVIDIA (R) Tile IR compiler\nBuild local\n"
+            "Cuda compilation tools, release 13.4, V13.4.92\n",
+            "13.4.92",
+        ),
+        (
+            "ptxas: NVIDIA (R) Ptx optimizing assembler\nCuda compilation tools, release 13.3\n",
+            "13.3",
+        ),
+        ("no version here", None),
+    ],
+)
+def test_tool_version_is_the_number_not_the_banner(text, expected):
+    assert envinfo.parse_tool_version(text) == expected

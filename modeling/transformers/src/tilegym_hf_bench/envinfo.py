@@ -7,6 +7,7 @@ worker never got far); ``gpu_env`` imports torch and asks the driver.
 from __future__ import annotations
 
 import platform
+import re
 import shutil
 import subprocess
 from importlib import metadata
@@ -46,8 +47,16 @@ def _tileiras_version() -> str | None:
         out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return None
-    lines = [ln.strip() for ln in out.stdout.splitlines() if "release" in ln.lower()]
-    return lines[-1] if lines else None
+    return parse_tool_version(out.stdout)
+
+
+def parse_tool_version(text: str) -> str | None:
+    """``V13.4.92`` (else ``release 13.4``) from a CUDA tool's ``--version`` text."""
+    full = re.search(r"\bV(\d+\.\d+(?:\.\d+)?)\b", text)
+    if full:
+        return full.group(1)
+    release = re.search(r"release (\d+\.\d+)", text)
+    return release.group(1) if release else None
 
 
 def static_env() -> dict[str, Any]:
