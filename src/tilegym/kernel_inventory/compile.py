@@ -1,0 +1,357 @@
+"""AOT compile gate: every kernel a Solution launches compiles for every ``target_hardware``.
+
+Convention for kernel authors: the entry-point module defines ``aot_signatures()`` returning
+``{kernel: [KernelSignature, ...]}`` for each ``@ct.kernel`` it launches (its own or imported
+from ``tilegym.ops``). Each kernel is compiled to a cubin in memory with
+``cuda.tile.compilation.export_kernel(..., output_format="cubin", gpu_code="sm_NN")``; no GPU is
+needed. Successful compiles are cached on disk keyed by (hash of the kernel's file and every
+repository file it imports, kernel, signatures, architecture, cuTile version), so an unchanged
+Solution re-checks in milliseconds and Solutions sharing a kernel share its entries.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import io
+import json
+import multiprocessing
+import os
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tilegym.findings import Finding
+from tilegym.kernel_inventory import codes
+from tilegym.kernel_inventory.cache import JsonCache, cache_dir
+from tilegym.kernel_inventory.entry import FILE_MODULE_PREFIX, first_line, import_entry_module
+from tilegym.kernel_inventory.imports import local_dependencies
+from tilegym.kernel_inventory.inventory import Loaded, load, shown_path
+from tilegym.kernel_inventory.jsonfile import finding
+from tilegym.kernel_inventory.models import Solution
+from tilegym.kernel_inventory.selection import select_solutions
+
+SIGNATURES_FUNCTION = "aot_signatures"
+
+
+def toolchain_problem() -> str | None:
+    """Why kernels cannot be AOT-compiled here (cuTile or tileiras missing), or None."""
+    try:
+        import cuda.tile  # noqa: F401
+        from cuda.tile.compilation import export_kernel  # noqa: F401
+    except Exception as exc:  # any import failure means no toolchain
+        return f"cuda.tile is not importable: {exc}"
+    try:
+        from cuda.tile._compile import _find_compiler_bin
+    except ImportError:
+        return None  # layout changed; compiling will tell
+    try:
+        _find_compiler_bin()
+    except (FileNotFoundError, OSError) as exc:
+        return f"tileiras compiler not found: {exc}"
+    return None
+
+
+def cutile_version() -> str:
+    try:
+        import cuda.tile
+
+        return str(cuda.tile.__version__)
+    except Exception:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """One kernel, its signatures, one architecture: the unit that is compiled and cached."""
+
+    key: str
+    shown: str
+    line: int
+    hardware: str
+    gpu_code: str
+    kernel_name: str
+    entry_path: Path
+    kernel: Any = field(compare=False, repr=False)
+    signatures: tuple = field(compare=False, repr=False)
+
+
+def default_jobs() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def compile_paths(
+    paths: Iterable[Path], repo_root: Path, *, use_cache: bool = True, jobs: int = 1
+) -> list[Finding]:
+    """Findings of the compile gate for the Solutions selected by ``paths``.
+
+    Each distinct (kernel code, signatures, architecture) compiles once per run, in ``jobs``
+    worker processes when more than one is asked for; successes are cached on disk.
+    """
+    problem = toolchain_problem()
+    selected = select_solutions(paths, repo_root)
+    if problem is not None:
+        return [
+            finding(shown_path(p, repo_root), 1, codes.COMPILE_NO_TOOLCHAIN, problem)
+            for p in selected
+        ]
+    cache = JsonCache(cache_dir() / "aot_compiles.json") if use_cache else None
+    findings: list[Finding] = []
+    planned: list[CompileJob] = []
+    for path in selected:
+        loaded = load(path, repo_root)
+        if not isinstance(loaded.model, Solution):
+            findings.extend(loaded.findings)
+            continue
+        problems, solution_jobs = plan_solution(loaded, repo_root)
+        findings.extend(problems)
+        planned.extend(solution_jobs)
+
+    todo: dict[str, CompileJob] = {}
+    for job in planned:
+        if job.key not in todo and not (cache is not None and cache.get(job.key)):
+            todo[job.key] = job
+    errors = _run_jobs(list(todo.values()), repo_root, jobs)
+    version = cutile_version()
+    for key, error in errors.items():
+        if error is None and cache is not None:
+            job = todo[key]
+            cache.put(key, {"kernel": job.kernel_name, "gpu_code": job.gpu_code, "cutile": version})
+    for job in planned:
+        error = errors.get(job.key)
+        if error is not None:
+            findings.append(
+                finding(
+                    job.shown,
+                    job.line,
+                    codes.COMPILE_FAILED,
+                    f"{job.kernel_name} does not compile for {job.hardware} ({job.gpu_code}): "
+                    f"{error}",
+                )
+            )
+    return findings
+
+
+def _run_jobs(jobs: list[CompileJob], repo_root: Path, workers: int) -> dict[str, str | None]:
+    """Compile each job; ``{key: None on success, else the one-line error}``."""
+    if workers <= 1 or len(jobs) <= 1:
+        return {job.key: compile_kernel(job.kernel, job.signatures, job.gpu_code) for job in jobs}
+    context = multiprocessing.get_context("spawn")  # no fork after torch and threads started
+    results: dict[str, str | None] = {}
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
+        futures = {
+            pool.submit(
+                _compile_in_worker,
+                str(job.entry_path),
+                str(repo_root),
+                job.kernel_name,
+                job.gpu_code,
+            ): job
+            for job in jobs
+        }
+        for future, job in futures.items():
+            try:
+                results[job.key] = future.result()
+            except Exception as exc:  # a worker that died (crash, OOM) fails only its job
+                results[job.key] = f"compile worker failed: {first_line(exc)}"
+    return results
+
+
+def _compile_in_worker(entry_path: str, repo_root: str, kernel_name: str, gpu_code: str):
+    """Worker side: re-import the entry module, find the kernel by name, compile it."""
+    try:
+        module = import_entry_module(Path(entry_path), Path(repo_root))
+        declared = getattr(module, SIGNATURES_FUNCTION)()
+    except BaseException as exc:
+        return f"worker could not re-import the entry module: {first_line(exc)}"
+    for kernel, signatures in declared.items():
+        if kernel_label(kernel) == kernel_name:
+            return compile_kernel(kernel, signatures, gpu_code)
+    return f"worker did not find {kernel_name} in {SIGNATURES_FUNCTION}()"
+
+
+def plan_solution(loaded: Loaded, repo_root: Path) -> tuple[list[Finding], list[CompileJob]]:
+    """Import the entry module and list what to compile, or the findings that stop it."""
+    solution = loaded.model
+    assert isinstance(solution, Solution)
+    doc = loaded.doc
+    entry_line = doc.line_of(("spec", "entry_point")) if doc else 1
+    hw_line = doc.line_of(("spec", "target_hardware")) if doc else 1
+    entry_path = repo_root / solution.spec.entry_file
+
+    def at(line: int, code: str, message: str) -> Finding:
+        return finding(loaded.shown, line, code, message)
+
+    try:
+        module = import_entry_module(entry_path, repo_root)
+    except BaseException as exc:  # an import may raise anything, even SystemExit
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        message = f"cannot import {solution.spec.entry_file}: {first_line(exc)}"
+        return [at(entry_line, codes.COMPILE_IMPORT, message)], []
+
+    declare = getattr(module, SIGNATURES_FUNCTION, None)
+    if not callable(declare):
+        message = (
+            f"{solution.spec.entry_file} defines no {SIGNATURES_FUNCTION}() "
+            "returning {kernel: [KernelSignature, ...]}"
+        )
+        return [at(entry_line, codes.COMPILE_NO_SIGNATURES, message)], []
+    try:
+        declared = declare()
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        message = f"{SIGNATURES_FUNCTION}() raised {first_line(exc)}"
+        return [at(entry_line, codes.COMPILE_BAD_SIGNATURES, message)], []
+    problem = signatures_problem(declared)
+    if problem:
+        message = f"{SIGNATURES_FUNCTION}() {problem}"
+        return [at(entry_line, codes.COMPILE_BAD_SIGNATURES, message)], []
+
+    findings: list[Finding] = []
+    for name in kernels_defined_in(module, entry_path):
+        if getattr(module, name) not in declared:
+            findings.append(
+                at(
+                    entry_line,
+                    codes.COMPILE_KERNEL_UNDECLARED,
+                    f"@ct.kernel {name} in {solution.spec.entry_file} is missing from "
+                    f"{SIGNATURES_FUNCTION}(), so it is never compiled ahead of time",
+                )
+            )
+
+    version = cutile_version()
+    jobs: list[CompileJob] = []
+    for kernel, signatures in declared.items():
+        kernel_name = kernel_label(kernel)
+        code_hash = kernel_code_hash(kernel, repo_root)
+        for hardware, gpu_code in zip(
+            solution.spec.target_hardware, solution.gpu_codes(), strict=True
+        ):
+            jobs.append(
+                CompileJob(
+                    key=_cache_key(code_hash, kernel_name, signatures, gpu_code, version),
+                    shown=loaded.shown,
+                    line=hw_line,
+                    hardware=hardware,
+                    gpu_code=gpu_code,
+                    kernel_name=kernel_name,
+                    entry_path=entry_path,
+                    kernel=kernel,
+                    signatures=tuple(signatures),
+                )
+            )
+    return findings, jobs
+
+
+def compile_kernel(kernel: Any, signatures: list, gpu_code: str) -> str | None:
+    """Compile to an in-memory cubin; None on success, else the error in one line."""
+    from cuda.tile.compilation import export_kernel
+
+    try:
+        export_kernel(
+            kernel, list(signatures), io.BytesIO(), output_format="cubin", gpu_code=gpu_code
+        )
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return first_line(exc)
+    return None
+
+
+def signatures_problem(declared: object) -> str | None:
+    """Why ``declared`` is not ``{@ct.kernel: non-empty [KernelSignature]}``, or None."""
+    import cuda.tile as ct
+    from cuda.tile.compilation import KernelSignature
+
+    if not isinstance(declared, dict) or not declared:
+        return f"must return a non-empty dict, got {type(declared).__name__}"
+    for kernel, signatures in declared.items():
+        if not isinstance(kernel, ct.kernel):
+            return f"key {kernel!r} is not a @ct.kernel"
+        if (
+            not isinstance(signatures, list | tuple)
+            or not signatures
+            or not all(isinstance(s, KernelSignature) for s in signatures)
+        ):
+            return f"value for {kernel_label(kernel)} must be a non-empty list of KernelSignature"
+    return None
+
+
+def kernels_defined_in(module: ModuleType, entry_path: Path) -> list[str]:
+    """Module-level names bound to ``@ct.kernel`` functions defined in the entry file itself."""
+    import cuda.tile as ct
+
+    try:
+        tree = ast.parse(entry_path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    return [
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and any(_is_kernel_decorator(d) for d in node.decorator_list)
+        and isinstance(getattr(module, node.name, None), ct.kernel)
+    ]
+
+
+def _is_kernel_decorator(node: ast.expr) -> bool:
+    target = node.func if isinstance(node, ast.Call) else node
+    if isinstance(target, ast.Attribute):
+        return target.attr == "kernel"
+    return isinstance(target, ast.Name) and target.id == "kernel"
+
+
+def kernel_label(kernel: Any) -> str:
+    function = getattr(kernel, "_pyfunc", None)
+    if function is not None:
+        module = getattr(function, "__module__", None) or ""
+        name = getattr(function, "__qualname__", "?")
+        return name if module.startswith(FILE_MODULE_PREFIX) or not module else f"{module}.{name}"
+    return repr(kernel)
+
+
+def _kernel_file(kernel: Any) -> Path | None:
+    function = getattr(kernel, "_pyfunc", None)
+    try:
+        source = inspect.getsourcefile(function) if function is not None else None
+    except TypeError:
+        return None
+    return Path(source) if source else None
+
+
+def _file_hash(path: Path | None) -> str:
+    if path is None:
+        return "unknown"
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return "unreadable"
+
+
+def kernel_code_hash(kernel: Any, repo_root: Path) -> str:
+    """Hash of the file defining ``kernel`` and every repository file it imports.
+
+    Keyed on the kernel's own code rather than the Solution's, so Solutions that share a
+    kernel (qwen3 and llama both launching ``tilegym.ops`` kernels) share cache entries.
+    """
+    kernel_file = _kernel_file(kernel)
+    if kernel_file is None:
+        return "unknown"
+    files = {kernel_file.resolve(), *local_dependencies(kernel_file, repo_root / "src")}
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(_file_hash(path).encode())
+    return digest.hexdigest()
+
+
+def _cache_key(
+    code_hash: str, kernel_name: str, signatures: list, gpu_code: str, version: str
+) -> str:
+    payload = json.dumps([code_hash, kernel_name, [repr(s) for s in signatures], gpu_code, version])
+    return hashlib.sha256(payload.encode()).hexdigest()

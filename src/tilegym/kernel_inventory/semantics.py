@@ -1,0 +1,247 @@
+"""Rules beyond the JSON Schema for one Definition or one Solution.
+
+Each rule has its own finding code (``codes``). Definition rules are pure (the reference is
+parsed with ``ast``, never executed); Solution rules read the cited source files from the
+repository but never import them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path, PurePosixPath
+
+from tilegym.findings import Finding
+from tilegym.kernel_inventory import codes
+from tilegym.kernel_inventory.jsonfile import JsonFile, finding
+from tilegym.kernel_inventory.models import Definition, Solution
+from tilegym.kernel_inventory.permalink import (
+    PermalinkError,
+    iter_source_lines,
+    leading_source_lines,
+    parse_permalink,
+)
+
+_TAG = re.compile(r"^[a-z][a-z0-9_.-]*:\S.*$")
+_MAX_SOURCE_BYTES = 2_000_000
+
+
+def definition_findings(doc: JsonFile, definition: Definition, stem: str) -> list[Finding]:
+    found: list[Finding] = []
+    path = doc.path
+
+    def add(json_path: tuple, code: str, message: str) -> None:
+        found.append(finding(path, doc.line_of(json_path), code, message))
+
+    if definition.name != stem:
+        add(
+            ("name",),
+            codes.NAME_STEM,
+            f"name {definition.name!r} must equal the file stem {stem!r}",
+        )
+
+    found.extend(reference_findings(doc, definition))
+
+    for group in ("inputs", "outputs"):
+        for tensor in getattr(definition, group).values():
+            for axis in tensor.shape or ():
+                if axis not in definition.axes:
+                    add(
+                        (group, tensor.name, "shape"),
+                        codes.UNDECLARED_AXIS,
+                        f"{group}.{tensor.name} uses axis {axis!r}, which 'axes' does not declare",
+                    )
+
+    for index, text in enumerate(definition.constraints):
+        problem = constraint_problem(text, set(definition.axes))
+        if problem:
+            add(("constraints", index), codes.CONSTRAINT_INVALID, f"constraint {text!r}: {problem}")
+
+    for name in sorted(set(definition.inputs) & set(definition.outputs)):
+        add(("outputs", name), codes.INPUT_OUTPUT_CLASH, f"{name!r} is both an input and an output")
+
+    for index, tag in enumerate(definition.tags):
+        if not _TAG.match(tag):
+            add(
+                ("tags", index),
+                codes.TAG_NOT_NAMESPACED,
+                f"tag {tag!r} must be namespaced as 'namespace:value' (model:, stage:, ...)",
+            )
+    for index, target in enumerate(definition.tag_values("mutates")):
+        if target not in definition.inputs:
+            add(
+                ("tags",),
+                codes.MUTATES_UNKNOWN,
+                f"tag 'mutates:{target}' names no input (tag #{index})",
+            )
+    return found
+
+
+def reference_findings(doc: JsonFile, definition: Definition) -> list[Finding]:
+    """The reference parses, opens with ``# Source:`` permalinks and defines ``run``."""
+    found: list[Finding] = []
+    line = doc.line_of(("reference",))
+    reference = definition.reference
+
+    def add(code: str, message: str) -> None:
+        found.append(finding(doc.path, line, code, message))
+
+    if not leading_source_lines(reference):
+        add(
+            codes.REFERENCE_NO_SOURCE,
+            "reference must start with one or more '# Source: <permalink>' lines",
+        )
+    for source in iter_source_lines(reference):
+        parsed = parse_permalink(source.url)
+        if isinstance(parsed, PermalinkError):
+            add(codes.PERMALINK_INVALID, f"reference line {source.lineno}: {parsed.message}")
+
+    try:
+        module = ast.parse(reference, filename="<reference>")
+    except SyntaxError as exc:
+        add(codes.REFERENCE_SYNTAX, f"reference line {exc.lineno}: syntax error: {exc.msg}")
+        return found
+    except (ValueError, RecursionError, MemoryError) as exc:
+        add(codes.REFERENCE_SYNTAX, f"reference does not parse: {exc}")
+        return found
+
+    runs = [
+        node
+        for node in module.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "run"
+    ]
+    if not runs:
+        add(codes.REFERENCE_NO_RUN, "reference defines no top-level function 'run'")
+        return found
+    run = runs[-1]
+    params = [arg.arg for arg in (*run.args.posonlyargs, *run.args.args)]
+    expected = list(definition.inputs)
+    if params != expected or run.args.vararg is not None:
+        shown = ", ".join(params) + (", *" + run.args.vararg.arg if run.args.vararg else "")
+        add(
+            codes.RUN_SIGNATURE,
+            f"run({shown}) must take exactly the inputs in order: run({', '.join(expected)})",
+        )
+    return found
+
+
+def constraint_problem(text: str, axis_names: set[str]) -> str | None:
+    """Why ``text`` is not a Python expression over axis names, or None when it is."""
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as exc:
+        return f"not a Python expression ({exc.msg})"
+    except (ValueError, RecursionError, MemoryError) as exc:
+        return f"not a Python expression ({exc})"
+    unknown = sorted(
+        {
+            node.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Name) and node.id not in axis_names
+        }
+    )
+    if unknown:
+        return f"uses undeclared name(s) {', '.join(unknown)}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call | ast.Attribute | ast.Lambda | ast.Subscript):
+            return "only arithmetic and comparisons over axis names are allowed"
+        if isinstance(node, ast.NamedExpr | ast.comprehension | ast.Await | ast.Yield):
+            return "only arithmetic and comparisons over axis names are allowed"
+    return None
+
+
+def solution_findings(
+    doc: JsonFile, solution: Solution, stem: str, repo_root: Path
+) -> list[Finding]:
+    found: list[Finding] = []
+    path = doc.path
+
+    def add(json_path: tuple, code: str, message: str) -> None:
+        found.append(finding(path, doc.line_of(json_path), code, message))
+
+    if solution.definition != stem:
+        add(
+            ("definition",),
+            codes.SOLUTION_STEM,
+            f"file stem {stem!r} must equal the Solution's definition {solution.definition!r}",
+        )
+
+    seen: set[str] = set()
+    usable: dict[str, Path] = {}
+    for index, source in enumerate(solution.sources):
+        where = ("sources", index, "path")
+        if source in seen:
+            add(where, codes.SOURCE_DUPLICATE, f"source {source!r} is listed twice")
+            continue
+        seen.add(source)
+        problem = repo_relative_problem(source)
+        if problem:
+            add(where, codes.SOURCE_PATH_INVALID, f"source {source!r}: {problem}")
+            continue
+        resolved = _inside(repo_root, source)
+        if resolved is None:
+            add(
+                where,
+                codes.SOURCE_PATH_INVALID,
+                f"source {source!r} resolves outside the repository",
+            )
+            continue
+        if not resolved.is_file():
+            add(where, codes.SOURCE_MISSING, f"source {source!r} does not exist under {repo_root}")
+            continue
+        usable[source] = resolved
+
+    entry_file, _, function = solution.spec.entry_point.partition("::")
+    where = ("spec", "entry_point")
+    if entry_file not in solution.sources:
+        add(
+            where,
+            codes.ENTRY_NOT_IN_SOURCES,
+            f"entry point file {entry_file!r} is not among the sources",
+        )
+    elif entry_file in usable:
+        problem = top_level_function_problem(usable[entry_file], function)
+        if problem:
+            add(
+                where,
+                codes.ENTRY_FUNCTION_MISSING,
+                f"entry point {solution.spec.entry_point!r}: {problem}",
+            )
+    return found
+
+
+def repo_relative_problem(path: str) -> str | None:
+    """Why ``path`` is not a normalized repo-relative POSIX path, or None."""
+    if "\\" in path or "\x00" in path:
+        return "must be a POSIX path"
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or re.match(r"^[A-Za-z]:", path):
+        return "must be relative to the repository root, not absolute"
+    if any(part in ("..", ".") for part in path.split("/")) or "//" in path or path.endswith("/"):
+        return "must be normalized (no '.', '..' or empty segments)"
+    return None
+
+
+def _inside(repo_root: Path, relative: str) -> Path | None:
+    try:
+        root = repo_root.resolve()
+        resolved = (root / relative).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return resolved if resolved.is_relative_to(root) else None
+
+
+def top_level_function_problem(file: Path, function: str) -> str | None:
+    """Why ``file`` does not define ``function`` at module level (parsed, not imported)."""
+    try:
+        if file.stat().st_size > _MAX_SOURCE_BYTES:
+            return "entry file is too large to parse"
+        tree = ast.parse(file.read_bytes(), filename=str(file))
+    except SyntaxError as exc:
+        return f"entry file line {exc.lineno}: syntax error: {exc.msg}"
+    except (OSError, ValueError, RecursionError, MemoryError) as exc:
+        return f"entry file cannot be read or parsed: {exc}"
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == function:
+            return None
+    return f"no top-level 'def {function}' in {file.name}"
