@@ -2,6 +2,8 @@
 
 The executor runs the worktree's own code (its source roots first on PYTHONPATH) as a
 subprocess with a hard timeout, and always leaves a metrics file (synthesized on crash/timeout).
+It holds the GPU's lock while it runs, so two experiments started on one host never time their
+benchmarks on the same GPU at once.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from tilegym_bot.forge.local import LocalForge
 from tilegym_bot.metrics_file import load_metrics
 from tilegym_bot.policy import dig
 from tilegym_bot.runner.base import BenchRequest
+from tilegym_bot.runner.gpulock import GpuLockedExecutor
 from tilegym_bot.runner.local import LocalExecutor
 
 
@@ -63,7 +66,7 @@ def bench_commit(
     run_dir = forge.root / "sandbox" / "runs" / run_name
     run_dir.mkdir(parents=True, exist_ok=True)
     with forge.worktree(sha) as tree:
-        result = LocalExecutor().run(
+        result = GpuLockedExecutor(LocalExecutor()).run(
             BenchRequest(
                 repo_dir=tree,
                 commit=sha,
