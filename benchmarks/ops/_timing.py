@@ -113,6 +113,20 @@ def pct_of_copy(nbytes: int, stats: Stats, ceiling_tbps: float = H200_COPY_TBPS)
     return 100.0 * gbps(nbytes, stats) / (ceiling_tbps * 1000.0)
 
 
+def vs_torch_columns(stats: dict[str, Stats], nbytes: int) -> list[object]:
+    """Table columns for a ``{"torch": ..., "cutile": ...}`` comparison: torch us, cuTile us,
+    cuTile spread %, speedup, cuTile GB/s and % of the copy ceiling."""
+    t, c = stats["torch"], stats["cutile"]
+    return [
+        t.median_us,
+        c.median_us,
+        c.spread_pct,
+        f"{t.median_us / c.median_us:.2f}x",
+        gbps(nbytes, c),
+        pct_of_copy(nbytes, c),
+    ]
+
+
 def format_table(header: list[str], rows: list[list[object]]) -> str:
     """Fixed-width text table (right-aligned numbers) for benchmark output."""
     cells = [[f"{c:.1f}" if isinstance(c, float) else str(c) for c in row] for row in rows]

@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _shapes import MODELS, TOKENS  # noqa: E402
-from _timing import format_table, gbps, interleaved, pct_of_copy  # noqa: E402
+from _timing import format_table, interleaved, pct_of_copy, vs_torch_columns  # noqa: E402
 
 from tilegym.ops.rms_norm import (  # noqa: E402
     add_rms_norm,
@@ -76,17 +76,7 @@ def sweep() -> None:
 
 
 def _row(op, shape, st, nbytes):
-    t, c = st["torch"], st["cutile"]
-    return [
-        op,
-        shape,
-        t.median_us,
-        c.median_us,
-        c.spread_pct,
-        f"{t.median_us / c.median_us:.2f}x",
-        gbps(nbytes, c),
-        pct_of_copy(nbytes, c),
-    ]
+    return [op, shape, *vs_torch_columns(st, nbytes)]
 
 
 if __name__ == "__main__":

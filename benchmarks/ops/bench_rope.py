@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _shapes import MODELS, TOKENS  # noqa: E402
-from _timing import format_table, gbps, interleaved, pct_of_copy  # noqa: E402
+from _timing import format_table, interleaved, vs_torch_columns  # noqa: E402
 
 from tilegym.ops.rope import (  # noqa: E402
     apply_rope,
@@ -70,18 +70,7 @@ def main() -> None:
 
 
 def _row(op, key, shape, st, nbytes):
-    to, c = st["torch"], st["cutile"]
-    return [
-        op,
-        key,
-        shape,
-        to.median_us,
-        c.median_us,
-        c.spread_pct,
-        f"{to.median_us / c.median_us:.2f}x",
-        gbps(nbytes, c),
-        pct_of_copy(nbytes, c),
-    ]
+    return [op, key, shape, *vs_torch_columns(st, nbytes)]
 
 
 if __name__ == "__main__":

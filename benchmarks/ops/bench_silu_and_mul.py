@@ -9,7 +9,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _shapes import MODELS, TOKENS  # noqa: E402
-from _timing import format_table, gbps, interleaved, pct_of_copy  # noqa: E402
+from _timing import format_table, interleaved, pct_of_copy, vs_torch_columns  # noqa: E402
 
 from tilegym.ops.elementwise import add, add_reference  # noqa: E402
 from tilegym.ops.embedding import embedding, embedding_reference  # noqa: E402
@@ -63,18 +63,7 @@ def main() -> None:
 
 
 def _row(op, key, shape, st, nbytes):
-    to, c = st["torch"], st["cutile"]
-    return [
-        op,
-        key,
-        shape,
-        to.median_us,
-        c.median_us,
-        c.spread_pct,
-        f"{to.median_us / c.median_us:.2f}x",
-        gbps(nbytes, c),
-        pct_of_copy(nbytes, c),
-    ]
+    return [op, key, shape, *vs_torch_columns(st, nbytes)]
 
 
 if __name__ == "__main__":
