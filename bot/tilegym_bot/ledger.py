@@ -8,15 +8,14 @@ without losing a row, and a reader never sees half a table. A malformed ledger i
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
 
+from tilegym.atomic import write_text_atomic
 from tilegym.findings import Finding
 
 HEADER = "| commit | cuTile coverage | cuTile throughput | status | description |"
@@ -129,20 +128,6 @@ def _lock(path: Path) -> FileLock:
     return FileLock(str(path) + ".lock", timeout=60)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def read(path: Path) -> list[LedgerRow]:
     """The rows of the ledger at ``path`` (none when missing); LedgerError when malformed."""
     path = Path(path)
@@ -168,7 +153,7 @@ def append(path: Path, row: LedgerRow, *, skip_if_commit_present: bool = False) 
             text = existing.rstrip("\n") + "\n" + row.format() + "\n"
         else:
             text = render([row])
-        _write_atomic(path, text)
+        write_text_atomic(path, text)
         return True
 
 
@@ -177,4 +162,4 @@ def rewrite(path: Path, rows: Iterable[LedgerRow]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _lock(path):
-        _write_atomic(path, render(rows))
+        write_text_atomic(path, render(rows))

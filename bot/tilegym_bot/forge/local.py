@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from typing import Any
 import git
 from filelock import FileLock
 
+from tilegym.atomic import write_json_atomic, write_text_atomic
 from tilegym_bot.errors import BotError
 
 MAIN = "main"
@@ -173,17 +173,11 @@ class LocalForge:
                 record["created_at"] = now_iso()
             record["updated_at"] = now_iso()
             path = self.prs_dir / f"{record['number']}.json"
-            fd, tmp = tempfile.mkstemp(dir=self.prs_dir, prefix=".pr.", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(record, handle, indent=2, sort_keys=True)
-                handle.write("\n")
-            os.replace(tmp, path)
+            write_json_atomic(path, record, sort_keys=True)
         return record
 
     def write_report(self, number: int, text: str) -> Path:
         self.prs_dir.mkdir(parents=True, exist_ok=True)
         path = self.prs_dir / f"{number}.md"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(path, text)
         return path

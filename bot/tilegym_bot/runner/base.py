@@ -12,13 +12,14 @@ import json
 import os
 import platform
 import signal
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePath
 from typing import Any
 
 from tilegym_hf_bench.metrics_schema import SCHEMA_ID, validation_errors
+
+from tilegym.atomic import write_json_atomic
 
 BENCH_MODULE = "tilegym_hf_bench._cli"
 # Where each package's code lives inside a checkout; put first on PYTHONPATH so the benchmarked
@@ -213,19 +214,6 @@ def tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
-
-
-def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def finish(

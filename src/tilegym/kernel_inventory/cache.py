@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
+
+from tilegym.atomic import write_json_atomic
 
 LOCK_TIMEOUT_S = 30.0
 
@@ -59,13 +60,4 @@ class JsonCache:
         return data if isinstance(data, dict) else {}
 
     def _write(self, entries: dict[str, Any]) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name, suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(entries, handle, indent=1, sort_keys=True)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_json_atomic(self.path, entries, indent=1, sort_keys=True)

@@ -6,12 +6,10 @@ block at all, so no consumer can read a number from it.
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
+from tilegym.atomic import write_json_atomic
 from tilegym_hf_bench.metrics_schema import SCHEMA_ID
 from tilegym_hf_bench.stats import summarize
 
@@ -75,17 +73,5 @@ def assemble(
 
 
 def write_atomic(path: str | os.PathLike, data: Any) -> None:
-    """Write JSON to a temp file in the same directory, then rename it over ``path``."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Metrics are strict JSON: a NaN fails here, before the file is touched."""
+    write_json_atomic(path, data, allow_nan=False)
