@@ -107,6 +107,7 @@ def _cmd_run(args) -> int:
         head_metrics=args.head_metrics,
         bench=BenchConfig([*(args.bench_arg or []), *args.bench_args], args.timeout, args.gpu_uuid),
         margin=args.margin,
+        reuse_base=not args.fresh_base,
     )
     for message in outcome.messages:
         print(message, file=sys.stderr)
@@ -212,7 +213,10 @@ model with no ledger also records main as the baseline row (a branch without com
 only that). inconclusive: the benchmark is repeated once with twice the samples; with metrics
 files, run again with the rerun's files. Refuses, changing nothing, when the tree is dirty, the
 branch is not experiment/<model_key>/<slug>, main moved and the merge would conflict, or a
-metrics file is of another commit. Running it again for the same branch and SHA changes nothing.
+metrics file is of another tree. Running it again for the same branch and SHA changes nothing.
+The head is benchmarked first; a stored run in sandbox/runs/ of main's tree (after a discard
+main is unchanged, after a keep its tree is the merged head) with the same model, workload, GPU
+and versions is reused as the base instead of benchmarking main again (--fresh-base: do not).
 Benchmark flags go after --, e.g. `-- --device cuda --timed-runs 10` (or --bench-arg=--device
 --bench-arg=cuda); --timed-runs is replaced by twice the first run's count on the rerun."""
 
@@ -278,6 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra tilegym-hf-bench argument (repeat; use --bench-arg=--flag)",
     )
     p.add_argument("--margin", type=_margin, default=0.02, help="throughput margin (default 0.02)")
+    p.add_argument(
+        "--fresh-base",
+        action="store_true",
+        help="benchmark main even when a stored run of its tree can be reused",
+    )
     p.add_argument(
         "bench_args",
         nargs="*",

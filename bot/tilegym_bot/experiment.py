@@ -22,6 +22,7 @@ from tilegym_bot.ledger import LedgerError, LedgerRow
 from tilegym_bot.metrics_file import load_metrics
 from tilegym_bot.policy import DEFAULT_MARGIN, Decision, decide, decide_baseline, dig
 from tilegym_bot.report import build_record, render_comment
+from tilegym_bot.reuse import find_reusable
 
 MODEL_KEY_RE = re.compile(r"[a-z][a-z0-9_]*")
 SLUG_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
@@ -96,12 +97,15 @@ def start(forge: LocalForge, model_key: str, name: str) -> str:
     return branch
 
 
-def _check_commit(doc: Any, expected: str, path: Path, what: str) -> None:
+def _check_commit(forge: LocalForge, doc: Any, expected: str, path: Path, what: str) -> None:
+    """The metrics must be of ``expected`` or of a commit with the same tree (same code)."""
     commit = dig(doc, "commit")
-    if isinstance(commit, str) and commit != expected:
+    if not isinstance(commit, str) or commit == expected:
+        return
+    if forge.tree_of(commit) != forge.tree_of(expected):
         raise BotError(
-            f"{path}: metrics are of commit {commit[:8]} but {what} is {expected[:8]}: "
-            f"benchmark {what} again; nothing was changed"
+            f"{path}: metrics are of commit {commit[:8]} but {what} is {expected[:8]} "
+            f"(a different tree): benchmark {what} again; nothing was changed"
         )
 
 
@@ -250,6 +254,7 @@ class _Measured:
     decision: Decision
     rerun: bool
     rounds: list[dict[str, Any]]
+    base_reused_from: str | None = None
 
 
 def _measure_and_decide(
@@ -259,24 +264,46 @@ def _measure_and_decide(
     head_metrics: Path | None,
     cfg: BenchConfig,
     margin: float,
+    reuse_base: bool,
 ) -> _Measured:
     """Metrics from the files or the runner, and the decision; an inconclusive first round is
-    benchmarked again with twice the samples (with files: by the next ``run``)."""
+    benchmarked again with twice the samples (with files: by the next ``run``). The head is
+    measured first, so a stored run of main's tree under the same conditions can stand in for
+    the base (``reuse``); the rerun measures both afresh."""
+
+    def run_name(sha: str, label: str) -> str:
+        return f"{plan.model_key}-{plan.slug}-{sha[:8]}-{label}"
 
     def measure(sha: str, label: str, runs: int | None = None) -> Any:
-        name = f"{plan.model_key}-{plan.slug}-{sha[:8]}-{label}"
+        name = run_name(sha, label)
         return bench_commit(forge, cfg, model_key=plan.model_key, run_name=name, sha=sha, runs=runs)
 
     files = base_metrics is not None or head_metrics is not None
+    reused = None
     if files:
         base, head = _load_files(base_metrics, head_metrics, plan.baseline_only)
         what = f"HEAD of {plan.branch}"
-        _check_commit(head, plan.head_sha, Path(head_metrics or base_metrics), what)
+        _check_commit(forge, head, plan.head_sha, Path(head_metrics or base_metrics), what)
         if base is not None:
-            _check_commit(base, plan.main_sha, Path(base_metrics), MAIN)
+            _check_commit(forge, base, plan.main_sha, Path(base_metrics), MAIN)
     else:
-        base = None if plan.baseline_only else measure(plan.main_sha, "base")
         head = measure(plan.head_sha, "head")
+        base = None
+        if not plan.baseline_only:
+            found = None
+            if reuse_base:
+                found = find_reusable(
+                    forge.root / "sandbox" / "runs",
+                    tree=forge.tree_of(plan.main_sha),
+                    head=head,
+                    tree_of=forge.tree_of,
+                    exclude=[forge.root / "sandbox" / "runs" / run_name(plan.head_sha, "head")],
+                )
+            if found is None:
+                base = measure(plan.main_sha, "base")
+            else:
+                path, base = found
+                reused = str(path.relative_to(forge.root))
     if plan.baseline_only:
         return _Measured(None, head, decide_baseline(head), False, [])
     decision = decide(base, head, margin=margin, rerun=plan.rerun)
@@ -287,7 +314,7 @@ def _measure_and_decide(
         base = measure(plan.main_sha, "base-rerun", runs)
         head = measure(plan.head_sha, "head-rerun", runs)
         return _Measured(base, head, decide(base, head, margin=margin, rerun=True), True, rounds)
-    return _Measured(base, head, decision, plan.rerun, rounds)
+    return _Measured(base, head, decision, plan.rerun, rounds, reused)
 
 
 def _save_record(forge: LocalForge, plan: _Plan, m: _Measured, description: str) -> dict[str, Any]:
@@ -308,6 +335,7 @@ def _save_record(forge: LocalForge, plan: _Plan, m: _Measured, description: str)
         metrics={"base": m.base, "head": m.head},
         decision=m.decision.to_json(),
         rerun=m.rerun,
+        base_reused_from=m.base_reused_from,
         awaiting_rerun=not final,
         state=("merged" if m.decision.status == "keep" else "closed") if final else "open",
     )
@@ -352,13 +380,14 @@ def run(
     head_metrics: Path | None = None,
     bench: BenchConfig | None = None,
     margin: float = DEFAULT_MARGIN,
+    reuse_base: bool = True,
 ) -> RunOutcome:
     plan = _preflight(forge, description)
     if plan.record and plan.record["state"] in ("merged", "closed"):
         messages = _finish(forge, plan.record) or ["already decided: nothing changed"]
         return RunOutcome(Decision.from_json(plan.record["decision"]), plan.record, True, messages)
     measured = _measure_and_decide(
-        forge, plan, base_metrics, head_metrics, bench or BenchConfig(), margin
+        forge, plan, base_metrics, head_metrics, bench or BenchConfig(), margin, reuse_base
     )
     now = (forge.current_branch(), forge.rev("HEAD"), forge.rev(MAIN))
     if now != (plan.branch, plan.head_sha, plan.main_sha):
@@ -368,13 +397,19 @@ def run(
         )
     _require_clean(forge, "recording the result")
     record = _save_record(forge, plan, measured, description)
+    notes = []
+    if measured.base_reused_from:
+        notes.append(
+            f"base: reused {measured.base_reused_from} (same tree as {MAIN} {plan.main_sha[:8]}; "
+            "same model, workload, GPU and versions; --fresh-base measures it)"
+        )
     if record["awaiting_rerun"]:
         hint = (
             "inconclusive: benchmark base and head again with twice the samples "
             "(--timed-runs 2N) and run `experiment run` again with those metrics files"
         )
-        return RunOutcome(measured.decision, record, False, [hint])
-    return RunOutcome(measured.decision, record, True, _finish(forge, record))
+        return RunOutcome(measured.decision, record, False, [*notes, hint])
+    return RunOutcome(measured.decision, record, True, [*notes, *_finish(forge, record)])
 
 
 def advance(forge: LocalForge) -> str:

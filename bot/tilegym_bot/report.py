@@ -193,6 +193,8 @@ _ENV_FIELDS = (
 
 def _env_table(base: Any, head: Any) -> list[str]:
     lines = ["| | base | head |", "|:--|:--|:--|"]
+    b, h = (str(dig(doc, "commit") or "—")[:8] for doc in (base, head))
+    lines.append(f"| measured commit | {_cell(b)} | {_cell(h)} |")
     for label, key in _ENV_FIELDS:
         b, h = dig(base, "env", key), dig(head, "env", key)
         lines.append(f"| {label} | {_cell(str(b or '—'))} | {_cell(str(h or '—'))} |")

@@ -6,8 +6,10 @@ import copy
 import json
 from pathlib import Path
 
+import git
 import pytest
 
+LOOP_MODEL_DIR = "src/tilegym/transformers/qwen3"
 SHA_BASE = "a" * 40
 SHA_HEAD = "b" * 40
 
@@ -140,3 +142,20 @@ def make_metrics():
 @pytest.fixture
 def save_metrics():
     return write_metrics
+
+
+@pytest.fixture
+def repo(tmp_path):
+    root = tmp_path / "repo"
+    r = git.Repo.init(root, initial_branch="main")
+    with r.config_writer() as cfg:
+        cfg.set_value("user", "name", "Test")
+        cfg.set_value("user", "email", "test@example.com")
+    (root / "sandbox").mkdir()
+    (root / "sandbox" / ".gitignore").write_text("*\n!.gitignore\n")
+    (root / LOOP_MODEL_DIR).mkdir(parents=True)
+    (root / LOOP_MODEL_DIR / "modeling.py").write_text("# model glue\n")
+    (root / "README.md").write_text("readme\n")
+    r.index.add(["sandbox/.gitignore", f"{LOOP_MODEL_DIR}/modeling.py", "README.md"])
+    r.index.commit("initial")
+    return r

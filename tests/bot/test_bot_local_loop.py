@@ -15,23 +15,6 @@ from tilegym_bot.ledger import LedgerRow
 MODEL_DIR = "src/tilegym/transformers/qwen3"
 
 
-@pytest.fixture
-def repo(tmp_path):
-    root = tmp_path / "repo"
-    r = git.Repo.init(root, initial_branch="main")
-    with r.config_writer() as cfg:
-        cfg.set_value("user", "name", "Test")
-        cfg.set_value("user", "email", "test@example.com")
-    (root / "sandbox").mkdir()
-    (root / "sandbox" / ".gitignore").write_text("*\n!.gitignore\n")
-    (root / MODEL_DIR).mkdir(parents=True)
-    (root / MODEL_DIR / "modeling.py").write_text("# model glue\n")
-    (root / "README.md").write_text("readme\n")
-    r.index.add(["sandbox/.gitignore", f"{MODEL_DIR}/modeling.py", "README.md"])
-    r.index.commit("initial")
-    return r
-
-
 def _commit(r: git.Repo, files: dict[str, str], message: str) -> str:
     root = Path(r.working_tree_dir)
     for rel, text in files.items():

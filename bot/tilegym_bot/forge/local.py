@@ -60,6 +60,13 @@ class LocalForge:
         except git.GitCommandError as exc:
             raise BotError(f"no such commit or branch: {ref}") from exc
 
+    def tree_of(self, sha: str) -> str | None:
+        """The tree SHA of commit ``sha``; None when the repository has no such commit."""
+        try:
+            return self.repo.git.rev_parse("--verify", "--quiet", f"{sha}^{{tree}}")
+        except git.GitCommandError:
+            return None
+
     def has_ref(self, ref: str) -> bool:
         try:
             self.repo.git.rev_parse("--verify", "--quiet", ref)
