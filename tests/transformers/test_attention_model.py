@@ -17,6 +17,7 @@ from tilegym.transformers.attention import (
     make_cache,
     tilegym_attention_forward,
     tilegym_mask,
+    use_tile_cache,
 )
 
 VOCAB = 512
@@ -174,6 +175,42 @@ def test_tile_cache_supports_beam_search_on_cpu():
     want = _generate(model, ids, mask, 6, num_beams=2, do_sample=False)
     got = _generate(model, ids, mask, 6, cache=make_cache(model, 4, 16), num_beams=2)
     assert torch.equal(got, want)
+
+
+def _generate_dict(model, ids, mask, **kw):
+    with torch.inference_mode():
+        return model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=7,
+            do_sample=False,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+            **kw,
+        )
+
+
+def test_use_tile_cache_replaces_only_the_default_dynamic_cache_of_that_model():
+    from transformers import DynamicCache, StaticCache
+
+    model, other = _model("qwen3"), _model("qwen3")
+    ids, mask = _left_padded([9, 4])
+    want = _generate_dict(model, ids, mask)
+    undo = use_tile_cache(model)
+    got = _generate_dict(model, ids, mask)
+    assert torch.equal(got.sequences, want.sequences)
+    assert isinstance(got.past_key_values, TileKVCache)
+    assert got.past_key_values.layers[0].capacity >= ids.shape[1] + 6
+    assert type(_generate_dict(other, ids, mask).past_key_values) is DynamicCache
+    mine = DynamicCache(config=model.config)
+    assert _generate_dict(model, ids, mask, past_key_values=mine).past_key_values is mine
+    static = _generate_dict(model, ids, mask, cache_implementation="static").past_key_values
+    assert isinstance(static, StaticCache)
+    with pytest.raises(TilegymAttentionError, match="already replaced"):
+        use_tile_cache(model)
+    undo()
+    assert "_prepare_cache_for_generation" not in vars(model)
+    assert type(_generate_dict(model, ids, mask).past_key_values) is DynamicCache
 
 
 # ------------------------------------------------------------------ GPU: logits and generate()

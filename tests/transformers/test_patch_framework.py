@@ -227,3 +227,19 @@ def test_unsupported_head_dim_leaves_attention_alone_with_a_reason(model_type):
     assert "head_dim 16" in handle.not_applied["attn"]
     assert model.config._attn_implementation == before
     handle.undo()
+
+
+def test_tile_kv_cache_follows_the_attention_patch_and_is_undone():
+    model = tiny_model("llama", head_dim=64)
+    handle = mp.apply_tilegym_kernel(model, linear=False)
+    mp.use_tile_kv_cache(handle, model)
+    assert "_prepare_cache_for_generation" in vars(model)
+    handle.undo()
+    assert "_prepare_cache_for_generation" not in vars(model)
+
+    no_attn = tiny_model("llama", head_dim=16)  # head_dim 16: cuTile attention not applied
+    handle = mp.apply_tilegym_kernel(no_attn, linear=False)
+    mp.use_tile_kv_cache(handle, no_attn)
+    assert "_prepare_cache_for_generation" not in vars(no_attn)
+    handle.undo()
+    mp.use_tile_kv_cache(mp.PatchHandle("llama", applied=["attn"]), None)  # class level: no-op

@@ -21,17 +21,21 @@ double their capacity when generation runs past it. Use it as
 (transformers >= 5.2x also accepts ``cache=``): ``generate`` then calls ``cache.update`` per layer
 and step, which writes the new token with one cuTile launch and hands the attention kernels views
 of the valid prefix; greedy, sampling, beam search (``reorder_cache``) and ``crop`` work.
+``use_tile_cache(model)`` makes that model's ``generate`` build such a cache wherever it would
+build its default ``DynamicCache`` (a cache passed by the caller or a ``cache_implementation``
+still wins), and returns a callable that restores the default.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 from transformers.masking_utils import (
     AttentionMaskInterface,
     causal_mask_function,
@@ -388,3 +392,45 @@ def make_cache(model: torch.nn.Module, batch_size: int, max_length: int) -> Tile
     cfg = model.config
     text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     return TileKVCache(text_cfg.num_hidden_layers, initial_capacity=max_length)
+
+
+CACHE_KWARGS = ("past_key_values", "cache")
+"""Where ``generate`` keeps its cache: ``past_key_values`` in early 5.x, then ``cache``."""
+
+
+def use_tile_cache(model: torch.nn.Module) -> Callable[[], None]:
+    """Make ``model.generate`` use a ``TileKVCache`` where it would create a ``DynamicCache``.
+
+    Instance-scoped (another model in the process keeps the default): the model's own
+    ``_prepare_cache_for_generation`` runs first, and only a ``DynamicCache`` it created for an
+    unset or ``"dynamic"`` ``cache_implementation`` is replaced, by one preallocated for the
+    ``max_cache_length`` generate computed. Returns a callable that restores the default.
+    """
+    if "_prepare_cache_for_generation" in vars(model):
+        raise TilegymAttentionError("this model's cache preparation is already replaced")
+    original = model._prepare_cache_for_generation
+    signature = inspect.signature(original)
+
+    def prepare(*args, **kwargs):
+        result = original(*args, **kwargs)
+        arguments = signature.bind(*args, **kwargs).arguments
+        config, model_kwargs = arguments["generation_config"], arguments["model_kwargs"]
+        for key in CACHE_KWARGS:
+            cache = model_kwargs.get(key)
+            if (
+                type(cache) is DynamicCache
+                and not getattr(cache, "_is_user_defined", False)
+                and config.cache_implementation in (None, "dynamic")
+            ):
+                model_kwargs[key] = make_cache(
+                    model, arguments["batch_size"], arguments["max_cache_length"]
+                )
+        return result
+
+    model._prepare_cache_for_generation = prepare
+
+    def undo() -> None:
+        if vars(model).get("_prepare_cache_for_generation") is prepare:
+            del model._prepare_cache_for_generation
+
+    return undo

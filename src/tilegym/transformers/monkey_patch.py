@@ -255,6 +255,18 @@ def _apply_attention(wanted: bool, model, handle: PatchHandle) -> None:
     handle._undo.append(attention.enable(model))
 
 
+def use_tile_kv_cache(handle: PatchHandle, model) -> None:
+    """With cuTile attention on ``model``: its ``generate()`` keeps the KV cache in a
+    ``TileKVCache`` (preallocated, written by a cuTile kernel) instead of transformers'
+    ``DynamicCache`` (a ``torch.cat`` per layer and step). Undone with the handle; a no-op for
+    class-level patches and when attention was not applied."""
+    if model is None or "attn" not in handle.applied:
+        return
+    from tilegym.transformers.attention import use_tile_cache
+
+    handle._undo.append(use_tile_cache(model))
+
+
 def _flags(rope, rms_norm, swiglu, attn, linear) -> dict[str, bool]:
     return {
         "rope": bool(rope),
