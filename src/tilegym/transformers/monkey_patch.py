@@ -287,8 +287,11 @@ def apply_tilegym_kernel_to_qwen3(
 def apply_tilegym_kernel_to_llama(
     rope=True, rms_norm=True, swiglu=True, attn=True, linear=True, model=None
 ) -> PatchHandle:
-    """Route Llama (Llama-3.2-1B architecture) through cuTile kernels; see the module doc."""
-    return _apply(FAMILIES["llama"], _flags(rope, rms_norm, swiglu, attn, linear), model)
+    """Route Llama (Llama-3.2-1B architecture) through cuTile kernels; see the module doc.
+    With cuTile attention on an instance, generate() keeps its KV cache in a TileKVCache."""
+    handle = _apply(FAMILIES["llama"], _flags(rope, rms_norm, swiglu, attn, linear), model)
+    use_tile_kv_cache(handle, model)
+    return handle
 
 
 APPLY_BY_MODEL_TYPE = {
