@@ -24,9 +24,25 @@ def ct_dtype(dtype: torch.dtype):
     return _CT_DTYPE[dtype]
 
 
-def stream() -> int:
-    """The current CUDA stream: kernels run in order with the surrounding PyTorch ops."""
-    return torch.cuda.current_stream()
+_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
+
+
+def stream(device: torch.device | None = None) -> torch.cuda.Stream:
+    """The current CUDA stream: kernels run in order with the surrounding PyTorch ops.
+
+    Same stream as ``torch.cuda.current_stream()``, at a fraction of its host cost: that call
+    resolves the device and re-checks CUDA availability in Python on every launch (a fifth of
+    the host time of a patched model's decode step in an H200 profile). Here two C calls read
+    the current device (or ``device``'s) and raw stream; the Stream object is cached.
+    """
+    index = torch._C._cuda_getDevice() if device is None or device.index is None else device.index
+    key = (index, torch._C._cuda_getCurrentRawStream(index))
+    current = _STREAMS.get(key)
+    if current is None:
+        if len(_STREAMS) >= 64:  # streams come and go (e.g. per-request side streams)
+            _STREAMS.clear()
+        current = _STREAMS[key] = torch.cuda.current_stream(index)
+    return current
 
 
 def check_activation(name: str, t: torch.Tensor) -> None:

@@ -25,6 +25,8 @@ import cuda.tile as ct
 import torch
 from cuda.tile import RoundingMode as RMd
 
+from tilegym.ops._common import stream
+
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
@@ -246,7 +248,7 @@ def prefill_attention(
         out = torch.empty((b, sq, hq, d), dtype=q.dtype, device=q.device)
     grid = (ct.cdiv(sq, cfg.tile_m), b * hq, 1)
     ct.launch(
-        torch.cuda.current_stream(),
+        stream(),
         grid,
         _prefill_kernel(cfg.occupancy),
         (
@@ -487,9 +489,8 @@ def decode_attention(
         if lens_arg is None:
             lens_arg = torch.zeros((1,), dtype=torch.int32, device=q.device)
             _dummy_lens[q.device] = lens_arg
-    stream = torch.cuda.current_stream()
     ct.launch(
-        stream,
+        stream(),
         (b * hkv, splits, 1),
         decode_attention_kernel,
         (
@@ -516,7 +517,7 @@ def decode_attention(
     )
     if not single:
         ct.launch(
-            stream,
+            stream(),
             (b * hq, 1, 1),
             decode_reduce_kernel,
             (

@@ -19,6 +19,7 @@ import math
 import cuda.tile as ct
 import torch
 
+from tilegym.ops._common import stream
 from tilegym.ops.gemm_configs import TileConfig, choose_config
 
 ConstInt = ct.Constant[int]
@@ -280,7 +281,7 @@ def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
         bias is not None,
         residual2 is not None,
     )
-    ct.launch(torch.cuda.current_stream(device), grid, tilegym_linear_kernel, args)
+    ct.launch(stream(device), grid, tilegym_linear_kernel, args)
 
 
 def linear(
@@ -377,7 +378,7 @@ def fused_gate_up_silu(
         cfg.transpose_tile,
         split > 1,
     )
-    ct.launch(torch.cuda.current_stream(device), grid, tilegym_gate_up_silu_kernel, args)
+    ct.launch(stream(device), grid, tilegym_gate_up_silu_kernel, args)
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import torch
 
+from tilegym.ops._common import stream
 from tilegym.ops.attention import AttentionInputError, array_constraint
 
 ConstInt = ct.Constant[int]
@@ -60,7 +61,7 @@ def kv_cache_write(
         v_new = v_new.contiguous()
     tile_s = _tile_s(s_new)
     ct.launch(
-        torch.cuda.current_stream(),
+        stream(),
         (ct.cdiv(s_new, tile_s), b * h, 1),
         kv_cache_write_kernel,
         (k_new, v_new, k_cache, v_cache, int(pos), d, tile_s),
