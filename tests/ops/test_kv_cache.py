@@ -64,3 +64,25 @@ def test_kv_cache_write_rejects_overflow(gen):
     cache = torch.empty(1, 2, 6, 64, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(AttentionInputError, match="exceed capacity"):
         kv_cache_write(k, k, cache, cache.clone(), 3)
+
+
+@pytest.mark.gpu
+def test_buffer_append_on_gpu_matches_reference_through_growth_and_rejects_bad_inputs(gen):
+    from tilegym.ops.attention import AttentionInputError
+
+    buf = KVBuffer.allocate(2, 3, 5, 64, torch.bfloat16, "cuda")
+    ks, vs = [], []
+    for s_new in (7, 1, 1, 0, 130, 1):  # prefill, decode steps, an empty write, growth twice
+        k = torch.randn(2, 3, s_new, 64, device="cuda", generator=gen).bfloat16()
+        v = torch.randn(2, 3, s_new, 64, device="cuda", generator=gen).bfloat16()
+        ks.append(k)
+        vs.append(v)
+        keys, values = buf.append(k, v)
+    assert buf.length == 140 and buf.capacity >= 140
+    assert torch.equal(keys, torch.cat(ks, dim=2)) and torch.equal(values, torch.cat(vs, dim=2))
+    wrong_heads = torch.randn(2, 4, 1, 64, device="cuda", generator=gen).bfloat16()
+    with pytest.raises(AttentionInputError, match="does not fit"):
+        buf.append(wrong_heads, wrong_heads)
+    with pytest.raises(AttentionInputError, match="dtype"):
+        buf.append(ks[1].half(), vs[1].half())
+    assert buf.length == 140

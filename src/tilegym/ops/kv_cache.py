@@ -53,18 +53,24 @@ def kv_cache_write(
         )
     if k_new.dtype != k_cache.dtype or v_new.dtype != v_cache.dtype:
         raise AttentionInputError(f"dtype {k_new.dtype} does not match the cache's {k_cache.dtype}")
-    if s_new == 0:
-        return
+    if s_new:
+        _launch_write(k_new, v_new, k_cache, v_cache, int(pos))
+
+
+def _launch_write(k_new, v_new, k_cache, v_cache, pos: int) -> None:
+    """The launch alone: the caller has checked shapes, dtypes and capacity (decode calls this
+    once per layer and token, so its host time counts)."""
     if k_new.stride(-1) != 1:
         k_new = k_new.contiguous()
     if v_new.stride(-1) != 1:
         v_new = v_new.contiguous()
+    b, h, s_new, d = k_new.shape
     tile_s = _tile_s(s_new)
     ct.launch(
         stream(),
         (ct.cdiv(s_new, tile_s), b * h, 1),
         kv_cache_write_kernel,
-        (k_new, v_new, k_cache, v_cache, int(pos), d, tile_s),
+        (k_new, v_new, k_cache, v_cache, pos, d, tile_s),
     )
 
 
@@ -114,14 +120,25 @@ class KVBuffer:
 
     def append(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new tokens after the valid ones; return views of all valid keys/values."""
-        s_new = k_new.shape[2]
-        self.ensure_capacity(self.length + s_new)
-        if k_new.is_cuda:
-            kv_cache_write(k_new, v_new, self.keys, self.values, self.length)
-        else:
-            reference_kv_cache_write(k_new, v_new, self.keys, self.values, self.length)
-        self.length += s_new
-        return self.keys[:, :, : self.length], self.values[:, :, : self.length]
+        shape, keys = k_new.shape, self.keys
+        end = self.length + shape[2]
+        if end > keys.shape[2]:
+            self.ensure_capacity(end)
+            keys = self.keys
+        if not k_new.is_cuda:
+            reference_kv_cache_write(k_new, v_new, keys, self.values, self.length)
+        elif (
+            shape[2]
+            and v_new.shape == shape
+            and shape[:2] == keys.shape[:2]
+            and shape[3] == keys.shape[3]
+            and k_new.dtype == v_new.dtype == keys.dtype
+        ):
+            _launch_write(k_new, v_new, keys, self.values, self.length)
+        else:  # anything unusual: the checked path (one clear error, or nothing to write)
+            kv_cache_write(k_new, v_new, keys, self.values, self.length)
+        self.length = end
+        return keys[:, :, :end], self.values[:, :, :end]
 
 
 def aot_signatures(head_dim: int = 128):
