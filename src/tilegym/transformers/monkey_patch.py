@@ -280,8 +280,11 @@ def _flags(rope, rms_norm, swiglu, attn, linear) -> dict[str, bool]:
 def apply_tilegym_kernel_to_qwen3(
     rope=True, rms_norm=True, swiglu=True, attn=True, linear=True, model=None
 ) -> PatchHandle:
-    """Route Qwen3 (Qwen3-0.6B architecture) through cuTile kernels; see the module doc."""
-    return _apply(FAMILIES["qwen3"], _flags(rope, rms_norm, swiglu, attn, linear), model)
+    """Route Qwen3 (Qwen3-0.6B architecture) through cuTile kernels; see the module doc.
+    With cuTile attention on an instance, generate() keeps its KV cache in a TileKVCache."""
+    handle = _apply(FAMILIES["qwen3"], _flags(rope, rms_norm, swiglu, attn, linear), model)
+    use_tile_kv_cache(handle, model)
+    return handle
 
 
 def apply_tilegym_kernel_to_llama(
