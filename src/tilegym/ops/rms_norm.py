@@ -14,12 +14,15 @@ from cuda.tile.compilation import ScalarConstraint
 
 from tilegym.ops._common import (
     AOT_DTYPES,
+    DEFAULT,
     PAD_ZERO,
     array_sig,
     check_activation,
     next_pow2,
     signature,
+    sm_count,
     stream,
+    with_occupancy,
 )
 
 MAX_HIDDEN = 8192
@@ -96,6 +99,20 @@ def add_rms_norm_persistent_kernel(
         ct.store(out, (t, 0), _normed(s, wt, n, eps, sum_out.dtype, out.dtype), allow_tma=False)
 
 
+#: Variants the benchmark sweeps and the GPU tests check: name -> keyword arguments of
+#: ``rms_norm`` / ``add_rms_norm`` (tile_elems, occupancy, persistent). "old" is the first
+#: version (no occupancy hint, one CTA per row tile).
+VARIANTS = {
+    "old": dict(tile_elems=8192, occupancy=None, persistent=False),
+    "occ2": dict(tile_elems=8192, occupancy=2, persistent=False),
+    "occ4": dict(tile_elems=8192, occupancy=4, persistent=False),
+    "occ4-e4096": dict(tile_elems=4096, occupancy=4, persistent=False),
+    "occ4-e16384": dict(tile_elems=16384, occupancy=4, persistent=False),
+    "pers-occ2": dict(tile_elems=8192, occupancy=2, persistent=True),
+    "pers-occ4": dict(tile_elems=8192, occupancy=4, persistent=True),
+    "pers-occ2-e16384": dict(tile_elems=16384, occupancy=2, persistent=True),
+}
+
 #: Elements per block (whole rows); measured on the H200 in benchmarks/ops/bench_rms_norm.py.
 TILE_ELEMS = 8192
 
@@ -108,31 +125,6 @@ def tile_sizes(n: int, tile_elems: int = TILE_ELEMS) -> tuple[int, int]:
     """
     tile_n = next_pow2(n)
     return max(1, min(32, tile_elems // tile_n)), tile_n
-
-
-_VARIANTS: dict = {}
-
-
-def kernel_variant(kernel, occupancy: int | None, default: int | None):
-    """``kernel`` compiled with another occupancy hint (cached; ``kernel`` itself when the
-    hint is the one it was declared with, ``default``)."""
-    if occupancy == default:
-        return kernel
-    key = (kernel, occupancy)
-    if key not in _VARIANTS:
-        _VARIANTS[key] = kernel.replace_hints(occupancy=occupancy)
-    return _VARIANTS[key]
-
-
-_SM_COUNT: dict = {}
-
-
-def sm_count(device: torch.device) -> int:
-    """Number of SMs of ``device`` (cached)."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
 
 
 def plain_kernel(persistent: bool | None = None):
@@ -155,7 +147,7 @@ def _launch(kernel, default_occ, m, x, args, tile_elems, occupancy, persistent):
     tm, tn = tile_sizes(n, tile_elems)
     tiles = (m + tm - 1) // tm
     grid = min(tiles, sm_count(x.device) * (occupancy or 1)) if persistent else tiles
-    kernel = kernel_variant(kernel, occupancy, default_occ)
+    kernel = with_occupancy(kernel, occupancy, default_occ)
     ct.launch(stream(), (grid, 1, 1), kernel, (*args, tm, tn))
 
 
@@ -174,16 +166,13 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"hidden size {n} outside the supported 1..{MAX_HIDDEN}")
 
 
-_DEFAULT = object()
-
-
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,
     eps: float,
     tile_elems: int = TILE_ELEMS,
     *,
-    occupancy=_DEFAULT,
+    occupancy=DEFAULT,
     persistent: bool | None = None,
 ) -> torch.Tensor:
     """RMSNorm over the last dim of ``x`` (any leading shape), as transformers computes it.
@@ -197,7 +186,7 @@ def rms_norm(
     out_dtype = torch.promote_types(x.dtype, weight.dtype)
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m:
-        occ = OCCUPANCY if occupancy is _DEFAULT else occupancy
+        occ = OCCUPANCY if occupancy is DEFAULT else occupancy
         pers = PERSISTENT if persistent is None else persistent
         args = (x2, weight.contiguous(), out, float(eps))
         _launch(plain_kernel(pers), OCCUPANCY, m, x2, args, tile_elems, occ, pers)
@@ -211,7 +200,7 @@ def add_rms_norm(
     eps: float,
     tile_elems: int = TILE_ELEMS,
     *,
-    occupancy=_DEFAULT,
+    occupancy=DEFAULT,
     persistent: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(residual + x, RMSNorm(residual + x)) in one pass; the sum is rounded to x's dtype first.
@@ -229,7 +218,7 @@ def add_rms_norm(
     total = torch.empty((m, n), dtype=x.dtype, device=x.device)
     out = torch.empty((m, n), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     if m:
-        occ = ADD_OCCUPANCY if occupancy is _DEFAULT else occupancy
+        occ = ADD_OCCUPANCY if occupancy is DEFAULT else occupancy
         pers = PERSISTENT if persistent is None else persistent
         args = (x2, r2, weight.contiguous(), total, out, float(eps))
         _launch(fused_kernel(pers), ADD_OCCUPANCY, m, x2, args, tile_elems, occ, pers)
