@@ -34,6 +34,13 @@ shard var_rms "$V" -k test_rms_variants
 shard var_rope "$V" -k test_rope_variants
 shard var_qk "$V" -k test_qk_norm_rope_variants
 shard patches tests/ops/test_parity_check.py tests/transformers/test_patch_models.py
+# inventory runtime parity of the Solutions whose kernels changed (entry points, sampled shapes)
+KS=src/tilegym/transformers
+SOL=($KS/qwen3/kernel_solutions/qwen3_{rms_norm,add_rms_norm,qk_norm_rope}.json
+     $KS/llama/kernel_solutions/llama_{rms_norm,add_rms_norm,rope}.json)
+{ timeout "${TEST_TIMEOUT:-170}" "$PY" -m tilegym.kernel_inventory.cli parity "${SOL[@]}" \
+    && echo "inventory parity: ok"; } >"$OUT/tests_inventory.txt" 2>&1 &
+pids+=($!)
 for ((i = 0; i < WARM; i++)); do
     for b in bench_rms_norm bench_rope; do
         timeout "${WARM_TIMEOUT:-150}" "$PY" "benchmarks/ops/$b.py" --warm "$i/$WARM" \

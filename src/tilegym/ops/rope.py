@@ -138,14 +138,16 @@ def qk_norm_rope_kernel(
     _norm_rotate_store(k, k_weight, k_out, b, s, cb, cos, sin, eps, TKH, TR)
 
 
-#: The default kernels: "tiled" (``ROPE_TOKENS`` / ``QK_TOKENS`` tokens per block, each head
-#: row loaded whole by TMA, halves split in registers) or "token" (the first version: one block
-#: per token, each half loaded on its own; the second half's offset is only known at run time,
-#: so those loads were scalar 2-byte loads). Swept on the H200 by benchmarks/ops/bench_rope.py.
+#: The default kernels: "tiled" (``ROPE_TOKENS`` / ``QK_TOKENS`` tokens per block; q, k and
+#: cos/sin seen as (..., 2, R/2) views, so each half is a tile-aligned load whose offset the
+#: compiler knows: 16-byte vector or TMA loads) or "token" (the first version: one block per
+#: token, each half a ``slice`` at a run-time offset, which compiled to scalar 2-byte loads).
+#: Swept on the H200 by benchmarks/ops/bench_rope.py.
 ROPE_VARIANT = "tiled"
 QK_VARIANT = "tiled"
-#: Tokens per block and occupancy hint (resident blocks per SM; ``None`` = the compiler's
-#: choice, which for these kernels is 255 registers x 256 threads: one block per SM).
+#: Tokens per block and occupancy hint (resident blocks per SM, caps registers per thread;
+#: ``None`` = the compiler's choice: 255 registers x 256 threads, one block per SM, for the
+#: q/k-norm kernel; the rope kernel runs 128 threads and <= 202 registers either way).
 ROPE_TOKENS = 4
 ROPE_OCCUPANCY = 2
 QK_TOKENS = 2
