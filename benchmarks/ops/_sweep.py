@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable, Iterable
 
 import torch
-from _timing import format_table, gbps, interleaved, pct_of_copy
+from _timing import gbps, interleaved, pct_of_copy
 
 Case = tuple[str, str, dict[str, Callable[[], object]], int]
 
@@ -33,26 +33,25 @@ def warm(cases: Iterable[Case], spec: str) -> None:
     torch.cuda.synchronize()
 
 
-def sweep_table(cases: Iterable[Case], default: dict[str, str], iters: int = 30) -> str:
-    """Interleaved timing of every variant of every case; ``default[op]`` is marked ``*``."""
-    rows = []
+HEADER = ["op", "shape", "variant", "us", "spread%", "vs_torch", "GB/s", "%copy"]
+WIDTHS = [12, 13, 18, 8, 7, 8, 8, 6]
+
+
+def _line(cells) -> str:
+    text = [f"{c:.1f}" if isinstance(c, float) else str(c) for c in cells]
+    return "  ".join(t.rjust(w) for t, w in zip(text, WIDTHS, strict=True))
+
+
+def print_sweep(cases: Iterable[Case], default: dict[str, str], iters: int = 30) -> None:
+    """Interleaved timing of every variant of every case, printed case by case (a timeout
+    keeps the finished rows); ``default[op]`` is marked ``*``."""
+    print(_line(HEADER))
+    print(_line(["-" * w for w in WIDTHS]))
     for op, shape, fns, nbytes in cases:
         stats = interleaved(fns, iters=iters)
         base = stats.get("torch")
         for name, st in stats.items():
             mark = "*" if default.get(op) == name else ""
             vs = f"{base.median_us / st.median_us:.2f}x" if base else "-"
-            rows.append(
-                [
-                    op,
-                    shape,
-                    name + mark,
-                    st.median_us,
-                    st.spread_pct,
-                    vs,
-                    gbps(nbytes, st),
-                    pct_of_copy(nbytes, st),
-                ]
-            )
-    header = ["op", "shape", "variant", "us", "spread%", "vs_torch", "GB/s", "%copy"]
-    return format_table(header, rows)
+            cells = [op, shape, name + mark, st.median_us, st.spread_pct, vs]
+            print(_line([*cells, gbps(nbytes, st), pct_of_copy(nbytes, st)]), flush=True)

@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _shapes import MODELS, TOKENS  # noqa: E402
-from _sweep import parse_args, sweep_table, warm  # noqa: E402
+from _sweep import parse_args, print_sweep, warm  # noqa: E402
 
 from tilegym.ops import rms_norm as rn  # noqa: E402
 
@@ -68,9 +68,9 @@ def main() -> None:
         warm([*model_cases(), *sweep_cases()], args.warm)
         return
     print(f"defaults: {DEFAULTS} (TILE_ELEMS={rn.TILE_ELEMS})")
-    print(sweep_table(model_cases(), {"rms_norm": "default", "add_rms_norm": "default"}))
+    print_sweep(model_cases(), {"rms_norm": "default", "add_rms_norm": "default"})
     print()
-    print(sweep_table(sweep_cases(), DEFAULTS, iters=args.iters))
+    print_sweep(sweep_cases(), DEFAULTS, iters=args.iters)
 
 
 if __name__ == "__main__":

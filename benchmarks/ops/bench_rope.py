@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _shapes import MODELS, TOKENS  # noqa: E402
-from _sweep import parse_args, sweep_table, warm  # noqa: E402
+from _sweep import parse_args, print_sweep, warm  # noqa: E402
 
 from tilegym.ops import rope as rp  # noqa: E402
 
@@ -81,9 +81,9 @@ def main() -> None:
         warm([*model_cases(), *sweep_cases()], args.warm)
         return
     print(f"defaults: {DEFAULTS} (ROPE_VARIANT={rp.ROPE_VARIANT}, QK_VARIANT={rp.QK_VARIANT})")
-    print(sweep_table(model_cases(), {"rope": "default", "qk_norm_rope": "default"}))
+    print_sweep(model_cases(), {"rope": "default", "qk_norm_rope": "default"})
     print()
-    print(sweep_table(sweep_cases(), DEFAULTS, iters=args.iters))
+    print_sweep(sweep_cases(), DEFAULTS, iters=args.iters)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ pids=()
 shard() {  # name, then pytest arguments
     local name=$1
     shift
-    timeout "${TEST_TIMEOUT:-170}" "$PY" -m pytest -q -rA -p no:cacheprovider "$@" \
+    timeout "${TEST_TIMEOUT:-150}" "$PY" -m pytest -q -rA -p no:cacheprovider "$@" \
         >"$OUT/tests_$name.txt" 2>&1 &
     pids+=($!)
 }
@@ -38,7 +38,7 @@ shard patches tests/ops/test_parity_check.py tests/transformers/test_patch_model
 KS=src/tilegym/transformers
 SOL=($KS/qwen3/kernel_solutions/qwen3_{rms_norm,add_rms_norm,qk_norm_rope}.json
      $KS/llama/kernel_solutions/llama_{rms_norm,add_rms_norm,rope}.json)
-{ timeout "${TEST_TIMEOUT:-170}" "$PY" -m tilegym.kernel_inventory.cli parity "${SOL[@]}" \
+{ timeout "${TEST_TIMEOUT:-150}" "$PY" -m tilegym.kernel_inventory.cli parity "${SOL[@]}" \
     && echo "inventory parity: ok"; } >"$OUT/tests_inventory.txt" 2>&1 &
 pids+=($!)
 for ((i = 0; i < WARM; i++)); do
@@ -61,7 +61,7 @@ done
 # 2. timed benchmarks, one at a time (GPU to themselves)
 for b in bench_rms_norm bench_rope; do
     echo "== $b" | tee -a "$OUT/bench.txt"
-    timeout "${BENCH_TIMEOUT:-75}" "$PY" "benchmarks/ops/$b.py" 2>&1 | tee -a "$OUT/bench.txt" \
+    timeout "${BENCH_TIMEOUT:-60}" "$PY" "benchmarks/ops/$b.py" 2>&1 | tee -a "$OUT/bench.txt" \
         || status=1
 done
 echo "total $(($(date +%s) - start)) s, status $status" | tee -a "$OUT/summary.txt"
