@@ -34,6 +34,7 @@ MAX_HIDDEN = 8192
 #: re-read from the TMA buffer in shared memory) four tiles per SM overlap. ``None`` restores
 #: the compiler's choice. Swept on the H200 by benchmarks/ops/bench_rms_norm.py.
 OCCUPANCY = 4
+#: The same for add+RMSNorm (two input tiles per block: 2 x 16 KB in flight at 8192x4096).
 ADD_OCCUPANCY = 2
 #: Persistent grid (one CTA per SM x occupancy, looping over row tiles, weight loaded once)
 #: instead of one CTA per row tile.
@@ -129,11 +130,8 @@ def tile_sizes(n: int, tile_elems: int = TILE_ELEMS) -> tuple[int, int]:
 
 def plain_kernel(persistent: bool | None = None):
     """The RMSNorm kernel the library launches (``PERSISTENT`` picks the grid style)."""
-    return (
-        rms_norm_persistent_kernel
-        if (PERSISTENT if persistent is None else persistent)
-        else (rms_norm_kernel)
-    )
+    pers = PERSISTENT if persistent is None else persistent
+    return rms_norm_persistent_kernel if pers else rms_norm_kernel
 
 
 def fused_kernel(persistent: bool | None = None):
