@@ -1,7 +1,9 @@
 """RoPE (q+k in one launch) and Qwen3's fused q/k-norm + RoPE vs the PyTorch ops (H200 table).
 
-Rows: decode (1 and 8 sequences of one token), prefill (2048 tokens) and a 4x4096-token shape
-for the bandwidth figure.
+Table 1: decode (1 and 8 sequences of one token), prefill (2048 tokens) and 4x4096 tokens with
+torch, the first (one block per token) kernel and the default. Table 2: every variant of
+``ROPE_VARIANTS`` / ``QK_VARIANTS`` interleaved at 2048 and 4x4096 tokens (default marked
+``*``). ``--warm I/N`` only launches (fills the kernel cache; see _sweep.py).
 """
 
 from __future__ import annotations
@@ -14,16 +16,22 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _shapes import MODELS, TOKENS  # noqa: E402
-from _timing import format_table, interleaved, vs_torch_columns  # noqa: E402
+from _sweep import parse_args, print_sweep, warm  # noqa: E402
 
-from tilegym.ops.rope import (  # noqa: E402
-    apply_rope,
-    apply_rope_reference,
-    qk_norm_rope,
-    qk_norm_rope_reference,
-)
+from tilegym.ops import rope as rp  # noqa: E402
 
-HEADER = ["op", "model", "BxS", "torch_us", "cutile_us", "spread%", "speedup", "GB/s", "%copy"]
+
+def _default_name(variants, tokens, occ) -> str:
+    for name, kw in variants.items():
+        if kw.get("tokens") == tokens and kw.get("occupancy") == occ:
+            return name
+    return "?"
+
+
+DEFAULTS = {
+    "rope": _default_name(rp.ROPE_VARIANTS, rp.ROPE_TOKENS, rp.ROPE_OCCUPANCY),
+    "qk_norm_rope": _default_name(rp.QK_VARIANTS, rp.QK_TOKENS, rp.QK_OCCUPANCY),
+}
 
 
 def _cos_sin(b, s, d, dt):
@@ -33,44 +41,49 @@ def _cos_sin(b, s, d, dt):
     return emb.cos().to(dt), emb.sin().to(dt)
 
 
-def _case(m, b, s, dt=torch.bfloat16):
+def _cases(key, m, b, s, rope_variants, qk_variants, dt=torch.bfloat16):
     hq, hk, d = m["hq"], m["hk"], m["d"]
     qkv = torch.randn(b, s, (hq + 2 * hk) * d, device="cuda", dtype=dt)
     q = qkv[..., : hq * d].view(b, s, hq, d)
     k = qkv[..., hq * d : (hq + hk) * d].view(b, s, hk, d)
     cos, sin = _cos_sin(b, s, d, dt)
     w = torch.randn(d, device="cuda", dtype=dt)
+    # q and k read and written once, plus cos and sin read once
     nbytes = 2 * (hq + hk) * d * b * s * 2 + 2 * b * s * d * 2
-    return q, k, w, cos, sin, nbytes
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+    fns = {"torch": partial(rp.apply_rope_reference, qt, kt, cos, sin)}
+    for name, kw in rope_variants.items():
+        fns[name] = partial(rp.apply_rope, qt, kt, cos, sin, **kw)
+    yield "rope", f"{key} {b}x{s}", fns, nbytes
+    if key == "qwen3":
+        fns = {"torch": partial(rp.qk_norm_rope_reference, q, k, w, w, 1e-6, cos, sin)}
+        for name, kw in qk_variants.items():
+            fns[name] = partial(rp.qk_norm_rope, q, k, w, w, 1e-6, cos, sin, **kw)
+        yield "qk_norm_rope", f"{key} {b}x{s}", fns, nbytes
+
+
+def model_cases():
+    old_new = {"old": rp.ROPE_VARIANTS["token"], "default": {}}
+    for key, m in MODELS.items():
+        for b, s in [(t, 1) if t <= 8 else (1, t) for t in TOKENS] + [(4, 4096)]:
+            yield from _cases(key, m, b, s, old_new, old_new)
+
+
+def sweep_cases():
+    for key, m in MODELS.items():
+        for b, s in ((1, 2048), (4, 4096)):
+            yield from _cases(key, m, b, s, rp.ROPE_VARIANTS, rp.QK_VARIANTS)
 
 
 def main() -> None:
-    rows = []
-    for key, m in MODELS.items():
-        shapes = [(t, 1) if t <= 8 else (1, t) for t in TOKENS] + [(4, 4096)]
-        for b, s in shapes:
-            q, k, w, cos, sin, nbytes = _case(m, b, s)
-            qt, kt = q.transpose(1, 2), k.transpose(1, 2)
-            st = interleaved(
-                {
-                    "torch": partial(apply_rope_reference, qt, kt, cos, sin),
-                    "cutile": partial(apply_rope, qt, kt, cos, sin),
-                }
-            )
-            rows.append(_row("rope", key, f"{b}x{s}", st, nbytes))
-            if key == "qwen3":
-                st = interleaved(
-                    {
-                        "torch": partial(qk_norm_rope_reference, q, k, w, w, 1e-6, cos, sin),
-                        "cutile": partial(qk_norm_rope, q, k, w, w, 1e-6, cos, sin),
-                    }
-                )
-                rows.append(_row("qk_norm_rope", key, f"{b}x{s}", st, nbytes))
-    print(format_table(HEADER, rows))
-
-
-def _row(op, key, shape, st, nbytes):
-    return [op, key, shape, *vs_torch_columns(st, nbytes)]
+    args = parse_args()
+    if args.warm:
+        warm([*model_cases(), *sweep_cases()], args.warm)
+        return
+    print(f"defaults: {DEFAULTS} (ROPE_VARIANT={rp.ROPE_VARIANT}, QK_VARIANT={rp.QK_VARIANT})")
+    print_sweep(model_cases(), {"rope": "default", "qk_norm_rope": "default"})
+    print()
+    print_sweep(sweep_cases(), DEFAULTS, iters=args.iters)
 
 
 if __name__ == "__main__":

@@ -73,3 +73,31 @@ def signature(*params) -> KernelSignature:
 
 #: activation dtypes the AOT inventory compiles every kernel for.
 AOT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+#: Sentinel for "use the module's default" in variant keyword arguments (None is a valid value).
+DEFAULT = object()
+
+_VARIANTS: dict = {}
+
+
+def with_occupancy(kernel, occupancy: int | None, default: int | None):
+    """``kernel`` compiled with another occupancy hint (cached, so it is compiled once per
+    process); ``kernel`` itself when ``occupancy`` is the hint it was declared with."""
+    if occupancy == default:
+        return kernel
+    key = (id(kernel), occupancy)
+    if key not in _VARIANTS:
+        _VARIANTS[key] = kernel.replace_hints(occupancy=occupancy)
+    return _VARIANTS[key]
+
+
+_SM_COUNT: dict = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Number of SMs of a CUDA device (cached)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]

@@ -18,4 +18,4 @@ def add_rms_norm(hidden_states: torch.Tensor, residual: torch.Tensor, weight: to
 def aot_signatures() -> dict:
     """The fused kernel for the model's hidden size (bf16)."""
     sigs = _ops.aot_signatures(hidden_sizes=(HIDDEN,), dtypes=(torch.bfloat16,))
-    return {_ops.add_rms_norm_kernel: sigs[_ops.add_rms_norm_kernel]}
+    return {_ops.fused_kernel(): sigs[_ops.fused_kernel()]}

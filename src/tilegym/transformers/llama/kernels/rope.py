@@ -17,4 +17,4 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
 def aot_signatures() -> dict:
     """The RoPE kernel for Llama-3.2-1B's head layout (bf16)."""
     sigs = _ops.aot_signatures(heads=(HEADS,), dtypes=(torch.bfloat16,), partial_rot=())
-    return {_ops.rope_kernel: sigs[_ops.rope_kernel]}
+    return {_ops.default_rope_kernel(): sigs[_ops.default_rope_kernel()]}
