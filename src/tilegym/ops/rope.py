@@ -142,9 +142,12 @@ def qk_norm_rope_kernel(
 #: cos/sin seen as (..., 2, R/2) views, so each half is a tile-aligned load whose offset the
 #: compiler knows: 16-byte vector or TMA loads) or "token" (the first version: one block per
 #: token, each half a ``slice`` at a run-time offset, which compiled to scalar 2-byte loads).
-#: Swept on the H200 by benchmarks/ops/bench_rope.py.
-ROPE_VARIANT = "tiled"
-QK_VARIANT = "tiled"
+#: Swept on the H200 by benchmarks/ops/bench_rope.py (docs/results/h200-2026-11-29/ops/
+#: norms_rope_tiled.txt): "tiled" wins only at many tokens (4x4096: rope 1.6 vs 1.2 TB/s,
+#: qk-norm 1.3 vs 0.27 TB/s) and loses at the decode shapes that dominate generate() (8 tokens:
+#: 63-87 us vs 17-27 us), so "token" stays the default until a per-size choice is measured.
+ROPE_VARIANT = "token"
+QK_VARIANT = "token"
 #: Tokens per block and occupancy hint (resident blocks per SM, caps registers per thread;
 #: ``None`` = the compiler's choice: 255 registers x 256 threads, one block per SM, for the
 #: q/k-norm kernel; the rope kernel runs 128 threads and <= 202 registers either way).
