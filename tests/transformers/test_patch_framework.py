@@ -230,12 +230,14 @@ def test_unsupported_head_dim_leaves_attention_alone_with_a_reason(model_type):
 
 
 def test_tile_kv_cache_follows_the_attention_patch_and_is_undone():
-    model = tiny_model("llama", head_dim=64)
-    handle = mp.apply_tilegym_kernel(model, linear=False)
-    mp.use_tile_kv_cache(handle, model)
-    assert "_prepare_cache_for_generation" in vars(model)
-    handle.undo()
-    assert "_prepare_cache_for_generation" not in vars(model)
+    """Both families opt in (their experiments kept it): with cuTile attention applied to an
+    instance, generate() builds a TileKVCache; undo restores transformers' default."""
+    for model_type in FAMILIES:
+        model = tiny_model(model_type, head_dim=64)
+        handle = mp.apply_tilegym_kernel(model, linear=False)
+        assert "_prepare_cache_for_generation" in vars(model)
+        handle.undo()
+        assert "_prepare_cache_for_generation" not in vars(model)
 
     no_attn = tiny_model("llama", head_dim=16)  # head_dim 16: cuTile attention not applied
     handle = mp.apply_tilegym_kernel(no_attn, linear=False)
