@@ -3,6 +3,7 @@ reference (odd shapes, NaN-poisoned outputs), so the lead can flip a default fro
 
 import pytest
 import torch
+from test_rope import _cos_sin
 
 from tilegym.ops import rms_norm as rn
 from tilegym.ops import rope as rp
@@ -36,13 +37,6 @@ ROPE_CASES = [
     (2, 4, 2, 9, 64, 32, False),
     (2, 5, 3, 7, 80, 80, True),
 ]
-
-
-def _cos_sin(bc, seq, rot, gen):
-    inv = 1.0 / (10000 ** (torch.arange(0, rot, 2, device="cuda").float() / rot))
-    pos = torch.randint(0, 4096, (bc, seq), device="cuda", generator=gen).float()
-    emb = torch.cat([pos[..., None] * inv] * 2, dim=-1)
-    return emb.cos(), emb.sin()
 
 
 @pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: "-".join(map(str, c)))
