@@ -210,7 +210,8 @@ tree is not touched). Anything else: main untouched, the branch is kept as the t
 experiment-archive/<model_key>/<slug>, its Definitions/Solutions are copied to
 sandbox/<model_key>/drafts/<slug>/. Either way one ledger row is appended. The first run of a
 model with no ledger also records main as the baseline row (a branch without commits records
-only that). inconclusive: the benchmark is repeated once with twice the samples; with metrics
+only that). inconclusive: the benchmark is repeated once with twice the samples (the first
+round is recorded before, so an interrupted rerun resumes with the next run); with metrics
 files, run again with the rerun's files. Refuses, changing nothing, when the tree is dirty, the
 branch is not experiment/<model_key>/<slug>, main moved and the merge would conflict, or a
 metrics file is of another tree. Running it again for the same branch and SHA changes nothing.

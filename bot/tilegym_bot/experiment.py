@@ -10,7 +10,7 @@ branch head (or takes metrics files), decides, records the PR, then merges (keep
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -253,7 +253,6 @@ class _Measured:
     head: Any
     decision: Decision
     rerun: bool
-    rounds: list[dict[str, Any]]
     base_reused_from: str | None = None
 
 
@@ -266,10 +265,10 @@ def _measure_and_decide(
     margin: float,
     reuse_base: bool,
 ) -> _Measured:
-    """Metrics from the files or the runner, and the decision; an inconclusive first round is
-    benchmarked again with twice the samples (with files: by the next ``run``). The head is
+    """Metrics from the files or the runner, and the decision of this round. The head is
     measured first, so a stored run of main's tree under the same conditions can stand in for
-    the base (``reuse``); the rerun measures both afresh."""
+    the base (``reuse``). A rerun (the record awaits one) measures both afresh with twice the
+    first round's samples."""
 
     def run_name(sha: str, label: str) -> str:
         return f"{plan.model_key}-{plan.slug}-{sha[:8]}-{label}"
@@ -286,6 +285,11 @@ def _measure_and_decide(
         _check_commit(forge, head, plan.head_sha, Path(head_metrics or base_metrics), what)
         if base is not None:
             _check_commit(forge, base, plan.main_sha, Path(base_metrics), MAIN)
+    elif plan.rerun:
+        first = plan.record["metrics"]
+        runs = 2 * (timed_runs(first.get("head"), first.get("base")) or 5)
+        base = measure(plan.main_sha, "base-rerun", runs)
+        head = measure(plan.head_sha, "head-rerun", runs)
     else:
         head = measure(plan.head_sha, "head")
         base = None
@@ -305,16 +309,9 @@ def _measure_and_decide(
                 path, base = found
                 reused = str(path.relative_to(forge.root))
     if plan.baseline_only:
-        return _Measured(None, head, decide_baseline(head), False, [])
+        return _Measured(None, head, decide_baseline(head), False)
     decision = decide(base, head, margin=margin, rerun=plan.rerun)
-    rounds: list[dict[str, Any]] = []
-    if decision.status == "inconclusive" and not plan.rerun and not files:
-        rounds.append({"at": now_iso(), "rerun": False, "decision": decision.to_json()})
-        runs = 2 * (timed_runs(head, base) or 5)
-        base = measure(plan.main_sha, "base-rerun", runs)
-        head = measure(plan.head_sha, "head-rerun", runs)
-        return _Measured(base, head, decide(base, head, margin=margin, rerun=True), True, rounds)
-    return _Measured(base, head, decision, plan.rerun, rounds, reused)
+    return _Measured(base, head, decision, plan.rerun, reused)
 
 
 def _save_record(forge: LocalForge, plan: _Plan, m: _Measured, description: str) -> dict[str, Any]:
@@ -349,9 +346,7 @@ def _save_record(forge: LocalForge, plan: _Plan, m: _Measured, description: str)
             "description": "baseline",
         }
     decided_at = now_iso()
-    record["history"].extend(
-        [*m.rounds, {"at": decided_at, "rerun": m.rerun, "decision": m.decision.to_json()}]
-    )
+    record["history"].append({"at": decided_at, "rerun": m.rerun, "decision": m.decision.to_json()})
     if final:
         record["decided_at"] = decided_at
     record = forge.save_pr(record)  # allocates the number the comment names
@@ -386,17 +381,16 @@ def run(
     if plan.record and plan.record["state"] in ("merged", "closed"):
         messages = _finish(forge, plan.record) or ["already decided: nothing changed"]
         return RunOutcome(Decision.from_json(plan.record["decision"]), plan.record, True, messages)
-    measured = _measure_and_decide(
-        forge, plan, base_metrics, head_metrics, bench or BenchConfig(), margin, reuse_base
-    )
-    now = (forge.current_branch(), forge.rev("HEAD"), forge.rev(MAIN))
-    if now != (plan.branch, plan.head_sha, plan.main_sha):
-        raise BotError(
-            f"HEAD or {MAIN} moved while benchmarking (benchmarked {plan.head_sha[:8]} against "
-            f"{plan.main_sha[:8]}): nothing was recorded; run again"
-        )
-    _require_clean(forge, "recording the result")
-    record = _save_record(forge, plan, measured, description)
+    files = base_metrics is not None or head_metrics is not None
+    cfg = bench or BenchConfig()
+    measured = _measure_and_decide(forge, plan, base_metrics, head_metrics, cfg, margin, reuse_base)
+    record = _record_round(forge, plan, measured, description)
+    if record["awaiting_rerun"] and not files:
+        # the inconclusive first round is on record before the rerun starts, so an interrupted
+        # rerun resumes with the next `experiment run` instead of starting over
+        plan = replace(plan, record=record, rerun=True)
+        measured = _measure_and_decide(forge, plan, None, None, cfg, margin, reuse_base)
+        record = _record_round(forge, plan, measured, description)
     notes = []
     if measured.base_reused_from:
         notes.append(
@@ -410,6 +404,20 @@ def run(
         )
         return RunOutcome(measured.decision, record, False, [*notes, hint])
     return RunOutcome(measured.decision, record, True, [*notes, *_finish(forge, record)])
+
+
+def _record_round(
+    forge: LocalForge, plan: _Plan, measured: _Measured, description: str
+) -> dict[str, Any]:
+    """Save one round's decision, unless HEAD or main moved while it was measured."""
+    now = (forge.current_branch(), forge.rev("HEAD"), forge.rev(MAIN))
+    if now != (plan.branch, plan.head_sha, plan.main_sha):
+        raise BotError(
+            f"HEAD or {MAIN} moved while benchmarking (benchmarked {plan.head_sha[:8]} against "
+            f"{plan.main_sha[:8]}): nothing was recorded; run again"
+        )
+    _require_clean(forge, "recording the result")
+    return _save_record(forge, plan, measured, description)
 
 
 def advance(forge: LocalForge) -> str:

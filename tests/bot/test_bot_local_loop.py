@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import git
@@ -294,7 +300,7 @@ def test_bad_usage_is_one_error_line(repo, capsys):
 
 
 FAKE_BENCH = """\
-import argparse, json, os, pathlib, subprocess
+import argparse, json, os, pathlib, subprocess, time
 
 parser = argparse.ArgumentParser()
 for flag in ("--model-key", "--commit", "--metrics-out", "--device"):
@@ -307,6 +313,9 @@ doc["cutile"]["throughput"]["samples"] = (samples * args.timed_runs)[: args.time
 doc["workload"]["timed_runs"] = args.timed_runs
 doc["commit"] = args.commit
 pathlib.Path(args.metrics_out).write_text(json.dumps(doc))
+if os.environ.get("HANG_AT_RUNS") == str(args.timed_runs):  # an interrupted rerun
+    pathlib.Path(os.environ["HANG_PID_FILE"]).write_text(str(os.getpid()))
+    time.sleep(120)
 if os.environ.get("MOVE_HEAD_IN"):  # someone commits on the branch while it is benchmarked
     subprocess.run(["git", "-C", os.environ.pop("MOVE_HEAD_IN"), "commit", "--allow-empty",
                     "-qm", "moved"], check=True)
@@ -368,6 +377,46 @@ def test_runner_benchmarks_worktrees_and_reruns_with_twice_the_samples(repo, mak
         ]
     )
     assert r.git.worktree("list").count("\n") == 0  # the throwaway worktrees are gone
+    assert _ledger(r)[-1] == LedgerRow(head_sha, 55.0, 48.0, "discard", "slow")
+
+
+def test_an_interrupted_rerun_is_on_record_and_resumes(repo, make_metrics, tmp_path, capsys):
+    """The inconclusive first round is saved before the rerun starts: killing `experiment run`
+    during the rerun leaves an open record awaiting it, and the next run does only the rerun,
+    with twice the first round's samples."""
+    r = repo
+    _with_bench(r, make_metrics(cutile=(40.0, 60.0, 50.0)))
+    _cli(r, "experiment", "start", "--model-key", "qwen3", "--name", "slow")
+    head_doc = make_metrics(coverage=55.0, cutile=(38.0, 58.0, 48.0))
+    head_sha = _commit(r, {"bench_template.json": json.dumps(head_doc)}, "slower kernel")
+    pid_file = tmp_path / "bench.pid"
+    env = {**os.environ, "HANG_AT_RUNS": "6", "HANG_PID_FILE": str(pid_file)}
+    cmd = [sys.executable, "-m", "tilegym_bot", "-C", r.working_tree_dir, "experiment", "run"]
+    cmd += ["--description", "slow", "--", "--device", "cpu", "--timed-runs", "3"]
+    bot = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and bot.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert pid_file.exists(), "the rerun never started"
+    finally:
+        os.killpg(bot.pid, signal.SIGKILL)
+        bot.wait(timeout=30)
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    (record,) = _records(r)
+    assert record["state"] == "open" and record["awaiting_rerun"] is True
+    assert [h["decision"]["status"] for h in record["history"]] == ["inconclusive"]
+    assert _ledger(r) == [] and r.tags == []
+
+    capsys.readouterr()
+    assert _cli(r, "experiment", "run", "--description", "slow", "--", "--device", "cpu") == 0
+    decision = json.loads(capsys.readouterr().out)
+    assert decision["status"] == "discard"
+    (record,) = _records(r)
+    assert record["metrics"]["head"]["workload"]["timed_runs"] == 6
+    assert [h["decision"]["status"] for h in record["history"]] == ["inconclusive", "discard"]
     assert _ledger(r)[-1] == LedgerRow(head_sha, 55.0, 48.0, "discard", "slow")
 
 
