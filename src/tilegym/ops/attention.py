@@ -357,9 +357,15 @@ def decode_attention_kernel(
 
 
 @ct.kernel
-def decode_reduce_kernel(OPart, LsePart, Out, D: ConstInt, NSP: ConstInt):
-    """Combine the per-split partial outputs of one (batch, query head) by their log-sum-exp."""
+def decode_reduce_kernel(OPart, LsePart, Out, D: ConstInt, NSP: ConstInt, PDL: ConstBool):
+    """Combine the per-split partial outputs of one (batch, query head) by their log-sum-exp.
+
+    With ``PDL`` it is launched as a programmatic dependent of the split kernel: its blocks start
+    while the split kernel drains and wait here until the partial results are visible.
+    """
     r = ct.bid(0)
+    if PDL:
+        ct.grid_dependency_control_wait()
     lse = ct.load(LsePart, index=(r, 0), shape=(1, NSP), padding_mode=ct.PaddingMode.NEG_INF)
     lse = lse.reshape((NSP, 1))
     o = ct.load(OPart, index=(r, 0, 0), shape=(1, NSP, D), padding_mode=_ZERO).reshape((NSP, D))
@@ -372,8 +378,151 @@ def decode_reduce_kernel(OPart, LsePart, Out, D: ConstInt, NSP: ConstInt):
     ct.store(Out, index=(r, 0), tile=out.astype(Out.dtype))
 
 
+@ct.kernel
+def decode_fused_kernel(
+    Qg,
+    K,
+    V,
+    OPart,
+    LsePart,
+    Out,
+    Counter,
+    KeyValid,
+    KvLens,
+    qk_scale: float,
+    kv_end: int,
+    window: int,
+    tiles_per_split: int,
+    num_splits: int,
+    D: ConstInt,
+    GP: ConstInt,
+    G2: ConstInt,
+    TILE_N: ConstInt,
+    CHUNK: ConstInt,
+    SLIDING: ConstBool,
+    HAS_PAD: ConstBool,
+    HAS_LENS: ConstBool,
+):
+    """Split-KV decode in one launch: the last block of a (batch, kv head) to finish combines.
+
+    Each (batch*kv head, split) block runs the online softmax of all ``GROUP`` query heads over
+    its key range, loading every K/V tile once for the whole group. With one split it writes the
+    output directly. Otherwise it writes its partial output and log-sum-exp, then bumps the
+    group's arrival counter (acq_rel, device scope: its partial stores are visible before the
+    bump); the block that arrives last reads all partials back (L2) in chunks of ``CHUNK`` splits,
+    writes the output and re-arms the counter to 0 for the next call. The combine runs in split
+    order whichever block does it, so results are deterministic.
+    """
+    hkv = K.shape[1]
+    bh = ct.bid(0)
+    s = ct.bid(1)
+    b = bh // hkv
+    hk = bh % hkv
+
+    end = kv_end
+    if HAS_LENS:
+        end = ct.gather(KvLens, b)
+    start = end * 0
+    if SLIDING:
+        start = ct.maximum(end - window, 0)
+    j0 = start // TILE_N + s * tiles_per_split
+    j1 = ct.minimum(j0 + tiles_per_split, ct.cdiv(end, TILE_N))
+
+    q = ct.load(Qg, index=(b, hk, 0, 0), shape=(1, 1, GP, D), padding_mode=_ZERO)
+    q_t = ct.transpose(q.reshape((GP, D)))  # (D, GP)
+    offs = ct.arange(TILE_N, dtype=ct.int32)[:, None]
+
+    m_i = ct.full((1, GP), _NEG_BIG, dtype=ct.float32)
+    l_i = ct.full((1, GP), 0.0, dtype=ct.float32)
+    acc = ct.full((D, GP), 0.0, dtype=ct.float32)
+
+    for j in range(j0, j1):
+        k = ct.load(
+            K, index=(b, hk, j, 0), shape=(1, 1, TILE_N, D), padding_mode=_ZERO, latency=4
+        ).reshape((TILE_N, D))
+        v = ct.load(
+            V, index=(b, hk, j, 0), shape=(1, 1, TILE_N, D), padding_mode=_ZERO, latency=4
+        ).reshape((TILE_N, D))
+        qk = ct.mma(k, q_t, ct.full((TILE_N, GP), 0.0, dtype=ct.float32)) * qk_scale
+        if HAS_PAD or j * TILE_N < start or (j + 1) * TILE_N > end:  # only edge tiles need a mask
+            cols = j * TILE_N + offs
+            ok = (cols < end) & (cols >= start)
+            if HAS_PAD:
+                kv_ok = ct.load(KeyValid, index=(b, j), shape=(1, TILE_N), padding_mode=_ZERO)
+                ok = ok & (kv_ok.reshape((TILE_N, 1)) != 0)
+            qk = ct.where(ok, qk, -math.inf)
+            if HAS_LENS:
+                v = ct.where(ok, v, 0.0)  # keys past a sequence's length may hold stale data
+        m_new = ct.maximum(m_i, ct.max(qk, axis=0, keepdims=True))
+        p = ct.exp2(qk - m_new, flush_to_zero=True)
+        alpha = ct.exp2(m_i - m_new, flush_to_zero=True)
+        l_i = l_i * alpha + ct.sum(p, axis=0, keepdims=True)
+        acc = ct.mma(ct.transpose(v), p.astype(V.dtype), acc * alpha)
+        m_i = m_new
+
+    l_safe = ct.where(l_i == 0.0, 1.0, l_i)
+    o = ct.transpose(acc / l_safe)  # (GP, D)
+    if num_splits == 1:
+        ct.store(Out, index=(b, hk, 0, 0), tile=o.reshape((1, 1, GP, D)).astype(Out.dtype))
+    else:
+        lse = ct.where(l_i == 0.0, -math.inf, m_i + ct.log2(l_safe))
+        ct.store(OPart, index=(b, hk, 0, s, 0), tile=o.reshape((1, 1, GP, 1, D)))
+        ct.store(LsePart, index=(b, hk, 0, s), tile=lse.reshape((1, 1, GP, 1)))
+        arrived = ct.atomic_add(
+            Counter, bh, 1, memory_order=ct.MemoryOrder.ACQ_REL, memory_scope=ct.MemoryScope.DEVICE
+        )
+        if arrived == num_splits - 1:
+            m_r = ct.full((G2, 1), _NEG_BIG, dtype=ct.float32)
+            den = ct.full((G2, 1), 0.0, dtype=ct.float32)
+            num = ct.full((G2, D), 0.0, dtype=ct.float32)
+            for c in range(ct.cdiv(num_splits, CHUNK)):
+                lse_c = ct.load(
+                    LsePart,
+                    index=(b, hk, 0, c),
+                    shape=(1, 1, G2, CHUNK),
+                    padding_mode=ct.PaddingMode.NEG_INF,
+                ).reshape((G2, CHUNK))
+                o_c = ct.load(
+                    OPart, index=(b, hk, 0, c, 0), shape=(1, 1, G2, CHUNK, D), padding_mode=_ZERO
+                ).reshape((G2, CHUNK, D))
+                m_c = ct.maximum(m_r, ct.max(lse_c, axis=1, keepdims=True))
+                w = ct.exp2(lse_c - m_c, flush_to_zero=True)  # (G2, CHUNK); empty splits give 0
+                a_c = ct.exp2(m_r - m_c, flush_to_zero=True)
+                den = den * a_c + ct.sum(w, axis=1, keepdims=True)
+                num = num * a_c + ct.sum(o_c * w.reshape((G2, CHUNK, 1)), axis=1)
+                m_r = m_c
+            res = num / ct.where(den == 0.0, 1.0, den)
+            ct.store(Out, index=(b, hk, 0, 0), tile=res.reshape((1, 1, G2, D)).astype(Out.dtype))
+            ct.atomic_xchg(
+                Counter,
+                bh,
+                0,
+                memory_order=ct.MemoryOrder.RELAXED,
+                memory_scope=ct.MemoryScope.DEVICE,
+            )
+
+
+DECODE_MODES = ("fused", "pdl", "split")
+DECODE_MODE = "fused"
+"""Default decode launch scheme (one-line switch): ``fused`` = one launch, the last split block of
+each (batch, kv head) combines the partials; ``pdl`` = split kernel + reduction kernel launched
+as its programmatic dependent; ``split`` = split kernel + plain reduction launch."""
+
 DECODE_TILE_N = 64
+"""Keys per tile for head_dim 128 (16 KiB of K per load); head_dim 64 uses twice as many."""
+DECODE_SPLIT_WAVES = 2
+"""Target blocks per SM when choosing the number of key splits."""
+DECODE_MIN_SPLIT_KEYS = 128
+"""Fewest keys a split gets (short caches use fewer, longer splits; 1 split = no combine)."""
+DECODE_MAX_SPLITS = 64
+DECODE_COMBINE_CHUNK = 16
+"""Splits the fused kernel's combine reads per step."""
 _NUM_SMS: dict[int, int] = {}
+
+
+def default_decode_tile_n(head_dim: int) -> int:
+    """Keys per decode tile: the same 16 KiB K/V tile bytes at either head dim."""
+    return DECODE_TILE_N if head_dim > 64 else 2 * DECODE_TILE_N
 
 
 def _num_sms(device: torch.device) -> int:
@@ -385,17 +534,19 @@ def _num_sms(device: torch.device) -> int:
     return n
 
 
-DECODE_SPLIT_WAVES = 2
-
-
 def plan_splits(
-    batch_heads: int, kv_tiles: int, num_sms: int, min_tiles: int = 4, waves: int = 2
+    batch_heads: int,
+    kv_tiles: int,
+    num_sms: int,
+    min_tiles: int = 4,
+    waves: int = 2,
+    max_splits: int = DECODE_MAX_SPLITS,
 ) -> int:
     """How many key ranges to split over: ~``waves`` blocks per SM, >= ``min_tiles`` tiles each."""
     if kv_tiles <= 0:
         return 1
     want = max(1, (waves * num_sms) // max(1, batch_heads))
-    return max(1, min(want, kv_tiles // min_tiles))
+    return max(1, min(want, kv_tiles // max(1, min_tiles), max_splits))
 
 
 def _next_pow2(n: int) -> int:
@@ -404,6 +555,7 @@ def _next_pow2(n: int) -> int:
 
 _dummy_lens: dict[torch.device, torch.Tensor] = {}
 _dummy_parts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_counters: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -415,6 +567,20 @@ def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
             torch.zeros((1, 1, 1, 1), dtype=torch.float32, device=device),
         )
         _dummy_parts[device] = t
+    return t
+
+
+def _arrival_counters(device: torch.device, stream: torch.cuda.Stream, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters for the fused kernel, one buffer per (device, stream).
+
+    The kernel leaves every counter it used at 0 again, so the buffer is reused across calls;
+    calls on one stream are ordered, and each stream gets its own buffer.
+    """
+    key = (device, stream.cuda_stream)
+    t = _counters.get(key)
+    if t is None or t.numel() < n:
+        t = torch.zeros((max(n, 256),), dtype=torch.int32, device=device)
+        _counters[key] = t
     return t
 
 
@@ -430,14 +596,21 @@ def decode_attention(
     key_valid: torch.Tensor | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
-    tile_n: int = DECODE_TILE_N,
+    tile_n: int | None = None,
     split_waves: int = DECODE_SPLIT_WAVES,
+    min_split_keys: int = DECODE_MIN_SPLIT_KEYS,
+    mode: str | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence; returns ``[B, 1, Hq, D]``.
 
     The token sees keys ``[0, kv_end)`` (default all of ``k``), or ``[0, kv_lens[b])`` per
-    sequence, intersected with the sliding window and ``key_valid``.
+    sequence, intersected with the sliding window and ``key_valid``. ``mode`` picks the launch
+    scheme (see ``DECODE_MODES``); ``tile_n``, ``split_waves`` and ``min_split_keys`` the split
+    plan (``num_splits`` overrides it).
     """
+    mode = mode or DECODE_MODE
+    if mode not in DECODE_MODES:
+        raise AttentionInputError(f"decode mode {mode!r} not one of {DECODE_MODES}")
     b, hq, hkv = _check_common(q, k, v)
     if q.shape[2] != 1:
         raise AttentionInputError(f"decode takes one query token per sequence, got {q.shape[2]}")
@@ -448,6 +621,7 @@ def decode_attention(
         raise AttentionInputError(f"kv_end {kv_end} outside [0, {skv}]")
     if window is not None and window <= 0:
         raise AttentionInputError(f"sliding window must be positive, got {window}")
+    tile_n = tile_n or default_decode_tile_n(d)
     group = hq // hkv
     gp = max(8, _next_pow2(group))
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -466,10 +640,16 @@ def decode_attention(
     if window is not None:
         span = min(span, window + tile_n)
     tiles = ct.cdiv(span, tile_n)
-    min_tiles = max(1, 256 // tile_n)
-    splits = num_splits or plan_splits(
-        b * hkv, tiles, _num_sms(q.device), min_tiles=min_tiles, waves=split_waves
-    )
+    if num_splits:
+        splits = min(int(num_splits), DECODE_MAX_SPLITS)
+    else:
+        splits = plan_splits(
+            b * hkv,
+            tiles,
+            _num_sms(q.device),
+            min_tiles=max(1, ct.cdiv(min_split_keys, tile_n)),
+            waves=split_waves,
+        )
     tiles_per_split = max(1, ct.cdiv(tiles, splits))
     splits = max(1, ct.cdiv(tiles, tiles_per_split))
     if out is None:
@@ -487,10 +667,43 @@ def decode_attention(
         if lens_arg is None:
             lens_arg = torch.zeros((1,), dtype=torch.int32, device=q.device)
             _dummy_lens[q.device] = lens_arg
+    mask_arg = kv_arg if kv_arg is not None else _dummy_mask(q.device)
     stream = torch.cuda.current_stream()
+    grid = (b * hkv, splits, 1)
+    if mode == "fused":
+        ct.launch(
+            stream,
+            grid,
+            decode_fused_kernel,
+            (
+                qg,
+                k,
+                v,
+                o_part,
+                lse_part,
+                out_g,
+                _arrival_counters(q.device, stream, b * hkv),
+                mask_arg,
+                lens_arg,
+                scale * LOG2E,
+                kv_end,
+                int(window or 0),
+                tiles_per_split,
+                splits,
+                d,
+                gp,
+                _next_pow2(group),
+                tile_n,
+                DECODE_COMBINE_CHUNK,
+                window is not None,
+                kv_arg is not None,
+                kv_lens is not None,
+            ),
+        )
+        return out
     ct.launch(
         stream,
-        (b * hkv, splits, 1),
+        grid,
         decode_attention_kernel,
         (
             qg,
@@ -499,7 +712,7 @@ def decode_attention(
             o_part,
             lse_part,
             out_g,
-            kv_arg if kv_arg is not None else _dummy_mask(q.device),
+            mask_arg,
             lens_arg,
             scale * LOG2E,
             kv_end,
@@ -515,6 +728,7 @@ def decode_attention(
         ),
     )
     if not single:
+        pdl = mode == "pdl"
         ct.launch(
             stream,
             (b * hq, 1, 1),
@@ -525,7 +739,9 @@ def decode_attention(
                 out.view(b * hq, d),
                 d,
                 _next_pow2(splits),
+                pdl,
             ),
+            programmatic_dependent_launch=pdl,
         )
     return out
 
@@ -643,43 +859,41 @@ def prefill_signatures(head_dim: int, num_q_heads: int, group: int, dtype=ct.bfl
 
 
 def decode_signatures(head_dim: int, group: int, dtype=ct.bfloat16):
-    """Signatures of the split-KV decode kernel and its reduction at one head configuration."""
+    """Signatures of the decode kernels (fused, split + reduction) at one head configuration."""
     from cuda.tile.compilation import ScalarConstraint
 
     gp = max(8, _next_pow2(group))
-    dec = []
-    for sliding, pad, lens, single in (
-        (False, False, False, True),
-        (False, False, False, False),
-        (False, True, False, False),
-        (True, True, False, False),
-        (False, False, True, False),
-    ):
-        dec.append(
-            _sig(
-                [
-                    array_constraint(dtype, 4),
-                    array_constraint(dtype, 4),
-                    array_constraint(dtype, 4),
-                    array_constraint(ct.float32, 5),
-                    array_constraint(ct.float32, 4),
-                    array_constraint(dtype, 4),
-                    array_constraint(ct.int8, 2),
-                    array_constraint(ct.int32, 1),
-                    ScalarConstraint(ct.float32),
-                    ScalarConstraint(ct.int32),
-                    ScalarConstraint(ct.int32),
-                    ScalarConstraint(ct.int32),
-                    head_dim,
-                    gp,
-                    DECODE_TILE_N,
-                    sliding,
-                    pad,
-                    lens,
-                    single,
-                ]
-            )
+    tile_n = default_decode_tile_n(head_dim)
+    flags = ((False, False, False), (False, True, False), (True, True, False), (False, False, True))
+    i32 = ScalarConstraint(ct.int32)
+    head = [
+        array_constraint(dtype, 4),
+        array_constraint(dtype, 4),
+        array_constraint(dtype, 4),
+        array_constraint(ct.float32, 5),
+        array_constraint(ct.float32, 4),
+        array_constraint(dtype, 4),
+    ]
+    masks = [array_constraint(ct.int8, 2), array_constraint(ct.int32, 1)]
+    fused = [
+        _sig(
+            head
+            + [array_constraint(ct.int32, 1)]
+            + masks
+            + [ScalarConstraint(ct.float32), i32, i32, i32, i32]
+            + [head_dim, gp, _next_pow2(group), tile_n, DECODE_COMBINE_CHUNK, sliding, pad, lens]
         )
+        for sliding, pad, lens in flags
+    ]
+    dec = [
+        _sig(
+            head
+            + masks
+            + [ScalarConstraint(ct.float32), i32, i32, i32]
+            + [head_dim, gp, tile_n, sliding, pad, lens, single]
+        )
+        for (sliding, pad, lens), single in [(flags[0], True)] + [(f, False) for f in flags]
+    ]
     red = [
         _sig(
             [
@@ -688,11 +902,13 @@ def decode_signatures(head_dim: int, group: int, dtype=ct.bfloat16):
                 array_constraint(dtype, 2),
                 head_dim,
                 nsp,
+                pdl,
             ]
         )
-        for nsp in (2, 4, 8, 16, 32)
+        for nsp in (2, 4, 8, 16, 32, 64)
+        for pdl in (False, True)
     ]
-    return {decode_attention_kernel: dec, decode_reduce_kernel: red}
+    return {decode_fused_kernel: fused, decode_attention_kernel: dec, decode_reduce_kernel: red}
 
 
 def aot_signatures(head_dim: int = 128, num_q_heads: int = 16, num_kv_heads: int = 8):
