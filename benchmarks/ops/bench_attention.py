@@ -54,6 +54,7 @@ DECODE_VARIANTS = {
     "f w1 k256": dict(mode="fused", split_waves=1, min_split_keys=256),
     "f w4 k64": dict(mode="fused", split_waves=4, min_split_keys=64),
     "f w8 k64": dict(mode="fused", split_waves=8, min_split_keys=64),
+    "f w4 k64 o4": dict(mode="fused", split_waves=4, min_split_keys=64, occupancy=4),
     "f 1split": dict(mode="fused", num_splits=1),
 }
 """Decode variants timed against SDPA (interleaved); ``alt_tile`` adds the other tile size."""

@@ -311,11 +311,15 @@ PLANS = {
     "many": {"num_splits": 37},
     "short": {"min_split_keys": 1, "split_waves": 8},
 }
+FUSED_ONLY_PLANS = {"occ4": {"occupancy": 4, "split_waves": 4, "min_split_keys": 64}}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("plan", sorted(PLANS))
-@pytest.mark.parametrize("mode", ["fused", "pdl", "split"])
+@pytest.mark.parametrize(
+    "mode,plan",
+    [(m, p) for m in ("fused", "pdl", "split") for p in sorted(PLANS)]
+    + [("fused", p) for p in sorted(FUSED_ONLY_PLANS)],
+)
 @pytest.mark.parametrize("model", sorted(HEADS))
 @pytest.mark.parametrize("skv", MODE_LENGTHS)
 def test_decode_modes_match_fp32_reference(model, mode, plan, skv, gen, poison_empty):
@@ -325,7 +329,8 @@ def test_decode_modes_match_fp32_reference(model, mode, plan, skv, gen, poison_e
     for b in (1, 5):
         q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
         out = _poisoned_out(b, hq, d)
-        got = decode_attention(q, k, v, scale=0.11, out=out, mode=mode, **PLANS[plan])
+        kw = {**PLANS, **FUSED_ONLY_PLANS}[plan]
+        got = decode_attention(q, k, v, scale=0.11, out=out, mode=mode, **kw)
         ref = reference_attention(q, k, v, reference_mask(b, 1, skv, device="cuda"), scale=0.11)
         _check_decode(got, ref, out)
 

@@ -515,6 +515,8 @@ DECODE_SPLIT_WAVES = 2
 DECODE_MIN_SPLIT_KEYS = 128
 """Fewest keys a split gets (short caches use fewer, longer splits; 1 split = no combine)."""
 DECODE_MAX_SPLITS = 64
+DECODE_OCCUPANCY: int | None = None
+"""Occupancy hint of the fused decode kernel (None: the compiler's choice)."""
 DECODE_COMBINE_CHUNK = 16
 """Splits the fused kernel's combine reads per step."""
 _NUM_SMS: dict[int, int] = {}
@@ -556,6 +558,19 @@ def _next_pow2(n: int) -> int:
 _dummy_lens: dict[torch.device, torch.Tensor] = {}
 _dummy_parts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _counters: dict[tuple[torch.device, int], torch.Tensor] = {}
+_fused_variants: dict[int | None, object] = {}
+
+
+def _fused_kernel(occupancy: int | None):
+    kern = _fused_variants.get(occupancy)
+    if kern is None:
+        kern = (
+            decode_fused_kernel
+            if occupancy is None
+            else decode_fused_kernel.replace_hints(occupancy=occupancy)
+        )
+        _fused_variants[occupancy] = kern
+    return kern
 
 
 def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -600,13 +615,14 @@ def decode_attention(
     split_waves: int = DECODE_SPLIT_WAVES,
     min_split_keys: int = DECODE_MIN_SPLIT_KEYS,
     mode: str | None = None,
+    occupancy: int | None = DECODE_OCCUPANCY,
 ) -> torch.Tensor:
     """Attention of one new token per sequence; returns ``[B, 1, Hq, D]``.
 
     The token sees keys ``[0, kv_end)`` (default all of ``k``), or ``[0, kv_lens[b])`` per
     sequence, intersected with the sliding window and ``key_valid``. ``mode`` picks the launch
     scheme (see ``DECODE_MODES``); ``tile_n``, ``split_waves`` and ``min_split_keys`` the split
-    plan (``num_splits`` overrides it).
+    plan (``num_splits`` overrides it); ``occupancy`` the fused kernel's occupancy hint.
     """
     mode = mode or DECODE_MODE
     if mode not in DECODE_MODES:
@@ -674,7 +690,7 @@ def decode_attention(
         ct.launch(
             stream,
             grid,
-            decode_fused_kernel,
+            _fused_kernel(occupancy),
             (
                 qg,
                 k,
