@@ -50,12 +50,14 @@ DECODE_VARIANTS = {
     # name: decode_attention keyword arguments ("tile" = the library default is always timed)
     "old": dict(mode="split", tile_n=64, split_waves=2, min_split_keys=256),  # before issue 5
     "pdl": dict(mode="pdl"),
-    "split": dict(mode="split"),
+    "f w2": dict(mode="fused", split_waves=2),
+    "f w1 k64": dict(mode="fused", split_waves=1, min_split_keys=64),
     "f w1 k256": dict(mode="fused", split_waves=1, min_split_keys=256),
-    "f w4 k64": dict(mode="fused", split_waves=4, min_split_keys=64),
-    "f w8 k64": dict(mode="fused", split_waves=8, min_split_keys=64),
-    "f w4 k64 o4": dict(mode="fused", split_waves=4, min_split_keys=64, occupancy=4),
+    "f w2 k64": dict(mode="fused", split_waves=2, min_split_keys=64),
     "f 1split": dict(mode="fused", num_splits=1),
+    "f w4 o4": dict(mode="fused", split_waves=4, occupancy=4),
+    "f w4 k64 o4": dict(mode="fused", split_waves=4, min_split_keys=64, occupancy=4),
+    "f w8 k64 o4": dict(mode="fused", split_waves=8, min_split_keys=64, occupancy=4),
 }
 """Decode variants timed against SDPA (interleaved); ``alt_tile`` adds the other tile size."""
 

@@ -510,8 +510,10 @@ as its programmatic dependent; ``split`` = split kernel + plain reduction launch
 
 DECODE_TILE_N = 64
 """Keys per tile for head_dim 128 (16 KiB of K per load); head_dim 64 uses twice as many."""
-DECODE_SPLIT_WAVES = 2
-"""Target blocks per SM when choosing the number of key splits."""
+DECODE_SPLIT_WAVES = 1
+"""Target blocks per SM when choosing the number of key splits. With 16-byte aligned strides the
+decode kernels compile to warp-specialized TMA pipelines using ~150-220 KiB of shared memory, i.e.
+one resident block per SM: one wave of <= #SMs blocks avoids a serialized second wave."""
 DECODE_MIN_SPLIT_KEYS = 128
 """Fewest keys a split gets (short caches use fewer, longer splits; 1 split = no combine)."""
 DECODE_MAX_SPLITS = 64
