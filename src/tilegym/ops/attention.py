@@ -677,8 +677,10 @@ def decode_attention(
     if single:
         o_part, lse_part = _placeholders(q.device)
     else:
-        o_part = torch.empty((b, hkv, group, splits, d), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((b, hkv, group, splits), dtype=torch.float32, device=q.device)
+        n_o = b * hkv * group * splits * d  # one allocation: partial outputs, then their lse
+        parts = torch.empty((n_o + b * hkv * group * splits,), dtype=torch.float32, device=q.device)
+        o_part = parts[:n_o].view(b, hkv, group, splits, d)
+        lse_part = parts[n_o:].view(b, hkv, group, splits)
     lens_arg = kv_lens
     if lens_arg is None:
         lens_arg = _dummy_lens.get(q.device)
