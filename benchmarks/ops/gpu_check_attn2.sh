@@ -31,7 +31,8 @@ for m in qwen3 llama; do
   run_tests "modes_fused_$m" $F -k "decode_modes_match and $m and fused" &
   run_tests "modes_split_$m" $F -k "decode_modes_match and $m and (pdl or split)" &
   run_tests "padding_old_$m" $F -k "decode_padding_window_and_splits and $m" &
-  run_tests "padding_modes_$m" $F -k "decode_modes_padding and $m" &
+  run_tests "padding_fused_$m" $F -k "decode_modes_padding and $m and fused" &
+  run_tests "padding_split_$m" $F -k "decode_modes_padding and $m and (pdl or split)" &
   run_tests "lens_$m" $F -k "decode and $m and (per_sequence or counters)" &
   run_tests "old_$m" $F -k "decode_matches_fp32_reference and $m" &
   (

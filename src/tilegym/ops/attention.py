@@ -1,5 +1,9 @@
 """cuTile attention kernels: flash-style prefill and split-KV decode, with PyTorch references.
 
+Decode runs by default as one launch (``decode_fused_kernel``): blocks over (batch*kv head, key
+split) share each K/V tile among the query heads of a GQA group, and the last block of a group to
+finish combines the splits' partial results; ``DECODE_MODE`` switches to the two-launch schemes.
+
 Layouts follow transformers' attention functions: queries ``[B, Hq, Sq, D]`` and keys/values
 ``[B, Hkv, Skv, D]`` (any strides with a unit last stride, e.g. the transposed projections or a
 slice of a preallocated cache). Grouped-query attention maps query head ``h`` to key/value head
