@@ -1,11 +1,14 @@
 """Attention and KV-cache kernels vs PyTorch on the GPU: prefill, decode, cache update tables.
 
     python benchmarks/ops/bench_attention.py [--json FILE] [--sweep] [--warm-only]
+        [--only prefill|decode|cache ...] [--models qwen3,llama]
 
 - prefill: causal GQA flash attention at 2K and 8K tokens, qwen3 (16/8 heads, d=128) and llama
   (32/8, d=64) heads, vs ``torch.nn.functional.scaled_dot_product_attention(enable_gqa=True,
   is_causal=True)`` (flash/cuDNN on H200); ``--sweep`` also times other tile shapes.
-- decode: one token over caches of 256..8K at batch 1 and 8 vs SDPA with ``enable_gqa``.
+- decode: one token over caches of 256..8K at batch 1 and 8 vs SDPA with ``enable_gqa``;
+  ``--sweep`` also times the decode variants (``DECODE_VARIANTS``: launch scheme and split plan)
+  and names the fastest per row. ``--only decode --models qwen3`` narrows the run.
 - cache update: the cuTile write of one decode token (and a 128-token chunk) into a preallocated
   cache vs the ``torch.cat`` of keys and values that ``DynamicCache`` does per layer and step.
 
@@ -24,7 +27,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import Stats, format_table, interleaved  # noqa: E402
+from _timing import H200_COPY_TBPS, Stats, format_table, interleaved  # noqa: E402
 
 from tilegym.ops.attention import (  # noqa: E402
     PrefillConfig,
@@ -43,7 +46,25 @@ SWEEP = [
     PrefillConfig(64, 64, 3),
     PrefillConfig(128, 128, 3),
 ]
-DECODE_SWEEP = [(64, 2), (64, 4), (128, 2), (128, 4), (128, 8)]  # (tile_n, split waves)
+DECODE_VARIANTS = {
+    # name: decode_attention keyword arguments ("tile" = the library default is always timed)
+    "old": dict(mode="split", tile_n=64, split_waves=2, min_split_keys=256),  # before issue 5
+    "pdl": dict(mode="pdl"),
+    "split": dict(mode="split"),
+    "pdl w2": dict(mode="pdl", split_waves=2),
+    "pdl k64": dict(mode="pdl", min_split_keys=64),
+    "pdl k256": dict(mode="pdl", min_split_keys=256),
+    "pdl 1split": dict(mode="pdl", num_splits=1),
+}
+"""Decode variants timed against SDPA (interleaved); ``alt_tile`` adds the other tile size."""
+
+
+def decode_variants(d: int) -> dict[str, dict]:
+    """DECODE_VARIANTS plus the default scheme at the other tile size for this head dim."""
+    from tilegym.ops.attention import default_decode_tile_n
+
+    alt = 64 if default_decode_tile_n(d) == 128 else 128
+    return {**DECODE_VARIANTS, f"pdl n{alt}": dict(mode="pdl", tile_n=alt)}
 
 
 def sdpa(q, k, v, causal):
@@ -79,8 +100,12 @@ DECODE_HEADER = [
     "tile us",
     "spread %",
     "tile GB/s",
+    "% copy",
     "speedup",
-    "sweep us (n=tile_n, w=waves)",
+    "best",
+    "best us",
+    "best speedup",
+    "variants us (w=waves, k=min keys/split, n=tile_n)",
 ]
 CACHE_HEADER = ["batch", "past", "new", "torch.cat us", "tile us", "spread %", "speedup"]
 
@@ -115,6 +140,7 @@ def decode_table_row(model: str, b: int, n: int, nbytes: int, stats: dict[str, S
     """Table row and JSON record of one decode shape; extra variants go to the sweep column."""
     t, s = stats["tile"], stats["sdpa"]
     extra = {k: v.median_us for k, v in stats.items() if k not in ("tile", "sdpa")}
+    best = min((k for k in stats if k != "sdpa"), key=lambda k: stats[k].median_us)
     row = [
         model,
         b,
@@ -123,7 +149,11 @@ def decode_table_row(model: str, b: int, n: int, nbytes: int, stats: dict[str, S
         t.median_us,
         t.spread_pct,
         nbytes / (t.median_us * 1e-6) / 1e9,
-        s.median_us / t.median_us,
+        100.0 * nbytes / (t.median_us * 1e-6) / (H200_COPY_TBPS * 1e12),
+        f"{s.median_us / t.median_us:.2f}x",
+        best,
+        stats[best].median_us,
+        f"{s.median_us / stats[best].median_us:.2f}x",
         " ".join(f"{k}:{v:.1f}" for k, v in extra.items()) or "-",
     ]
     record = dict(
@@ -172,9 +202,11 @@ def prefill_rows(seqs, sweep: bool, iters: int, warm_only: bool):
     return format_table(PREFILL_HEADER, rows), records
 
 
-def decode_rows(lengths, batches, iters: int, warm_only: bool, sweep: bool):
+def decode_rows(lengths, batches, iters: int, warm_only: bool, sweep: bool, models=tuple(HEADS)):
     rows, records = [], []
     for model, (hq, hkv, d) in HEADS.items():
+        if model not in models:
+            continue
         for b in batches:
             for n in lengths:
                 q = _rand(b, hq, 1, d)
@@ -183,10 +215,8 @@ def decode_rows(lengths, batches, iters: int, warm_only: bool, sweep: bool):
                     "sdpa": functools.partial(sdpa, q, k, v, False),
                     "tile": functools.partial(decode_attention, q, k, v),
                 }
-                for tn, w in DECODE_SWEEP if sweep else ():
-                    fns[f"n{tn} w{w}"] = functools.partial(
-                        decode_attention, q, k, v, tile_n=tn, split_waves=w
-                    )
+                for name, kw in decode_variants(d).items() if sweep else ():
+                    fns[name] = functools.partial(decode_attention, q, k, v, **kw)
                 if warm_only:
                     for fn in fns.values():
                         fn()
@@ -228,7 +258,20 @@ def cache_rows(lengths, batches, iters: int, warm_only: bool):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="also write the measurements to this JSON file")
-    ap.add_argument("--sweep", action="store_true", help="time alternative prefill tile shapes")
+    ap.add_argument(
+        "--sweep",
+        action="store_true",
+        help="time alternative prefill tile shapes and the decode variants",
+    )
+    ap.add_argument(
+        "--only",
+        action="append",
+        choices=("prefill", "decode", "cache"),
+        help="run only these sections (repeatable; default: all)",
+    )
+    ap.add_argument(
+        "--models", default=",".join(HEADS), help="decode head configs, comma separated"
+    )
     ap.add_argument("--warm-only", action="store_true", help="only compile every variant once")
     ap.add_argument("--iters", type=int, default=30)
     args = ap.parse_args(argv)
@@ -245,21 +288,27 @@ def main(argv=None) -> int:
     print(env, flush=True)
     lengths = [256, 512, 1024, 2048, 4096, 8192]
     records = []
+    models = tuple(m for m in args.models.split(",") if m)
     sections = (
         (
+            "prefill",
             "prefill (causal, GQA)",
             lambda: prefill_rows([2048, 8192], args.sweep, args.iters, args.warm_only),
         ),
         (
+            "decode",
             "decode (1 token, GQA)",
-            lambda: decode_rows(lengths, [1, 8], args.iters, args.warm_only, args.sweep),
+            lambda: decode_rows(lengths, [1, 8], args.iters, args.warm_only, args.sweep, models),
         ),
         (
+            "cache",
             "KV cache update, qwen3 kv heads",
             lambda: cache_rows([256, 2048, 8192], [1, 8], args.iters, args.warm_only),
         ),
     )
-    for title, measure in sections:  # print each table as soon as it is measured
+    for key, title, measure in sections:  # print each table as soon as it is measured
+        if args.only and key not in args.only:
+            continue
         table, recs = measure()
         if not args.warm_only:
             print(f"\n## {title}\n{table}", flush=True)

@@ -264,9 +264,139 @@ def test_bench_rows_fit_their_headers():
     row, rec = bench.decode_table_row("qwen3", 8, 4096, 1 << 20, st)
     assert len(row) == len(bench.DECODE_HEADER) and rec["sweep_us"] == {"n128 w4": 7.0}
     assert "n128 w4:7.0" in format_table(bench.DECODE_HEADER, [row])
+    assert row[bench.DECODE_HEADER.index("best")] == "n128 w4"
+    assert row[bench.DECODE_HEADER.index("best speedup")] == f"{10.5 / 7.0:.2f}x"
     rows, recs = bench.prefill_table_rows("llama", 1, 8192, 32, 64, st)
     assert all(len(r) == len(bench.PREFILL_HEADER) for r in rows) and len(recs) == 3
     assert rows[0][-1] == 100.0
     c = {"torch.cat": summarize([20.0]), "tile write": summarize([5.0])}
     row, _ = bench.cache_table_row(1, 256, 1, c)
     assert len(row) == len(bench.CACHE_HEADER) and row[-1] == 4.0
+
+
+# ------------------------------------------------------------------ decode launch schemes
+
+
+def test_plan_splits_caps_and_short_caches():
+    assert plan_splits(8, 128, 132, min_tiles=1, waves=8) == 64  # capped at DECODE_MAX_SPLITS
+    assert plan_splits(8, 128, 132, min_tiles=1, waves=8, max_splits=16) == 16
+    assert plan_splits(64, 2, 132, min_tiles=4) == 1  # too short to split
+    assert plan_splits(8, 0, 132) == 1
+
+
+def test_decode_rejects_unknown_mode():
+    from tilegym.ops.attention import AttentionInputError, decode_attention
+
+    q = torch.zeros(1, 2, 1, 64)
+    with pytest.raises(AttentionInputError, match="mode"):
+        decode_attention(q, q, q, mode="bogus")
+
+
+def _poisoned_out(b, hq, d, dtype=torch.bfloat16):
+    return torch.full((b, 1, hq, d), float("nan"), dtype=dtype, device="cuda")
+
+
+def _check_decode(got, ref, out):
+    assert got.data_ptr() == out.data_ptr()
+    assert_close_rel(got, ref)
+    with pytest.raises(AssertionError):  # the check itself must reject an all-zeros output
+        assert_close_rel(torch.zeros_like(got), ref)
+
+
+MODE_LENGTHS = [1, 37, 256, 1000, 4097, 8192]
+# plan overrides: default, one split, many splits (> one combine chunk), short splits
+PLANS = {
+    "default": {},
+    "one": {"num_splits": 1},
+    "many": {"num_splits": 37},
+    "short": {"min_split_keys": 1, "split_waves": 8},
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "mode,plan",
+    [(m, p) for m in ("pdl", "split") for p in sorted(PLANS)],
+)
+@pytest.mark.parametrize("model", sorted(HEADS))
+@pytest.mark.parametrize("skv", MODE_LENGTHS)
+def test_decode_modes_match_fp32_reference(model, mode, plan, skv, gen, poison_empty):
+    from tilegym.ops.attention import decode_attention
+
+    hq, hkv, d = HEADS[model]
+    for b in (1, 5):
+        q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
+        out = _poisoned_out(b, hq, d)
+        kw = PLANS[plan]
+        got = decode_attention(q, k, v, scale=0.11, out=out, mode=mode, **kw)
+        ref = reference_attention(q, k, v, reference_mask(b, 1, skv, device="cuda"), scale=0.11)
+        _check_decode(got, ref, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["pdl", "split"])
+@pytest.mark.parametrize("model", sorted(HEADS))
+def test_decode_modes_cache_views_per_sequence_lengths(model, mode, gen, poison_empty):
+    """Reads ``[:, :, :length]`` views of ``[B, Hkv, capacity, D]`` cache buffers (strided over
+    capacity) with per-sequence lengths; stale NaNs past each length must not leak in."""
+    from tilegym.ops.attention import decode_attention
+
+    hq, hkv, d = HEADS[model]
+    lens_list = [1, 37, 1000, 4097, 256]
+    b, length, capacity = len(lens_list), max(lens_list), 4608
+    kbuf = torch.full((b, hkv, capacity, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    vbuf = torch.full_like(kbuf, float("nan"))
+    q, k_new, v_new = _qkv(b, hq, hkv, 1, length, d, gen)
+    for i, n in enumerate(lens_list):
+        kbuf[i, :, :n] = k_new[i, :, :n]
+        vbuf[i, :, :n] = v_new[i, :, :n]
+    k, v = kbuf[:, :, :length], vbuf[:, :, :length]
+    lens = torch.tensor(lens_list, device="cuda", dtype=torch.int32)
+    mask = reference_mask(b, 1, length, kv_lens=lens, device="cuda")
+    ref = reference_attention(q, k.nan_to_num(), v.nan_to_num(), mask)
+    for plan in PLANS.values():
+        out = _poisoned_out(b, hq, d)
+        got = decode_attention(q, k, v, kv_lens=lens, out=out, mode=mode, **plan)
+        _check_decode(got, ref, out)
+    # kv_end over the same strided view (all sequences at one length)
+    out = _poisoned_out(b, hq, d)
+    got = decode_attention(q, kbuf[:, :, :37], vbuf[:, :, :37], out=out, mode=mode)
+    ref = reference_attention(
+        q, k[:, :, :37], v[:, :, :37], reference_mask(b, 1, 37, device="cuda")
+    )
+    _check_decode(got, ref, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["pdl", "split"])
+@pytest.mark.parametrize("model", sorted(HEADS))
+def test_decode_modes_padding_and_window(model, mode, gen, poison_empty):
+    from tilegym.ops.attention import decode_attention
+
+    hq, hkv, d = HEADS[model]
+    b, skv = 4, 3001
+    q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
+    valid = _left_padding((3001, 900, 65, 1), skv)
+    for window in (None, 300, 37):
+        mask = reference_mask(b, 1, skv, key_valid=valid, window=window, device="cuda")
+        ref = reference_attention(q, k, v, mask)
+        for plan in PLANS.values():
+            out = _poisoned_out(b, hq, d)
+            got = decode_attention(
+                q, k, v, key_valid=valid, window=window, out=out, mode=mode, **plan
+            )
+            _check_decode(got, ref, out)
+
+
+def test_bench_decode_variants_are_valid_arguments():
+    import inspect
+
+    from tilegym.ops.attention import DECODE_MODES, decode_attention
+
+    bench = _bench_module()
+    params = inspect.signature(decode_attention).parameters
+    for d in (64, 128):
+        variants = bench.decode_variants(d)
+        assert any(kw.get("tile_n") for kw in variants.values())
+        for kw in variants.values():
+            assert set(kw) <= set(params) and kw.get("mode", "pdl") in DECODE_MODES

@@ -1,5 +1,9 @@
 """cuTile attention kernels: flash-style prefill and split-KV decode, with PyTorch references.
 
+Decode blocks over (batch*kv head, key split) share each K/V tile among the query heads of a GQA
+group; with more than one split a reduction kernel combines the partial results, launched by
+default as a programmatic dependent of the split kernel (``DECODE_MODE``).
+
 Layouts follow transformers' attention functions: queries ``[B, Hq, Sq, D]`` and keys/values
 ``[B, Hkv, Skv, D]`` (any strides with a unit last stride, e.g. the transposed projections or a
 slice of a preallocated cache). Grouped-query attention maps query head ``h`` to key/value head
@@ -359,9 +363,15 @@ def decode_attention_kernel(
 
 
 @ct.kernel
-def decode_reduce_kernel(OPart, LsePart, Out, D: ConstInt, NSP: ConstInt):
-    """Combine the per-split partial outputs of one (batch, query head) by their log-sum-exp."""
+def decode_reduce_kernel(OPart, LsePart, Out, D: ConstInt, NSP: ConstInt, PDL: ConstBool):
+    """Combine the per-split partial outputs of one (batch, query head) by their log-sum-exp.
+
+    With ``PDL`` it is launched as a programmatic dependent of the split kernel: its blocks start
+    while the split kernel drains and wait here until the partial results are visible.
+    """
     r = ct.bid(0)
+    if PDL:
+        ct.grid_dependency_control_wait()
     lse = ct.load(LsePart, index=(r, 0), shape=(1, NSP), padding_mode=ct.PaddingMode.NEG_INF)
     lse = lse.reshape((NSP, 1))
     o = ct.load(OPart, index=(r, 0, 0), shape=(1, NSP, D), padding_mode=_ZERO).reshape((NSP, D))
@@ -374,8 +384,28 @@ def decode_reduce_kernel(OPart, LsePart, Out, D: ConstInt, NSP: ConstInt):
     ct.store(Out, index=(r, 0), tile=out.astype(Out.dtype))
 
 
+DECODE_MODES = ("pdl", "split")
+DECODE_MODE = "pdl"
+"""Default decode launch scheme (one-line switch): ``pdl`` = split kernel + reduction kernel
+launched as its programmatic dependent (its blocks start while the split kernel drains);
+``split`` = split kernel + plain reduction launch. Both passed the same GPU tests on the H200;
+``pdl`` was faster in 22 of 24 decode rows (docs/results/h200-2026-11-29/ops/
+attention_decode.txt)."""
 DECODE_TILE_N = 64
+"""Keys per tile for head_dim 128 (16 KiB of K per load); head_dim 64 uses twice as many."""
+DECODE_SPLIT_WAVES = 1
+"""Target blocks per SM when choosing the number of key splits. With 16-byte aligned strides the
+decode kernels compile to warp-specialized TMA pipelines using ~150-220 KiB of shared memory, i.e.
+one resident block per SM: one wave of <= #SMs blocks avoids a serialized second wave."""
+DECODE_MIN_SPLIT_KEYS = 128
+"""Fewest keys a split gets (short caches use fewer, longer splits; 1 split = no combine)."""
+DECODE_MAX_SPLITS = 64
 _NUM_SMS: dict[int, int] = {}
+
+
+def default_decode_tile_n(head_dim: int) -> int:
+    """Keys per decode tile: the same 16 KiB K/V tile bytes at either head dim."""
+    return DECODE_TILE_N if head_dim > 64 else 2 * DECODE_TILE_N
 
 
 def _num_sms(device: torch.device) -> int:
@@ -387,17 +417,19 @@ def _num_sms(device: torch.device) -> int:
     return n
 
 
-DECODE_SPLIT_WAVES = 2
-
-
 def plan_splits(
-    batch_heads: int, kv_tiles: int, num_sms: int, min_tiles: int = 4, waves: int = 2
+    batch_heads: int,
+    kv_tiles: int,
+    num_sms: int,
+    min_tiles: int = 4,
+    waves: int = 2,
+    max_splits: int = DECODE_MAX_SPLITS,
 ) -> int:
     """How many key ranges to split over: ~``waves`` blocks per SM, >= ``min_tiles`` tiles each."""
     if kv_tiles <= 0:
         return 1
     want = max(1, (waves * num_sms) // max(1, batch_heads))
-    return max(1, min(want, kv_tiles // min_tiles))
+    return max(1, min(want, kv_tiles // max(1, min_tiles), max_splits))
 
 
 def _next_pow2(n: int) -> int:
@@ -432,14 +464,21 @@ def decode_attention(
     key_valid: torch.Tensor | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
-    tile_n: int = DECODE_TILE_N,
+    tile_n: int | None = None,
     split_waves: int = DECODE_SPLIT_WAVES,
+    min_split_keys: int = DECODE_MIN_SPLIT_KEYS,
+    mode: str | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence; returns ``[B, 1, Hq, D]``.
 
     The token sees keys ``[0, kv_end)`` (default all of ``k``), or ``[0, kv_lens[b])`` per
-    sequence, intersected with the sliding window and ``key_valid``.
+    sequence, intersected with the sliding window and ``key_valid``. ``mode`` picks the launch
+    scheme (see ``DECODE_MODES``); ``tile_n``, ``split_waves`` and ``min_split_keys`` the split
+    plan (``num_splits`` overrides it).
     """
+    mode = mode or DECODE_MODE
+    if mode not in DECODE_MODES:
+        raise AttentionInputError(f"decode mode {mode!r} not one of {DECODE_MODES}")
     b, hq, hkv = _check_common(q, k, v)
     if q.shape[2] != 1:
         raise AttentionInputError(f"decode takes one query token per sequence, got {q.shape[2]}")
@@ -450,6 +489,7 @@ def decode_attention(
         raise AttentionInputError(f"kv_end {kv_end} outside [0, {skv}]")
     if window is not None and window <= 0:
         raise AttentionInputError(f"sliding window must be positive, got {window}")
+    tile_n = tile_n or default_decode_tile_n(d)
     group = hq // hkv
     gp = max(8, _next_pow2(group))
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -468,10 +508,16 @@ def decode_attention(
     if window is not None:
         span = min(span, window + tile_n)
     tiles = ct.cdiv(span, tile_n)
-    min_tiles = max(1, 256 // tile_n)
-    splits = num_splits or plan_splits(
-        b * hkv, tiles, _num_sms(q.device), min_tiles=min_tiles, waves=split_waves
-    )
+    if num_splits:
+        splits = min(int(num_splits), DECODE_MAX_SPLITS)
+    else:
+        splits = plan_splits(
+            b * hkv,
+            tiles,
+            _num_sms(q.device),
+            min_tiles=max(1, ct.cdiv(min_split_keys, tile_n)),
+            waves=split_waves,
+        )
     tiles_per_split = max(1, ct.cdiv(tiles, splits))
     splits = max(1, ct.cdiv(tiles, tiles_per_split))
     if out is None:
@@ -481,17 +527,22 @@ def decode_attention(
     if single:
         o_part, lse_part = _placeholders(q.device)
     else:
-        o_part = torch.empty((b, hkv, group, splits, d), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((b, hkv, group, splits), dtype=torch.float32, device=q.device)
+        n_o = b * hkv * group * splits * d  # one allocation: partial outputs, then their lse
+        parts = torch.empty((n_o + b * hkv * group * splits,), dtype=torch.float32, device=q.device)
+        o_part = parts[:n_o].view(b, hkv, group, splits, d)
+        lse_part = parts[n_o:].view(b, hkv, group, splits)
     lens_arg = kv_lens
     if lens_arg is None:
         lens_arg = _dummy_lens.get(q.device)
         if lens_arg is None:
             lens_arg = torch.zeros((1,), dtype=torch.int32, device=q.device)
             _dummy_lens[q.device] = lens_arg
+    mask_arg = kv_arg if kv_arg is not None else _dummy_mask(q.device)
+    launch_stream = stream()
+    grid = (b * hkv, splits, 1)
     ct.launch(
-        stream(),
-        (b * hkv, splits, 1),
+        launch_stream,
+        grid,
         decode_attention_kernel,
         (
             qg,
@@ -500,7 +551,7 @@ def decode_attention(
             o_part,
             lse_part,
             out_g,
-            kv_arg if kv_arg is not None else _dummy_mask(q.device),
+            mask_arg,
             lens_arg,
             scale * LOG2E,
             kv_end,
@@ -516,8 +567,9 @@ def decode_attention(
         ),
     )
     if not single:
+        pdl = mode == "pdl"
         ct.launch(
-            stream(),
+            launch_stream,
             (b * hq, 1, 1),
             decode_reduce_kernel,
             (
@@ -526,7 +578,9 @@ def decode_attention(
                 out.view(b * hq, d),
                 d,
                 _next_pow2(splits),
+                pdl,
             ),
+            programmatic_dependent_launch=pdl,
         )
     return out
 
@@ -644,43 +698,31 @@ def prefill_signatures(head_dim: int, num_q_heads: int, group: int, dtype=ct.bfl
 
 
 def decode_signatures(head_dim: int, group: int, dtype=ct.bfloat16):
-    """Signatures of the split-KV decode kernel and its reduction at one head configuration."""
+    """Signatures of the decode kernels (split + reduction) at one head configuration."""
     from cuda.tile.compilation import ScalarConstraint
 
     gp = max(8, _next_pow2(group))
-    dec = []
-    for sliding, pad, lens, single in (
-        (False, False, False, True),
-        (False, False, False, False),
-        (False, True, False, False),
-        (True, True, False, False),
-        (False, False, True, False),
-    ):
-        dec.append(
-            _sig(
-                [
-                    array_constraint(dtype, 4),
-                    array_constraint(dtype, 4),
-                    array_constraint(dtype, 4),
-                    array_constraint(ct.float32, 5),
-                    array_constraint(ct.float32, 4),
-                    array_constraint(dtype, 4),
-                    array_constraint(ct.int8, 2),
-                    array_constraint(ct.int32, 1),
-                    ScalarConstraint(ct.float32),
-                    ScalarConstraint(ct.int32),
-                    ScalarConstraint(ct.int32),
-                    ScalarConstraint(ct.int32),
-                    head_dim,
-                    gp,
-                    DECODE_TILE_N,
-                    sliding,
-                    pad,
-                    lens,
-                    single,
-                ]
-            )
+    tile_n = default_decode_tile_n(head_dim)
+    flags = ((False, False, False), (False, True, False), (True, True, False), (False, False, True))
+    i32 = ScalarConstraint(ct.int32)
+    head = [
+        array_constraint(dtype, 4),
+        array_constraint(dtype, 4),
+        array_constraint(dtype, 4),
+        array_constraint(ct.float32, 5),
+        array_constraint(ct.float32, 4),
+        array_constraint(dtype, 4),
+    ]
+    masks = [array_constraint(ct.int8, 2), array_constraint(ct.int32, 1)]
+    dec = [
+        _sig(
+            head
+            + masks
+            + [ScalarConstraint(ct.float32), i32, i32, i32]
+            + [head_dim, gp, tile_n, sliding, pad, lens, single]
         )
+        for (sliding, pad, lens), single in [(flags[0], True)] + [(f, False) for f in flags]
+    ]
     red = [
         _sig(
             [
@@ -689,9 +731,11 @@ def decode_signatures(head_dim: int, group: int, dtype=ct.bfloat16):
                 array_constraint(dtype, 2),
                 head_dim,
                 nsp,
+                pdl,
             ]
         )
-        for nsp in (2, 4, 8, 16, 32)
+        for nsp in (2, 4, 8, 16, 32, 64)
+        for pdl in (False, True)
     ]
     return {decode_attention_kernel: dec, decode_reduce_kernel: red}
 
