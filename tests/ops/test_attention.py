@@ -358,11 +358,14 @@ def test_decode_modes_cache_views_per_sequence_lengths(model, mode, gen, poison_
         out = _poisoned_out(b, hq, d)
         got = decode_attention(q, k, v, kv_lens=lens, out=out, mode=mode, **plan)
         _check_decode(got, ref, out)
-    # kv_end over the same strided view (all sequences at one length)
+    # kv_end over the same strided view (all sequences at one length): the first 37 keys of
+    # every sequence must hold data for that (sequence 0 had only 1 valid key above)
+    kbuf[:, :, :37] = k_new[:, :, :37]
+    vbuf[:, :, :37] = v_new[:, :, :37]
     out = _poisoned_out(b, hq, d)
     got = decode_attention(q, kbuf[:, :, :37], vbuf[:, :, :37], out=out, mode=mode)
     ref = reference_attention(
-        q, k[:, :, :37], v[:, :, :37], reference_mask(b, 1, 37, device="cuda")
+        q, k_new[:, :, :37], v_new[:, :, :37], reference_mask(b, 1, 37, device="cuda")
     )
     _check_decode(got, ref, out)
 
