@@ -9,6 +9,7 @@ benchmarks on the same GPU at once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tilegym_bot.forge.local import LocalForge
@@ -50,6 +51,11 @@ def with_timed_runs(args: list[str], runs: int) -> list[str]:
     return [*out, "--timed-runs", str(runs)]
 
 
+def runs_dir(forge: LocalForge) -> Path:
+    """Where every benchmark of the local loop keeps its metrics and logs, one folder a run."""
+    return forge.root / "sandbox" / "runs"
+
+
 def bench_commit(
     forge: LocalForge,
     cfg: BenchConfig,
@@ -63,7 +69,7 @@ def bench_commit(
     args = ["--model-key", model_key, *cfg.bench_args]
     if runs:
         args = with_timed_runs(args, runs)
-    run_dir = forge.root / "sandbox" / "runs" / run_name
+    run_dir = runs_dir(forge) / run_name
     run_dir.mkdir(parents=True, exist_ok=True)
     with forge.worktree(sha) as tree:
         result = GpuLockedExecutor(LocalExecutor()).run(

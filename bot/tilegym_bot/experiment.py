@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tilegym_bot import ledger
-from tilegym_bot.bench import BenchConfig, bench_commit, timed_runs
+from tilegym_bot.bench import BenchConfig, bench_commit, runs_dir, timed_runs
 from tilegym_bot.errors import BotError
 from tilegym_bot.forge.local import MAIN, LocalForge, now_iso
 from tilegym_bot.ledger import LedgerError, LedgerRow
@@ -102,7 +102,13 @@ def _check_commit(forge: LocalForge, doc: Any, expected: str, path: Path, what: 
     commit = dig(doc, "commit")
     if not isinstance(commit, str) or commit == expected:
         return
-    if forge.tree_of(commit) != forge.tree_of(expected):
+    tree = forge.tree_of(commit)
+    if tree is None:
+        raise BotError(
+            f"{path}: metrics are of commit {commit[:8]}, which this repository does not have: "
+            f"benchmark {what} ({expected[:8]}) again; nothing was changed"
+        )
+    if tree != forge.tree_of(expected):
         raise BotError(
             f"{path}: metrics are of commit {commit[:8]} but {what} is {expected[:8]} "
             f"(a different tree): benchmark {what} again; nothing was changed"
@@ -297,11 +303,11 @@ def _measure_and_decide(
             found = None
             if reuse_base:
                 found = find_reusable(
-                    forge.root / "sandbox" / "runs",
+                    runs_dir(forge),
                     tree=forge.tree_of(plan.main_sha),
                     head=head,
                     tree_of=forge.tree_of,
-                    exclude=[forge.root / "sandbox" / "runs" / run_name(plan.head_sha, "head")],
+                    exclude=[runs_dir(forge) / run_name(plan.head_sha, "head")],
                 )
             if found is None:
                 base = measure(plan.main_sha, "base")
