@@ -29,7 +29,7 @@ import cuda.tile as ct
 import torch
 from cuda.tile import RoundingMode as RMd
 
-from tilegym.ops._common import stream
+from tilegym.ops._common import sm_count, stream, with_occupancy
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -157,17 +157,6 @@ def default_prefill_config(head_dim: int) -> PrefillConfig:
     return PrefillConfig(tile_m=64, tile_n=64, occupancy=2)
 
 
-_kernel_variants: dict[int, object] = {}
-
-
-def _prefill_kernel(occupancy: int):
-    kern = _kernel_variants.get(occupancy)
-    if kern is None:
-        kern = prefill_attention_kernel.replace_hints(occupancy=occupancy)
-        _kernel_variants[occupancy] = kern
-    return kern
-
-
 _dummy_masks: dict[torch.device, torch.Tensor] = {}
 
 
@@ -254,7 +243,7 @@ def prefill_attention(
     ct.launch(
         stream(),
         grid,
-        _prefill_kernel(cfg.occupancy),
+        with_occupancy(prefill_attention_kernel, cfg.occupancy, 1),
         (
             q,
             k,
@@ -400,21 +389,11 @@ one resident block per SM: one wave of <= #SMs blocks avoids a serialized second
 DECODE_MIN_SPLIT_KEYS = 128
 """Fewest keys a split gets (short caches use fewer, longer splits; 1 split = no combine)."""
 DECODE_MAX_SPLITS = 64
-_NUM_SMS: dict[int, int] = {}
 
 
 def default_decode_tile_n(head_dim: int) -> int:
     """Keys per decode tile: the same 16 KiB K/V tile bytes at either head dim."""
     return DECODE_TILE_N if head_dim > 64 else 2 * DECODE_TILE_N
-
-
-def _num_sms(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    n = _NUM_SMS.get(idx)
-    if n is None:
-        n = torch.cuda.get_device_properties(idx).multi_processor_count
-        _NUM_SMS[idx] = n
-    return n
 
 
 def plan_splits(
@@ -514,7 +493,7 @@ def decode_attention(
         splits = plan_splits(
             b * hkv,
             tiles,
-            _num_sms(q.device),
+            sm_count(q.device),
             min_tiles=max(1, ct.cdiv(min_split_keys, tile_n)),
             waves=split_waves,
         )
