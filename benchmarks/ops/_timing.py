@@ -9,11 +9,16 @@ then ``from _timing import time_cuda, interleaved, Stats``). The API is stable:
 - ``gbps(nbytes, stats)``, ``pct_of_copy(nbytes, stats)`` turn bytes moved into bandwidth.
 
 Every timed call is bracketed by its own pair of CUDA events; with ``flush_l2`` a buffer larger
-than the L2 cache is overwritten before each call (outside the events), so inputs come from HBM.
+than the L2 cache is touched before each call (outside the events), so inputs come from HBM.
+How it is touched is ``TILEGYM_BENCH_FLUSH``: ``write`` (default) overwrites it, which leaves
+the L2 full of dirty lines that the timed kernel then writes back as it reads its inputs (about
+doubling a small memory-bound kernel's traffic); ``read`` reads it, leaving clean lines, as a
+model's previous kernels mostly do.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +29,7 @@ H200_COPY_TBPS = 4.3
 """H200 device-to-device copy bandwidth in TB/s: the ceiling for memory-bound kernels."""
 
 _FLUSH_BYTES = 256 * 1024 * 1024  # well above any current L2 (H200: 60 MiB)
+FLUSH_MODES = ("write", "read")
 _flush_buf: torch.Tensor | None = None
 
 
@@ -42,11 +48,22 @@ class Stats:
         return 100.0 * (self.p90_us - self.p10_us) / self.median_us if self.median_us else 0.0
 
 
+def flush_mode() -> str:
+    """The L2 flush of this process (``TILEGYM_BENCH_FLUSH``, default ``write``)."""
+    mode = os.environ.get("TILEGYM_BENCH_FLUSH", "write")
+    if mode not in FLUSH_MODES:
+        raise ValueError(f"TILEGYM_BENCH_FLUSH={mode!r} must be one of {FLUSH_MODES}")
+    return mode
+
+
 def _flush() -> None:
     global _flush_buf
     if _flush_buf is None:
-        _flush_buf = torch.empty(_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    _flush_buf.zero_()
+        _flush_buf = torch.ones(_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    if flush_mode() == "read":
+        _flush_buf.max()
+    else:
+        _flush_buf.zero_()
 
 
 def _percentile(sorted_vals: list[float], q: float) -> float:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import format_table, interleaved  # noqa: E402
+from _timing import flush_mode, format_table, interleaved  # noqa: E402
 
 from tilegym.ops import gemm  # noqa: E402
 from tilegym.ops.gemm_configs import (  # noqa: E402
@@ -111,12 +111,17 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _cfg_list(c: TileConfig) -> list:
-    return [c.tm, c.tn, c.tk, c.split, c.latency, c.transpose_tile]
+    vals = [c.tm, c.tn, c.tk, c.split, c.latency, c.transpose_tile]
+    if c.ctas or c.occupancy:
+        return vals + [c.reduce, c.ctas, c.occupancy]
+    return vals + [c.reduce] if c.split > 1 else vals
 
 
 def _cfg_str(c: TileConfig) -> str:
     lat = f"L{c.latency}" if c.latency else ""
-    return f"{c.tm}x{c.tn}x{c.tk}/s{c.split}{lat}{'' if c.transpose_tile else 'o'}"
+    red = f"-{c.reduce}" if c.split > 1 else ""
+    hints = (f"c{c.ctas}" if c.ctas else "") + (f"O{c.occupancy}" if c.occupancy else "")
+    return f"{c.tm}x{c.tn}x{c.tk}/s{c.split}{red}{lat}{'' if c.transpose_tile else 'o'}{hints}"
 
 
 def work_items(models, tokens, sweep: bool):
@@ -134,7 +139,8 @@ def warmup(models, tokens, sweep: bool, shard: int, nshards: int) -> None:
     for _model, _proj, op, m, n, k, cfgs in work_items(models, tokens, sweep):
         for cfg in cfgs:
             c = cfg or choose_config(m, n, k, gated=op == "gated")
-            key = (op, c.tm, c.tn, c.tk, c.latency, c.transpose_tile, c.split > 1)
+            key = (op, c.tm, c.tn, c.tk, c.latency, c.transpose_tile, gemm.split_mode(c))
+            key += (c.ctas, c.occupancy)
             items.append((key, (op, m, n, k, cfg)))
     groups = sorted({g for g, _ in items})
     mine = {g for idx, g in enumerate(groups) if idx % nshards == shard}
@@ -279,12 +285,16 @@ def main(argv=None) -> int:
         warmup(models, tokens, a.sweep, i, n)
         return 0
     props = torch.cuda.get_device_properties(0)
-    print(f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}")
+    print(
+        f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
+        f"L2 flush: {flush_mode()}"
+    )
     print(format_table(HEADER, []).splitlines()[0], flush=True)
 
     def save(records, tuned):
         """Rewrite the JSON outputs after every row, so a cut-off run keeps what it measured."""
-        doc = {"gpu": props.name, "torch": torch.__version__, "rows": records, "tuned": tuned}
+        doc = {"gpu": props.name, "torch": torch.__version__, "flush": flush_mode()}
+        doc.update(rows=records, tuned=tuned)
         for path, obj in ((a.json_out, doc), (a.tuned_out, tuned)):
             if path:
                 with open(path + ".tmp", "w") as f:

@@ -6,10 +6,14 @@ weight packed once as `[gate; up]`, so the `[M, 2I]` intermediate never reaches 
 All accumulate in fp32. Weights stay in their `[N, K]` nn.Linear layout: the kernels read them
 K-major through a transposed tile load, so no per-call copy is made.
 
-Tile shapes come from `gemm_configs` (an H200-measured table). An experimental split-K path
-(explicit `TileConfig(split=...)` only, never chosen by the table; see `gemm_configs`) has each
-split store its fp32 partial tile into a workspace, and the last split of an output tile to
-arrive (per-tile atomic counter) sums the partials, applies the epilogue and resets the counter.
+Tile shapes come from `gemm_configs` (an H200-measured table). Split-K (`TileConfig.split`)
+gives each split a contiguous share of the K tiles and has it store its fp32 partial tile into
+a workspace; the partials are then summed and the epilogue applied either by the last split of
+an output tile to arrive (`reduce="cta"`: one launch, per-tile atomic counter, reset by that
+split) or by a reduction kernel launched as a programmatic dependent (`reduce="pdl"`).
+Partials are written and read without TMA: TMA is an asynchronous copy engine whose stores are
+not ordered by the counter's acquire/release atomic, which made the last-CTA sum read stale
+partials on the H200.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 _ZERO = ct.PaddingMode.ZERO
 _COUNTER_SLOTS = 1 << 16
+
+#: SPLIT_MODE of the GEMM kernels: no split, split with last-CTA sum, split writing partials only
+NO_SPLIT, SPLIT_CTA, SPLIT_PARTIAL = 0, 1, 2
 
 
 def _tile_coords(m, n, tm, tn, group_m):
@@ -68,9 +75,22 @@ def _load_wt(w, bn, k, tn, tk, latency, transpose_tile):
 def _sum_partials(ws, base, split, bm, bn, tm, tn):
     acc = ct.full((tm, tn), 0, dtype=ct.float32)
     for s in range(split):
-        part = ct.load(ws, index=(base + s, bm, bn), shape=(1, tm, tn), padding_mode=_ZERO)
+        part = ct.load(
+            ws, index=(base + s, bm, bn), shape=(1, tm, tn), padding_mode=_ZERO, allow_tma=False
+        )
         acc = acc + ct.reshape(part, (tm, tn))
     return acc
+
+
+def _k_share(k_tiles, split, s):
+    """[first, last) K tiles of split `s`: contiguous, near-equal shares."""
+    per = ct.cdiv(k_tiles, split)
+    first = s * per
+    return first, ct.minimum(first + per, k_tiles)
+
+
+def _store_partial(ws, index, acc, tm, tn):
+    ct.store(ws, index=index, tile=ct.reshape(acc, (1, tm, tn)), allow_tma=False)
 
 
 def _linear_epilogue(acc, b, r, y, bm, bn, tm, tn, has_bias, has_res):
@@ -99,27 +119,31 @@ def tilegym_linear_kernel(
     GROUP_M: ConstInt,
     LATENCY: ConstInt,
     TRANSPOSE_TILE: ConstBool,
-    SPLIT_K: ConstBool,
+    SPLIT_MODE: ConstInt,
     HAS_BIAS: ConstBool,
     HAS_RES: ConstBool,
 ):
     """Y[M, N] = X[M, K] @ W[N, K]^T (+ B[N]) (+ R[M, N]); grid (tiles, split).
 
-    SPLIT_K (compile-time) selects the split-K epilogue; `split` (runtime) is the split count.
+    SPLIT_MODE (compile-time): NO_SPLIT, SPLIT_CTA or SPLIT_PARTIAL; `split` (runtime) is the
+    split count.
     """
     m = X.shape[0]
     n = W.shape[0]
     bm, bn = _tile_coords(m, n, TM, TN, GROUP_M)
     s = ct.bid(1)
     k_tiles = ct.num_tiles(X, axis=1, shape=(TM, TK))
+    k_first, k_last = _k_share(k_tiles, split, s)
     acc = ct.full((TM, TN), 0, dtype=ct.float32)
-    for k in range(s, k_tiles, split):
+    for k in range(k_first, k_last):
         a = _load_x(X, bm, k, TM, TK, LATENCY)
         acc = ct.mma(a, _load_wt(W, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE), acc)
-    if not SPLIT_K:
+    if SPLIT_MODE == NO_SPLIT:
         _linear_epilogue(acc, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
+    elif SPLIT_MODE == SPLIT_PARTIAL:
+        _store_partial(WS, (s, bm, bn), acc, TM, TN)
     else:
-        ct.store(WS, index=(s, bm, bn), tile=ct.reshape(acc, (1, TM, TN)))
+        _store_partial(WS, (s, bm, bn), acc, TM, TN)
         tile_id = bm * ct.cdiv(n, TN) + bn
         arrived = ct.atomic_add(CNT, tile_id, 1)
         if arrived == split - 1:
@@ -148,7 +172,7 @@ def tilegym_gate_up_silu_kernel(
     GROUP_M: ConstInt,
     LATENCY: ConstInt,
     TRANSPOSE_TILE: ConstBool,
-    SPLIT_K: ConstBool,
+    SPLIT_MODE: ConstInt,
 ):
     """Y[M, I] = silu(X @ WG^T) * (X @ WU^T); WS holds gate partials at [0, split), up after."""
     m = X.shape[0]
@@ -156,17 +180,21 @@ def tilegym_gate_up_silu_kernel(
     bm, bn = _tile_coords(m, n, TM, TN, GROUP_M)
     s = ct.bid(1)
     k_tiles = ct.num_tiles(X, axis=1, shape=(TM, TK))
+    k_first, k_last = _k_share(k_tiles, split, s)
     gate = ct.full((TM, TN), 0, dtype=ct.float32)
     up = ct.full((TM, TN), 0, dtype=ct.float32)
-    for k in range(s, k_tiles, split):
+    for k in range(k_first, k_last):
         a = _load_x(X, bm, k, TM, TK, LATENCY)
         gate = ct.mma(a, _load_wt(WG, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE), gate)
         up = ct.mma(a, _load_wt(WU, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE), up)
-    if not SPLIT_K:
+    if SPLIT_MODE == NO_SPLIT:
         _silu_mul_store(gate, up, Y, bm, bn)
+    elif SPLIT_MODE == SPLIT_PARTIAL:
+        _store_partial(WS, (s, bm, bn), gate, TM, TN)
+        _store_partial(WS, (split + s, bm, bn), up, TM, TN)
     else:
-        ct.store(WS, index=(s, bm, bn), tile=ct.reshape(gate, (1, TM, TN)))
-        ct.store(WS, index=(split + s, bm, bn), tile=ct.reshape(up, (1, TM, TN)))
+        _store_partial(WS, (s, bm, bn), gate, TM, TN)
+        _store_partial(WS, (split + s, bm, bn), up, TM, TN)
         tile_id = bm * ct.cdiv(n, TN) + bn
         arrived = ct.atomic_add(CNT, tile_id, 1)
         if arrived == split - 1:
@@ -174,6 +202,38 @@ def tilegym_gate_up_silu_kernel(
             up_sum = _sum_partials(WS, split, split, bm, bn, TM, TN)
             _silu_mul_store(gate_sum, up_sum, Y, bm, bn)
             ct.atomic_xchg(CNT, tile_id, 0)
+
+
+@ct.kernel
+def tilegym_splitk_reduce_kernel(
+    WS,
+    B,
+    R,
+    Y,
+    split: int,
+    TM: ConstInt,
+    TN: ConstInt,
+    HAS_BIAS: ConstBool,
+    HAS_RES: ConstBool,
+    GATED: ConstBool,
+):
+    """Sum the split-K partials of one output tile and apply the epilogue; grid (tiles,).
+
+    Launched as a programmatic dependent of the split kernel: its blocks wait here until the
+    split kernel's partials are visible.
+    """
+    n = Y.shape[1]
+    num_n = ct.cdiv(n, TN)
+    bm = ct.bid(0) // num_n
+    bn = ct.bid(0) % num_n
+    ct.grid_dependency_control_wait()
+    if GATED:
+        gate = _sum_partials(WS, 0, split, bm, bn, TM, TN)
+        up = _sum_partials(WS, split, split, bm, bn, TM, TN)
+        _silu_mul_store(gate, up, Y, bm, bn)
+    else:
+        total = _sum_partials(WS, 0, split, bm, bn, TM, TN)
+        _linear_epilogue(total, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
 
 
 class _DeviceBuffers:
@@ -242,24 +302,76 @@ def _check(x: torch.Tensor, weight: torch.Tensor, k: int) -> None:
         raise ValueError("weight must be contiguous along K")
 
 
-def _split_buffers(cfg: TileConfig, m: int, n: int, parts: int, device: torch.device):
-    """Workspace view [parts*split, M, N] and counters, or placeholders when split == 1."""
+_HINTED: dict = {}
+
+
+def hinted(kernel, cfg: TileConfig, blocks: int):
+    """`kernel` compiled with the config's cluster/occupancy hints (cached per hint pair).
+
+    A cluster needs a block count divisible by its size, so an uneven grid gets the plain
+    kernel (same result, only the hint differs)."""
+    ctas = cfg.ctas if cfg.ctas > 1 and blocks % cfg.ctas == 0 else 0
+    if not (ctas or cfg.occupancy):
+        return kernel
+    key = (id(kernel), ctas, cfg.occupancy)
+    if key not in _HINTED:
+        _HINTED[key] = kernel.replace_hints(num_ctas=ctas or None, occupancy=cfg.occupancy or None)
+    return _HINTED[key]
+
+
+def split_mode(cfg: TileConfig) -> int:
+    """The kernels' SPLIT_MODE constant for a configuration."""
+    if cfg.split == 1:
+        return NO_SPLIT
+    return SPLIT_CTA if cfg.reduce == "cta" else SPLIT_PARTIAL
+
+
+def _split_args(cfg: TileConfig, m: int, n: int, parts: int, device: torch.device):
+    """(split, SPLIT_MODE, workspace [parts*split, M, N], counters) for one launch.
+
+    An unsplit launch gets one-element placeholders; so does a "cta" split whose output has
+    more tiles than there are counters (it runs unsplit)."""
     cnt = _BUFFERS.counters(device)
     tiles = math.ceil(m / cfg.tm) * math.ceil(n / cfg.tn)
-    if cfg.split == 1 or tiles > cnt.numel():
-        return None, cnt
-    ws = _BUFFERS.workspace(device, parts * cfg.split * m * n)
-    return ws[: parts * cfg.split * m * n].view(parts * cfg.split, m, n), cnt
+    mode = split_mode(cfg)
+    if mode == NO_SPLIT or (mode == SPLIT_CTA and tiles > cnt.numel()):
+        return 1, NO_SPLIT, _BUFFERS.workspace(device, 1).view(-1)[:1].view(1, 1, 1), cnt
+    numel = parts * cfg.split * m * n
+    ws = _BUFFERS.workspace(device, numel)[:numel].view(parts * cfg.split, m, n)
+    return cfg.split, mode, ws, cnt
+
+
+def _launch_reduce(cfg, ws, split, bias, residual2, out2, gated: bool) -> None:
+    """The dependent reduction of a `reduce="pdl"` split: one block per output tile."""
+    m, n = out2.shape
+    dummy_b, dummy_r = _BUFFERS.dummies(out2.device, out2.dtype)
+    args = (
+        ws,
+        bias if bias is not None else dummy_b,
+        residual2 if residual2 is not None else dummy_r,
+        out2,
+        split,
+        cfg.tm,
+        cfg.tn,
+        bias is not None,
+        residual2 is not None,
+        gated,
+    )
+    grid = (math.ceil(m / cfg.tm) * math.ceil(n / cfg.tn), 1, 1)
+    ct.launch(
+        stream(out2.device),
+        grid,
+        tilegym_splitk_reduce_kernel,
+        args,
+        programmatic_dependent_launch=True,
+    )
 
 
 def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
     m, _ = x2.shape
     n = weight.shape[0]
     device = x2.device
-    ws, cnt = _split_buffers(cfg, m, n, 1, device)
-    split = cfg.split if ws is not None else 1
-    if ws is None:
-        ws = _BUFFERS.workspace(device, 1).view(-1)[:1].view(1, 1, 1)
+    split, mode, ws, cnt = _split_args(cfg, m, n, 1, device)
     dummy_b, dummy_r = _BUFFERS.dummies(device, x2.dtype)
     grid = (math.ceil(m / cfg.tm) * math.ceil(n / cfg.tn), split, 1)
     args = (
@@ -277,11 +389,13 @@ def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
         cfg.group_m,
         cfg.latency,
         cfg.transpose_tile,
-        split > 1,
+        mode,
         bias is not None,
         residual2 is not None,
     )
-    ct.launch(stream(device), grid, tilegym_linear_kernel, args)
+    ct.launch(stream(device), grid, hinted(tilegym_linear_kernel, cfg, grid[0]), args)
+    if mode == SPLIT_PARTIAL:
+        _launch_reduce(cfg, ws, split, bias, residual2, out2, gated=False)
 
 
 def linear(
@@ -357,16 +471,14 @@ def fused_gate_up_silu(
         return out
     cfg = config or choose_config(m, i, k, gated=True)
     device = x.device
-    ws, cnt = _split_buffers(cfg, m, i, 2, device)
-    split = cfg.split if ws is not None else 1
-    if ws is None:
-        ws = _BUFFERS.workspace(device, 1).view(-1)[:1].view(1, 1, 1)
+    split, mode, ws, cnt = _split_args(cfg, m, i, 2, device)
     grid = (math.ceil(m / cfg.tm) * math.ceil(i / cfg.tn), split, 1)
+    out2 = out.view(m, i)
     args = (
         x2,
         gate_up_weight[:i],
         gate_up_weight[i:],
-        out.view(m, i),
+        out2,
         ws,
         cnt,
         split,
@@ -376,21 +488,29 @@ def fused_gate_up_silu(
         cfg.group_m,
         cfg.latency,
         cfg.transpose_tile,
-        split > 1,
+        mode,
     )
-    ct.launch(stream(device), grid, tilegym_gate_up_silu_kernel, args)
+    kernel = hinted(tilegym_gate_up_silu_kernel, cfg, grid[0])
+    ct.launch(stream(device), grid, kernel, args)
+    if mode == SPLIT_PARTIAL:
+        _launch_reduce(cfg, ws, split, None, None, out2, gated=True)
     return out
 
 
 def _aot_cases(ops: tuple[str, ...]) -> list[tuple[str, TileConfig, bool]]:
-    """(op, tiles, has_bias) the AOT gate compiles: per op the decode (split-K) and the prefill
-    tile shapes, kept few because one compile takes seconds."""
+    """(op, tiles, has_bias) the AOT gate compiles: per op the decode and the prefill tile
+    shapes of the table, plus both split-K reductions; kept few because a compile takes
+    seconds."""
     cases = []
     for op in ops:
         gated = op == "gated"
         decode = choose_config(1, 4096, 4096, gated=gated)
         large = choose_config(4096, 4096, 4096, gated=gated)
         cases += [(op, decode, False), (op, large, op == "linear")]
+        for reduce in ("cta", "pdl"):
+            split = TileConfig(16, 64, 128, split=4, reduce=reduce)
+            if split != decode:
+                cases.append((op, split, False))
     return cases
 
 
@@ -420,17 +540,33 @@ def aot_signatures(
     for torch_dt in dtypes:
         dt = ct_dtypes[torch_dt]
         for op, cfg, has_bias in _aot_cases(ops):
+            mode = split_mode(cfg)
             consts = [split, cfg.tm, cfg.tn, cfg.tk, cfg.group_m]
-            consts += [cfg.latency, cfg.transpose_tile, cfg.split > 1]
+            consts += [cfg.latency, cfg.transpose_tile, mode]
             work = [arr(ct.float32, 3), arr(ct.int32, 1)]
-            if op == "gated":
+            has_res, gated = op == "residual", op == "gated"
+            if gated:
                 params = [arr(dt, 2), arr(dt, 2, "w"), arr(dt, 2, "w"), arr(dt, 2), *work]
                 kernel, tail = tilegym_gate_up_silu_kernel, []
             else:
                 params = [arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 2), *work]
-                kernel, tail = tilegym_linear_kernel, [has_bias, op == "residual"]
+                kernel, tail = tilegym_linear_kernel, [has_bias, has_res]
+            kernel = hinted(kernel, cfg, max(cfg.ctas, 1))
             sigs.setdefault(kernel, []).append(KernelSignature([*params, *consts, *tail], cconv))
+            if mode == SPLIT_PARTIAL:
+                params = [arr(ct.float32, 3), arr(dt, 1), arr(dt, 2), arr(dt, 2), split]
+                flags = [cfg.tm, cfg.tn, has_bias, has_res, gated]
+                sigs.setdefault(tilegym_splitk_reduce_kernel, []).append(
+                    KernelSignature([*params, *flags], cconv)
+                )
     return sigs
 
 
-__all__ = ["TileConfig", "aot_signatures", "fused_gate_up_silu", "linear", "linear_residual"]
+__all__ = [
+    "TileConfig",
+    "aot_signatures",
+    "fused_gate_up_silu",
+    "linear",
+    "linear_residual",
+    "split_mode",
+]

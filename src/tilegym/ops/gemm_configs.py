@@ -5,11 +5,10 @@ by `benchmarks/ops/bench_gemm.py --sweep` for the projection shapes of the suppo
 (keyed by M bucket, N, K and whether the gate-up-SiLU epilogue is fused), with the tiles that
 won most often there for every other shape.
 
-Split-K is never chosen automatically. In the H200 sweep no split-K config beat the best
-unsplit one at any decode shape of qwen3/llama (M = 1..16), and some split-K configs (tn=128
-with tk=256, or tn=128 in the fused gate-up kernel) returned wrong results there: the
-last-CTA reduction through the workspace is not reliably ordered for every tile shape. The
-kernels keep the split-K path for explicit `TileConfig(split=...)` experiments only.
+Decode shapes (M <= 16) have few output tiles (N / tn), often fewer than the GPU's 132 SMs,
+so the sweep's decode candidates include narrow tiles (tn = 16, 32) and split-K with both
+reductions (`reduce`: "cta" = last split of a tile sums in the same launch, "pdl" = dependent
+reduction kernel); the table keeps whichever measured fastest with a correct result.
 """
 
 from __future__ import annotations
@@ -23,14 +22,14 @@ from pathlib import Path
 DECODE_MAX_M = 16
 SMALL_MAX_M = 128
 MAX_SPLIT = 16
+SPLIT_REDUCTIONS = ("cta", "pdl")
+#: SMs of the H200 the table is tuned for: split-K aims to put about one block on each
+TARGET_SMS = 132
 
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Tile sizes (compile-time), load variant and split-K factor for one GEMM launch.
-
-    `split > 1` is experimental (see the module docstring); the table and defaults use 1.
-    """
+    """Tile sizes (compile-time), load variant, split-K factor and reduction of one launch."""
 
     tm: int
     tn: int
@@ -39,6 +38,9 @@ class TileConfig:
     group_m: int = 8
     latency: int = 0  # ct.load latency hint 1..10; 0 lets the compiler infer it
     transpose_tile: bool = True  # W tile loaded K-contiguous then transposed (else order view)
+    reduce: str = "cta"  # how split-K partials are summed (SPLIT_REDUCTIONS); unused at split 1
+    ctas: int = 0  # CTAs per cluster (num_ctas hint; 0 = the compiler's choice)
+    occupancy: int = 0  # blocks per SM hint (0 = the compiler's choice)
 
     def __post_init__(self) -> None:
         for name in ("tm", "tn", "tk"):
@@ -49,6 +51,10 @@ class TileConfig:
             raise ValueError(f"split={self.split} must be in [1, {MAX_SPLIT}]")
         if not 0 <= self.latency <= 10:
             raise ValueError(f"latency={self.latency} must be in [0, 10]")
+        if self.ctas not in (0, 1, 2, 4) or not 0 <= self.occupancy <= 4:
+            raise ValueError(f"ctas={self.ctas} / occupancy={self.occupancy} out of range")
+        if self.reduce not in SPLIT_REDUCTIONS:
+            raise ValueError(f"reduce={self.reduce!r} must be one of {SPLIT_REDUCTIONS}")
 
 
 def m_bucket(m: int) -> str:
@@ -80,7 +86,8 @@ TILE_TABLE = Path(
 
 
 def parse_table(doc: dict) -> dict[tuple[str, int, int, bool], TileConfig]:
-    """`{"bucket|N|K|gated": [tm, tn, tk, split, latency, transpose_tile]}` -> {key: cfg}."""
+    """`{"bucket|N|K|gated": [tm, tn, tk, split, latency, transpose_tile(, reduce, ctas,
+    occupancy)]}` -> {key: cfg}."""
     table = {}
     for key, vals in doc.items():
         bucket, n, k, gated = key.split("|")
@@ -110,25 +117,50 @@ def choose_config(m: int, n: int, k: int, *, gated: bool = False) -> TileConfig:
     return TUNED.get((bucket, n, k, gated)) or default_config(bucket, gated)
 
 
+def split_factors(n: int, k: int, tn: int, tk: int) -> list[int]:
+    """Split-K factors worth trying for a decode shape: enough splits that the output tiles
+    times the splits cover about one wave of TARGET_SMS blocks (and twice that), capped so
+    each split keeps at least two K tiles; none when the tiles alone fill the GPU."""
+    tiles = -(-n // tn)
+    k_tiles = -(-k // tk)
+    top = min(MAX_SPLIT, k_tiles // 2)
+    if tiles >= TARGET_SMS or top < 2:
+        return []
+    wanted = {-(-TARGET_SMS // tiles), -(-2 * TARGET_SMS // tiles)}
+    return sorted({min(s, top) for s in wanted})
+
+
 def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[TileConfig]:
     """Configurations the benchmark's sweep tries for one shape (the current choice first)."""
     bucket = m_bucket(m)
-    latencies = (0,)
+    out = [choose_config(m, n, k, gated=gated)]
+
+    def add(cfg: TileConfig) -> None:
+        if cfg not in out:
+            out.append(cfg)
+
     if bucket == "decode":
-        shapes = [(16, 64, 128), (16, 64, 256), (16, 128, 128), (16, 128, 256)]
-        latencies = (0, 10)
-    elif bucket == "small":
+        shapes = [(16, 16, 256), (16, 16, 512), (16, 32, 256), (16, 64, 128), (16, 64, 256)]
+        shapes += [(16, 128, 128), (16, 128, 256)]
+        for tm, tn, tk in shapes:
+            for trans in (True, False):
+                add(TileConfig(tm, tn, tk, transpose_tile=trans))
+            for split in split_factors(n, k, tn, tk):
+                for reduce in SPLIT_REDUCTIONS:
+                    add(TileConfig(tm, tn, tk, split=split, reduce=reduce))
+        return out
+    if bucket == "small":
         shapes = [(64, 64, 64), (64, 128, 64), (128, 128, 64)]
     else:
         shapes = [(128, 256, 64), (128, 128, 64), (256, 128, 64), (128, 128, 128)]
         shapes += [(128, 64, 64), (64, 128, 64)]
         if gated:
             shapes = [(128, 128, 64), (128, 64, 64), (64, 128, 64), (128, 64, 128), (64, 64, 64)]
-    out = [choose_config(m, n, k, gated=gated)]
     for tm, tn, tk in shapes:
-        variants = [(lat, True) for lat in latencies] + [(0, False)]
-        for lat, trans in variants:
-            cfg = TileConfig(tm, tn, tk, latency=lat, transpose_tile=trans)
-            if cfg not in out:
-                out.append(cfg)
+        for trans in (True, False):
+            add(TileConfig(tm, tn, tk, transpose_tile=trans))
+    if bucket == "large":
+        for tm, tn, tk in shapes[:3]:
+            for ctas, occ in ((2, 0), (0, 1), (2, 1)):
+                add(TileConfig(tm, tn, tk, ctas=ctas, occupancy=occ))
     return out
