@@ -511,6 +511,7 @@ def _aot_cases(ops: tuple[str, ...]) -> list[tuple[str, TileConfig, bool]]:
             split = TileConfig(16, 64, 128, split=4, reduce=reduce)
             if split != decode:
                 cases.append((op, split, False))
+        cases.append((op, TileConfig(128, 64 if gated else 128, 64, occupancy=1), False))
     return cases
 
 

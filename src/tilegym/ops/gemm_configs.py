@@ -71,7 +71,7 @@ def m_bucket(m: int) -> str:
 def default_config(bucket: str, gated: bool) -> TileConfig:
     """The tiles that won most rows of the H200 sweep, for shapes outside the table."""
     if bucket == "decode":
-        return TileConfig(16, 64, 128, transpose_tile=not gated)
+        return TileConfig(16, 32, 256, transpose_tile=not gated)
     if bucket == "small":
         return TileConfig(64, 64 if gated else 128, 64)
     if gated:
