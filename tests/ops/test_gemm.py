@@ -246,11 +246,16 @@ def test_aot_signatures_compile_for_sm90():
     from tilegym.ops import gemm
 
     sigs = gemm.aot_signatures()
-    assert set(sigs) == {
+    base = {
         gemm.tilegym_linear_kernel,
         gemm.tilegym_gate_up_silu_kernel,
         gemm.tilegym_splitk_reduce_kernel,
     }
+    occ1 = {  # the occupancy-hinted variants the table launches at prefill
+        gemm.hinted(gemm.tilegym_linear_kernel, TileConfig(128, 128, 64, occupancy=1), 1),
+        gemm.hinted(gemm.tilegym_gate_up_silu_kernel, TileConfig(128, 64, 64, occupancy=1), 1),
+    }
+    assert set(sigs) == base | occ1
     assert all(sigs.values())
     buf = io.BytesIO()
     export_kernel(
