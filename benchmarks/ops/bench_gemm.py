@@ -112,6 +112,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _cfg_list(c: TileConfig) -> list:
     vals = [c.tm, c.tn, c.tk, c.split, c.latency, c.transpose_tile]
+    if c.persistent:
+        return vals + [c.reduce, c.ctas, c.occupancy, True]
     if c.ctas or c.occupancy:
         return vals + [c.reduce, c.ctas, c.occupancy]
     return vals + [c.reduce] if c.split > 1 else vals
@@ -121,6 +123,7 @@ def _cfg_str(c: TileConfig) -> str:
     lat = f"L{c.latency}" if c.latency else ""
     red = f"-{c.reduce}" if c.split > 1 else ""
     hints = (f"c{c.ctas}" if c.ctas else "") + (f"O{c.occupancy}" if c.occupancy else "")
+    hints += "P" if c.persistent else ""
     return f"{c.tm}x{c.tn}x{c.tk}/s{c.split}{red}{lat}{'' if c.transpose_tile else 'o'}{hints}"
 
 
@@ -140,7 +143,7 @@ def warmup(models, tokens, sweep: bool, shard: int, nshards: int) -> None:
         for cfg in cfgs:
             c = cfg or choose_config(m, n, k, gated=op == "gated")
             key = (op, c.tm, c.tn, c.tk, c.latency, c.transpose_tile, gemm.split_mode(c))
-            key += (c.ctas, c.occupancy)
+            key += (c.ctas, c.occupancy, c.persistent)
             items.append((key, (op, m, n, k, cfg)))
     groups = sorted({g for g, _ in items})
     mine = {g for idx, g in enumerate(groups) if idx % nshards == shard}

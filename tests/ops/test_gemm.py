@@ -137,6 +137,18 @@ def test_split_k_repeated_model_shapes(op, n, k, cfg, reduce, gen):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", ["linear", "residual"])
+@pytest.mark.parametrize("occupancy", [1, 2])
+def test_persistent_odd_and_model_shapes(op, occupancy, gen):
+    """The persistent kernel: fewer blocks than tiles (odd M/N/K), and a qwen3 prefill shape."""
+    cfg = TileConfig(128, 128, 64, occupancy=occupancy, persistent=True)
+    for m, n, k in ((2049, 1000, 1000), (300, 4096, 1024), (2048, 3072, 1024)):
+        _run_case(op, m, n, k, gen, config=cfg, bias=op == "linear")
+    with pytest.raises(ValueError, match="persistent"):
+        _run_case("gated", 64, 256, 256, gen, config=cfg)
+
+
+@pytest.mark.gpu
 def test_fp16_and_batched_input(gen):
     _run_case("linear", 5, 1024, 2048, gen, dtype=torch.float16, lead=(2,))
     _run_case("gated", 33, 512, 1024, gen, lead=(3,))
@@ -224,6 +236,8 @@ def test_hints_compile_variants_and_uneven_grids_fall_back():
     assert two is not plain and two is gemm.hinted(plain, TileConfig(16, 16, 16, ctas=2), 2)
     with pytest.raises(ValueError, match="ctas"):
         TileConfig(128, 128, 64, ctas=3)
+    with pytest.raises(ValueError, match="persistent"):
+        TileConfig(16, 64, 64, split=2, persistent=True)
     table = gemm_configs.parse_table(
         {"large|1024|1024|False": [128, 256, 64, 1, 0, True, "cta", 2, 1]}
     )
@@ -254,6 +268,7 @@ def test_aot_signatures_compile_for_sm90():
     occ1 = {  # the occupancy-hinted variants the table launches at prefill
         gemm.hinted(gemm.tilegym_linear_kernel, TileConfig(128, 128, 64, occupancy=1), 1),
         gemm.hinted(gemm.tilegym_gate_up_silu_kernel, TileConfig(128, 64, 64, occupancy=1), 1),
+        gemm.hinted(gemm.tilegym_linear_persistent_kernel, TileConfig(16, 16, 16, occupancy=1), 1),
     }
     assert set(sigs) == base | occ1
     assert all(sigs.values())

@@ -23,7 +23,7 @@ import math
 import cuda.tile as ct
 import torch
 
-from tilegym.ops._common import stream
+from tilegym.ops._common import sm_count, stream
 from tilegym.ops.gemm_configs import TileConfig, choose_config
 
 ConstInt = ct.Constant[int]
@@ -35,9 +35,11 @@ _COUNTER_SLOTS = 1 << 16
 NO_SPLIT, SPLIT_CTA, SPLIT_PARTIAL = 0, 1, 2
 
 
-def _tile_coords(m, n, tm, tn, group_m):
-    """Grouped (swizzled) output-tile coordinates of this CTA, for L2 reuse of W tiles."""
-    bid = ct.bid(0)
+def _tile_coords(m, n, tm, tn, group_m, bid=None):
+    """Grouped (swizzled) coordinates of output tile `bid` (default: this CTA's), so that
+    neighbouring tiles reuse W tiles from L2."""
+    if bid is None:
+        bid = ct.bid(0)
     num_m = ct.cdiv(m, tm)
     num_n = ct.cdiv(n, tn)
     per_group = group_m * num_n
@@ -150,6 +152,38 @@ def tilegym_linear_kernel(
             total = _sum_partials(WS, 0, split, bm, bn, TM, TN)
             _linear_epilogue(total, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
             ct.atomic_xchg(CNT, tile_id, 0)
+
+
+@ct.kernel
+def tilegym_linear_persistent_kernel(
+    X,
+    W,
+    B,
+    R,
+    Y,
+    TM: ConstInt,
+    TN: ConstInt,
+    TK: ConstInt,
+    GROUP_M: ConstInt,
+    LATENCY: ConstInt,
+    TRANSPOSE_TILE: ConstBool,
+    HAS_BIAS: ConstBool,
+    HAS_RES: ConstBool,
+):
+    """`tilegym_linear_kernel` unsplit, with each block looping over output tiles (grid of
+    about one wave): a tile's epilogue store can overlap the next tile's first loads, which
+    matters when the output is large next to K (lm_head, packed projections at prefill)."""
+    m = X.shape[0]
+    n = W.shape[0]
+    tiles = ct.cdiv(m, TM) * ct.cdiv(n, TN)
+    k_tiles = ct.num_tiles(X, axis=1, shape=(TM, TK))
+    for t in range(ct.bid(0), tiles, ct.num_blocks(0)):
+        bm, bn = _tile_coords(m, n, TM, TN, GROUP_M, t)
+        acc = ct.full((TM, TN), 0, dtype=ct.float32)
+        for k in range(k_tiles):
+            a = _load_x(X, bm, k, TM, TK, LATENCY)
+            acc = ct.mma(a, _load_wt(W, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE), acc)
+        _linear_epilogue(acc, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
 
 
 def _silu_mul_store(gate, up, y, bm, bn):
@@ -367,7 +401,35 @@ def _launch_reduce(cfg, ws, split, bias, residual2, out2, gated: bool) -> None:
     )
 
 
+def _launch_persistent(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
+    m, _ = x2.shape
+    n = weight.shape[0]
+    tiles = math.ceil(m / cfg.tm) * math.ceil(n / cfg.tn)
+    blocks = min(tiles, sm_count(x2.device) * max(cfg.occupancy, 1))
+    dummy_b, dummy_r = _BUFFERS.dummies(x2.device, x2.dtype)
+    args = (
+        x2,
+        weight,
+        bias if bias is not None else dummy_b,
+        residual2 if residual2 is not None else dummy_r,
+        out2,
+        cfg.tm,
+        cfg.tn,
+        cfg.tk,
+        cfg.group_m,
+        cfg.latency,
+        cfg.transpose_tile,
+        bias is not None,
+        residual2 is not None,
+    )
+    kernel = hinted(tilegym_linear_persistent_kernel, cfg, blocks)
+    ct.launch(stream(x2.device), (blocks, 1, 1), kernel, args)
+
+
 def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
+    if cfg.persistent and cfg.split == 1:
+        _launch_persistent(x2, weight, bias, residual2, out2, cfg)
+        return
     m, _ = x2.shape
     n = weight.shape[0]
     device = x2.device
@@ -470,6 +532,8 @@ def fused_gate_up_silu(
     if m == 0:
         return out
     cfg = config or choose_config(m, i, k, gated=True)
+    if cfg.persistent:
+        raise ValueError("the fused gate-up kernel has no persistent variant")
     device = x.device
     split, mode, ws, cnt = _split_args(cfg, m, i, 2, device)
     grid = (math.ceil(m / cfg.tm) * math.ceil(i / cfg.tn), split, 1)
@@ -512,6 +576,8 @@ def _aot_cases(ops: tuple[str, ...]) -> list[tuple[str, TileConfig, bool]]:
             if split != decode:
                 cases.append((op, split, False))
         cases.append((op, TileConfig(128, 64 if gated else 128, 64, occupancy=1), False))
+        if not gated:
+            cases.append((op, TileConfig(128, 128, 64, occupancy=1, persistent=True), False))
     return cases
 
 
@@ -546,6 +612,13 @@ def aot_signatures(
             consts += [cfg.latency, cfg.transpose_tile, mode]
             work = [arr(ct.float32, 3), arr(ct.int32, 1)]
             has_res, gated = op == "residual", op == "gated"
+            if cfg.persistent:
+                params = [arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 2)]
+                consts = [cfg.tm, cfg.tn, cfg.tk, cfg.group_m, cfg.latency, cfg.transpose_tile]
+                kernel = hinted(tilegym_linear_persistent_kernel, cfg, 1)
+                sig = KernelSignature([*params, *consts, has_bias, has_res], cconv)
+                sigs.setdefault(kernel, []).append(sig)
+                continue
             if gated:
                 params = [arr(dt, 2), arr(dt, 2, "w"), arr(dt, 2, "w"), arr(dt, 2), *work]
                 kernel, tail = tilegym_gate_up_silu_kernel, []

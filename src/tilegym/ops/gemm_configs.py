@@ -41,6 +41,7 @@ class TileConfig:
     reduce: str = "cta"  # how split-K partials are summed (SPLIT_REDUCTIONS); unused at split 1
     ctas: int = 0  # CTAs per cluster (num_ctas hint; 0 = the compiler's choice)
     occupancy: int = 0  # blocks per SM hint (0 = the compiler's choice)
+    persistent: bool = False  # linear/residual only: one wave of blocks looping over tiles
 
     def __post_init__(self) -> None:
         for name in ("tm", "tn", "tk"):
@@ -53,6 +54,8 @@ class TileConfig:
             raise ValueError(f"latency={self.latency} must be in [0, 10]")
         if self.ctas not in (0, 1, 2, 4) or not 0 <= self.occupancy <= 4:
             raise ValueError(f"ctas={self.ctas} / occupancy={self.occupancy} out of range")
+        if self.persistent and self.split > 1:
+            raise ValueError("a persistent config cannot split K")
         if self.reduce not in SPLIT_REDUCTIONS:
             raise ValueError(f"reduce={self.reduce!r} must be one of {SPLIT_REDUCTIONS}")
 
@@ -87,7 +90,7 @@ TILE_TABLE = Path(
 
 def parse_table(doc: dict) -> dict[tuple[str, int, int, bool], TileConfig]:
     """`{"bucket|N|K|gated": [tm, tn, tk, split, latency, transpose_tile(, reduce, ctas,
-    occupancy)]}` -> {key: cfg}."""
+    occupancy, persistent)]}` -> {key: cfg}."""
     table = {}
     for key, vals in doc.items():
         bucket, n, k, gated = key.split("|")
@@ -163,4 +166,8 @@ def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[Ti
         for tm, tn, tk in shapes[:3]:
             for ctas, occ in ((2, 0), (0, 1), (2, 1)):
                 add(TileConfig(tm, tn, tk, ctas=ctas, occupancy=occ))
+        if not gated:
+            for tm, tn, tk in shapes[:3]:
+                for occ in (1, 2):
+                    add(TileConfig(tm, tn, tk, occupancy=occ, persistent=True))
     return out
