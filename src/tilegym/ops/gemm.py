@@ -562,22 +562,23 @@ def fused_gate_up_silu(
 
 
 def _aot_cases(ops: tuple[str, ...]) -> list[tuple[str, TileConfig, bool]]:
-    """(op, tiles, has_bias) the AOT gate compiles: per op the decode and the prefill tile
-    shapes of the table, plus both split-K reductions; kept few because a compile takes
-    seconds."""
-    cases = []
+    """(op, tiles, has_bias) the AOT gate compiles, each once: per op the decode and the
+    prefill tile shapes of the table, both split-K reductions and the hinted prefill variants;
+    kept few because a compile takes seconds."""
+    cases: list[tuple[str, TileConfig, bool]] = []
     for op in ops:
         gated = op == "gated"
-        decode = choose_config(1, 4096, 4096, gated=gated)
-        large = choose_config(4096, 4096, 4096, gated=gated)
-        cases += [(op, decode, False), (op, large, op == "linear")]
-        for reduce in ("cta", "pdl"):
-            split = TileConfig(16, 64, 128, split=4, reduce=reduce)
-            if split != decode:
-                cases.append((op, split, False))
-        cases.append((op, TileConfig(128, 64 if gated else 128, 64, occupancy=1), False))
+        wanted = [
+            (choose_config(1, 4096, 4096, gated=gated), False),
+            (choose_config(4096, 4096, 4096, gated=gated), op == "linear"),
+        ]
+        wanted += [(TileConfig(16, 64, 128, split=4, reduce=r), False) for r in ("cta", "pdl")]
+        wanted.append((TileConfig(128, 64 if gated else 128, 64, occupancy=1), False))
         if not gated:
-            cases.append((op, TileConfig(128, 128, 64, occupancy=1, persistent=True), False))
+            wanted.append((TileConfig(128, 128, 64, occupancy=1, persistent=True), False))
+        for cfg, has_bias in wanted:
+            if (op, cfg, has_bias) not in cases:
+                cases.append((op, cfg, has_bias))
     return cases
 
 

@@ -79,7 +79,7 @@ def default_config(bucket: str, gated: bool) -> TileConfig:
         return TileConfig(64, 64 if gated else 128, 64)
     if gated:
         return TileConfig(128, 64, 64, transpose_tile=False)
-    return TileConfig(128, 128, 64)
+    return TileConfig(128, 128, 64, occupancy=1, persistent=True)
 
 
 #: the shipped tile table; TILEGYM_GEMM_TILES names another one (a sweep's output, to verify it)
