@@ -1,13 +1,17 @@
 """RoPE (q+k in one launch) and Qwen3's fused q/k-norm + RoPE vs the PyTorch ops (H200 table).
 
-Table 1: decode (1 and 8 sequences of one token), prefill (2048 tokens) and 4x4096 tokens with
-torch, the first (one block per token) kernel and the default. Table 2: every variant of
-``ROPE_VARIANTS`` / ``QK_VARIANTS`` interleaved at 2048 and 4x4096 tokens (default marked
-``*``). ``--warm I/N`` only launches (fills the kernel cache; see _sweep.py).
+One table: per shape (decode: 1 and 8 sequences of one token; prefill: 1x2048, 4x4096 and
+8x4096 tokens) torch, every variant of ``ROPE_VARIANTS`` / ``QK_VARIANTS`` ("auto" is the
+default dispatch, marked ``*``) and "copy", a ``dst.copy_(src)`` of the same bytes, all
+interleaved. Columns: % of the 4.3 TB/s copy bandwidth and % of the measured copy (what the
+harness allows at that size); at decode also back-to-back µs per call (host cost included).
+Bytes: q and k read and written once, cos and sin read once. ``--warm I/N`` only launches
+(fills the kernel cache; see _sweep.py); ``--models`` / ``--shapes`` pick a subset.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from functools import partial
@@ -15,23 +19,13 @@ from functools import partial
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _shapes import MODELS, TOKENS  # noqa: E402
-from _sweep import parse_args, print_sweep, warm  # noqa: E402
+from _shapes import MODELS  # noqa: E402
+from _sweep import print_ceiling_sweep, warm  # noqa: E402
 
 from tilegym.ops import rope as rp  # noqa: E402
 
-
-def _default_name(variants, tokens, occ) -> str:
-    for name, kw in variants.items():
-        if kw.get("tokens") == tokens and kw.get("occupancy") == occ:
-            return name
-    return "?"
-
-
-DEFAULTS = {
-    "rope": _default_name(rp.ROPE_VARIANTS, rp.ROPE_TOKENS, rp.ROPE_OCCUPANCY),
-    "qk_norm_rope": _default_name(rp.QK_VARIANTS, rp.QK_TOKENS, rp.QK_OCCUPANCY),
-}
+SHAPES = ["1x1", "8x1", "1x2048", "4x4096", "8x4096"]
+DEFAULTS = {"rope": "auto", "qk_norm_rope": "auto"}
 
 
 def _cos_sin(b, s, d, dt):
@@ -41,49 +35,53 @@ def _cos_sin(b, s, d, dt):
     return emb.cos().to(dt), emb.sin().to(dt)
 
 
-def _cases(key, m, b, s, rope_variants, qk_variants, dt=torch.bfloat16):
+def _cases(key, m, b, s, dt=torch.bfloat16):
     hq, hk, d = m["hq"], m["hk"], m["d"]
+    # q and k as the patch hands them over: views of one fused QKV projection output
     qkv = torch.randn(b, s, (hq + 2 * hk) * d, device="cuda", dtype=dt)
     q = qkv[..., : hq * d].view(b, s, hq, d)
     k = qkv[..., hq * d : (hq + hk) * d].view(b, s, hk, d)
-    cos, sin = _cos_sin(b, s, d, dt)
+    cos, sin = _cos_sin(b, s, d, dt)  # (B, S, D) as the models' rotary modules return them
     w = torch.randn(d, device="cuda", dtype=dt)
-    # q and k read and written once, plus cos and sin read once
     nbytes = 2 * (hq + hk) * d * b * s * 2 + 2 * b * s * d * 2
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)
     fns = {"torch": partial(rp.apply_rope_reference, qt, kt, cos, sin)}
-    for name, kw in rope_variants.items():
+    for name, kw in rp.ROPE_VARIANTS.items():
         fns[name] = partial(rp.apply_rope, qt, kt, cos, sin, **kw)
     yield "rope", f"{key} {b}x{s}", fns, nbytes
     if key == "qwen3":
         fns = {"torch": partial(rp.qk_norm_rope_reference, q, k, w, w, 1e-6, cos, sin)}
-        for name, kw in qk_variants.items():
+        for name, kw in rp.QK_VARIANTS.items():
             fns[name] = partial(rp.qk_norm_rope, q, k, w, w, 1e-6, cos, sin, **kw)
         yield "qk_norm_rope", f"{key} {b}x{s}", fns, nbytes
 
 
-def model_cases():
-    old_new = {"old": rp.ROPE_VARIANTS["token"], "default": {}}
-    for key, m in MODELS.items():
-        for b, s in [(t, 1) if t <= 8 else (1, t) for t in TOKENS] + [(4, 4096)]:
-            yield from _cases(key, m, b, s, old_new, old_new)
-
-
-def sweep_cases():
-    for key, m in MODELS.items():
-        for b, s in ((1, 2048), (4, 4096)):
-            yield from _cases(key, m, b, s, rp.ROPE_VARIANTS, rp.QK_VARIANTS)
+def all_cases(models, shapes):
+    for key in models:
+        for shape in shapes:
+            b, s = (int(v) for v in shape.split("x"))
+            yield from _cases(key, MODELS[key], b, s)
 
 
 def main() -> None:
-    args = parse_args()
+    p = argparse.ArgumentParser()
+    p.add_argument("--warm", default=None, help="I/N: only launch worker I's share of the cases")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    args = p.parse_args()
+    models, shapes = args.models.split(","), args.shapes.split(",")
     if args.warm:
-        warm([*model_cases(), *sweep_cases()], args.warm)
+        warm(all_cases(models, shapes), args.warm)
         return
-    print(f"defaults: {DEFAULTS} (ROPE_VARIANT={rp.ROPE_VARIANT}, QK_VARIANT={rp.QK_VARIANT})")
-    print_sweep(model_cases(), {"rope": "default", "qk_norm_rope": "default"})
-    print()
-    print_sweep(sweep_cases(), DEFAULTS, iters=args.iters)
+    print(
+        f"defaults: ROPE_VARIANT={rp.ROPE_VARIANT} QK_VARIANT={rp.QK_VARIANT} "
+        f"(auto: per-token kernel up to {rp.ROPE_TOKEN_MAX}/{rp.QK_TOKEN_MAX} tokens, else heads "
+        f"h{rp.ROPE_HEADS}-e{rp.ROPE_ELEMS // 1024}-o{rp.ROPE_HEADS_OCCUPANCY} / "
+        f"h{rp.QK_HEADS}-e{rp.QK_ELEMS // 1024}-o{rp.QK_HEADS_OCCUPANCY})"
+    )
+    decode = {f"{k} {s}" for k in MODELS for s in ("1x1", "8x1")}
+    print_ceiling_sweep(all_cases(models, shapes), DEFAULTS, args.iters, lambda s: s in decode)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ V=tests/ops/test_norm_variants.py
 shard rms tests/ops/test_rms_norm.py
 shard rope tests/ops/test_rope.py
 shard var_rms "$V" -k test_rms_variants
-shard var_rope "$V" -k test_rope_variants
-shard var_qk "$V" -k test_qk_norm_rope_variants
+shard var_rope tests/ops/test_rope_variants.py -k test_rope_variants
+shard var_qk tests/ops/test_rope_variants.py -k test_qk_norm_rope_variants
 shard patches tests/ops/test_parity_check.py tests/transformers/test_patch_models.py
 # inventory runtime parity of the Solutions whose kernels changed (entry points, sampled shapes)
 KS=src/tilegym/transformers

@@ -138,44 +138,82 @@ def qk_norm_rope_kernel(
     _norm_rotate_store(k, k_weight, k_out, b, s, cb, cos, sin, eps, TKH, TR)
 
 
-#: The default kernels: "tiled" (``ROPE_TOKENS`` / ``QK_TOKENS`` tokens per block; q, k and
-#: cos/sin seen as (..., 2, R/2) views, so each half is a tile-aligned load whose offset the
-#: compiler knows: 16-byte vector or TMA loads) or "token" (the first version: one block per
-#: token, each half a ``slice`` at a run-time offset, which compiled to scalar 2-byte loads).
-#: Swept on the H200 by benchmarks/ops/bench_rope.py (docs/results/h200-2026-11-29/ops/
-#: norms_rope_tiled.txt): "tiled" wins only at many tokens (4x4096: rope 1.6 vs 1.2 TB/s,
-#: qk-norm 1.3 vs 0.27 TB/s) and loses at the decode shapes that dominate generate() (8 tokens:
-#: 63-87 us vs 17-27 us), so "token" stays the default until a per-size choice is measured.
-ROPE_VARIANT = "token"
-QK_VARIANT = "token"
-#: Tokens per block and occupancy hint (resident blocks per SM, caps registers per thread;
-#: ``None`` = the compiler's choice: 255 registers x 256 threads, one block per SM, for the
-#: q/k-norm kernel; the rope kernel runs 128 threads and <= 202 registers either way).
+#: Kernel choice of ``apply_rope`` / ``qk_norm_rope`` without a ``variant`` argument:
+#: "auto" = "token" for at most ``*_TOKEN_MAX`` tokens (decode: fewest host-side view ops and
+#: launch arguments) and "heads" above; or one of "token", "tiled", "heads" for every size.
+#:
+#: - "token": the first version, one block per token, each half a ``slice`` at a run-time
+#:   offset: sm_90 SASS has only scalar 2-byte loads and stores (LDG.E.U16 / STG.E.U16);
+#:   ~25% of copy bandwidth at 2048 tokens.
+#: - "tiled": ``*_TOKENS`` tokens per block, all q and k heads in one block; q, k and cos/sin
+#:   seen as (..., 2, R/2) views so each half is a tile-aligned load (LDG.E.128). 46-49% of
+#:   copy at 4x4096 tokens (docs/results/h200-2026-11-29/ops/norms_rope_tiled.txt); its
+#:   wrapper makes 6-8 host-side views per call.
+#: - "heads": the tiled layout split over a 3D grid (head block, token tile, batch): each block
+#:   rotates ``*_HEADS`` heads of either q or k for a token tile sized to ``*_ELEMS`` elements,
+#:   so every block moves the same bytes (qwen3: 2 q blocks + 1 k block per token tile) and
+#:   there are 3-5x more, smaller blocks to keep every SM's loads in flight; cos/sin of the token
+#:   tile are loaded once per block and broadcast over its heads (the head blocks of one token
+#:   tile are adjacent in launch order, so the repeats hit L2). 16-byte loads and stores, 128
+#:   threads, no spills (sm_90 SASS); for full rotary with R/2 a power of two (qwen3, llama)
+#:   the wrapper passes the tensors as they are (no views) and the halves are tiles 0 and 1 of
+#:   the last axis.
+#:
+#: Swept on the H200 by benchmarks/ops/bench_rope.py (``ROPE_VARIANTS`` / ``QK_VARIANTS``).
+ROPE_VARIANT = "auto"
+QK_VARIANT = "auto"
+#: "auto" uses the per-token kernel up to this many tokens (batch x seq), "heads" above.
+ROPE_TOKEN_MAX = 32
+QK_TOKEN_MAX = 32
+#: "tiled": tokens per block and occupancy hint (resident blocks per SM, caps registers per
+#: thread; ``None`` = the compiler's choice).
 ROPE_TOKENS = 4
-ROPE_OCCUPANCY = 2
-QK_TOKENS = 2
+ROPE_OCCUPANCY = 3
+QK_TOKENS = 1
 QK_OCCUPANCY = 4
+#: "heads": heads per block, elements (heads x tokens x rotary dim) per block, occupancy hint
+#: and whether loads may use TMA (stores never do: the rms_norm sweep found plain stores
+#: faster). With TMA loads tileiras gives the q/k-norm kernel 256 threads and spills registers
+#: (sm_90 SASS: 1-5 KB stack per thread); without, 128 threads, 121 registers, no spills.
+ROPE_HEADS = 8
+ROPE_ELEMS = 8192
+ROPE_HEADS_OCCUPANCY = 4
+ROPE_TMA = False
+QK_HEADS = 8
+QK_ELEMS = 8192
+QK_HEADS_OCCUPANCY = 4
+QK_TMA = False
+#: Most tokens per block of the "heads" kernels (also caps the AOT signature list).
+MAX_TOKENS = 32
 
 
 #: Variants the benchmark sweeps and the GPU tests check: name -> keyword arguments of
-#: ``apply_rope`` (``ROPE_VARIANTS``) / ``qk_norm_rope`` (``QK_VARIANTS``); "token" is the first
-#: version.
+#: ``apply_rope`` (``ROPE_VARIANTS``) / ``qk_norm_rope`` (``QK_VARIANTS``). "auto" is the
+#: default dispatch; "token" the first version; "t*" the all-heads tiled kernel; "h*" the
+#: heads-split kernel (h = heads per block, e = elements per block in K, o = occupancy, "tma" =
+#: loads may use TMA).
 ROPE_VARIANTS = {
+    "auto": dict(),
     "token": dict(variant="token"),
-    "t1-occ2": dict(variant="tiled", tokens=1, occupancy=2),
-    "t2-occ2": dict(variant="tiled", tokens=2, occupancy=2),
-    "t4-occ2": dict(variant="tiled", tokens=4, occupancy=2),
-    "t8-occ2": dict(variant="tiled", tokens=8, occupancy=2),
-    "t4-occ3": dict(variant="tiled", tokens=4, occupancy=3),
-    "t8-occ1": dict(variant="tiled", tokens=8, occupancy=1),
+    "t4-o3": dict(variant="tiled", tokens=4, occupancy=3),
+    "t2-o2": dict(variant="tiled", tokens=2, occupancy=2),
+    "h8-e4-o4": dict(variant="heads", heads=8, elems=4096, occupancy=4),
+    "h8-e8-o4": dict(variant="heads", heads=8, elems=8192, occupancy=4),
+    "h8-e8-o2": dict(variant="heads", heads=8, elems=8192, occupancy=2),
+    "h8-e16-o2": dict(variant="heads", heads=8, elems=16384, occupancy=2),
+    "h4-e4-o4": dict(variant="heads", heads=4, elems=4096, occupancy=4),
+    "h8-e4-o6": dict(variant="heads", heads=8, elems=4096, occupancy=6),
 }
 QK_VARIANTS = {
+    "auto": dict(),
     "token": dict(variant="token"),
-    "t1-occ4": dict(variant="tiled", tokens=1, occupancy=4),
-    "t2-occ2": dict(variant="tiled", tokens=2, occupancy=2),
-    "t2-occ4": dict(variant="tiled", tokens=2, occupancy=4),
-    "t4-occ2": dict(variant="tiled", tokens=4, occupancy=2),
-    "t8-occ2": dict(variant="tiled", tokens=8, occupancy=2),
+    "t1-o4": dict(variant="tiled", tokens=1, occupancy=4),
+    "h8-e4-o4": dict(variant="heads", heads=8, elems=4096, occupancy=4),
+    "h8-e8-o4": dict(variant="heads", heads=8, elems=8192, occupancy=4),
+    "h8-e8-o2": dict(variant="heads", heads=8, elems=8192, occupancy=2),
+    "h8-e16-o2": dict(variant="heads", heads=8, elems=16384, occupancy=2),
+    "h4-e4-o4": dict(variant="heads", heads=4, elems=4096, occupancy=4),
+    "h8-e8-o4-tma": dict(variant="heads", heads=8, elems=8192, occupancy=4, tma=True),
 }
 
 
@@ -317,6 +355,216 @@ def qk_norm_rope_tiled_kernel(
     _norm_rope_heads(k, k_weight, k_out, b, sb, cs, eps, TKH, TS, TR)
 
 
+# "heads" kernels. Their arrays come in one of two layouts, fixed per compiled kernel by the
+# arrays' rank: 4D / 3D / 1D arrays exactly as the caller has them (q/k (.., D), cos/sin
+# (B or 1, S, R), weights (D,)) when R/2 is a power of two and the rotary part is the whole head
+# (every real model): half ``i`` is then tile ``i`` of extent TR = R/2 on the last axis, so the
+# host makes no views at all; or (..., 2, R/2) views (one more axis, the halves on their own
+# axis) for any other R and for partial rotary.
+
+
+@ct.function
+def _ld(x, idx, TA: ct.Constant[int], TB: ct.Constant[int], i, TR: ct.Constant[int], LT):
+    """Half ``i`` of the (TA, TB) block at ``idx`` (3 leading indices), fp32 (1, TA, TB, 1, TR)."""
+    if x.ndim == 5:
+        t = ct.load(
+            x,
+            (idx[0], idx[1], idx[2], i, 0),
+            (1, TA, TB, 1, TR),
+            padding_mode=PAD_ZERO,
+            latency=10,
+            allow_tma=LT,
+        )
+    else:
+        t = ct.load(
+            x,
+            (idx[0], idx[1], idx[2], i),
+            (1, TA, TB, TR),
+            padding_mode=PAD_ZERO,
+            latency=10,
+            allow_tma=LT,
+        )
+    return t.astype(ct.float32).reshape((1, TA, TB, 1, TR))
+
+
+@ct.function
+def _st(out, idx, i, t, order):
+    """Store the (1, TA, TB, 1, TR) tile ``t`` as half ``i`` at ``idx`` (see ``_ld``)."""
+    if out.ndim == 5:
+        ct.store(
+            out, (idx[0], idx[1], idx[2], i, 0), t.astype(out.dtype), order=order, allow_tma=False
+        )
+    else:
+        t4 = t.reshape((t.shape[0], t.shape[1], t.shape[2], t.shape[4])).astype(out.dtype)
+        ct.store(out, (idx[0], idx[1], idx[2], i), t4, order=order[:4], allow_tma=False)
+
+
+@ct.function
+def _cs_half(t, cb, sb, i, TS: ct.Constant[int], TR: ct.Constant[int], LT: ct.Constant[bool]):
+    """Half ``i`` of TS tokens' cos or sin ((B or 1, S, R) or (B or 1, S, 2, R/2)), fp32
+    (1, 1, TS, 1, TR)."""
+    if t.ndim == 4:
+        h = ct.load(t, (cb, sb, i, 0), (1, TS, 1, TR), padding_mode=PAD_ZERO, allow_tma=LT)
+    else:
+        h = ct.load(t, (cb, sb, i), (1, TS, TR), padding_mode=PAD_ZERO, allow_tma=LT)
+    return h.astype(ct.float32).reshape((1, 1, TS, 1, TR))
+
+
+@ct.function
+def _w_half(w, i, TR: ct.Constant[int]):
+    """Half ``i`` of a norm weight ((D,) or (2, D/2)) as fp32 (TR,)."""
+    if w.ndim == 2:
+        h = ct.load(w, (i, 0), (1, TR), padding_mode=PAD_ZERO, allow_tma=False).reshape((TR,))
+    else:
+        h = ct.load(w, (i,), (TR,), padding_mode=PAD_ZERO, allow_tma=False)
+    return h.astype(ct.float32)
+
+
+@ct.function
+def _rope_block(
+    x,
+    out,
+    x_pass,
+    out_pass,
+    b,
+    h,
+    sb,
+    c1,
+    c2,
+    s1,
+    s2,
+    TH: ct.Constant[int],
+    TS: ct.Constant[int],
+    TR: ct.Constant[int],
+    TP: ct.Constant[int],
+    LT: ct.Constant[bool],
+):
+    """Rotate head block ``h`` (TH heads) of token tile ``sb``; copy the pass-through part."""
+    idx = (b, h, sb)
+    x1 = _ld(x, idx, TH, TS, 0, TR, LT)
+    x2 = _ld(x, idx, TH, TS, 1, TR, LT)
+    order = (0, 1, 2, 3, 4)
+    _st(out, idx, 0, x1 * c1 - x2 * s1, order)
+    _st(out, idx, 1, x2 * c2 + x1 * s2, order)
+    if TP > 0:
+        xp = ct.load(x_pass, (b, h, sb, 0), (1, TH, TS, TP), padding_mode=PAD_ZERO, allow_tma=LT)
+        ct.store(out_pass, (b, h, sb, 0), xp, allow_tma=False)
+
+
+@ct.kernel(occupancy=ROPE_HEADS_OCCUPANCY)
+def rope_heads_kernel(
+    q,
+    k,
+    q_pass,
+    k_pass,
+    cos,
+    sin,
+    q_out,
+    k_out,
+    q_pass_out,
+    k_pass_out,
+    cos_batched,
+    TH: ct.Constant[int],
+    TS: ct.Constant[int],
+    TR: ct.Constant[int],
+    TP: ct.Constant[int],
+    LT: ct.Constant[bool],
+):
+    """Grid (q head blocks + k head blocks, token tiles, batch): TH heads x TS tokens per block.
+
+    q/k/outputs (B, H, S, D) with cos/sin (B or 1, S, D), or (B, H, S, 2, R/2) views of the
+    rotated part with cos/sin (B or 1, S, 2, R/2) and the pass-through parts (B, H, S, D - R)
+    (copied when TP > 0; else placeholders).
+    """
+    h = ct.bid(0)
+    sb = ct.bid(1)
+    b = ct.bid(2)
+    nq = ct.cdiv(q.shape[1], TH)
+    cb = b * cos_batched
+    c1 = _cs_half(cos, cb, sb, 0, TS, TR, LT)
+    c2 = _cs_half(cos, cb, sb, 1, TS, TR, LT)
+    s1 = _cs_half(sin, cb, sb, 0, TS, TR, LT)
+    s2 = _cs_half(sin, cb, sb, 1, TS, TR, LT)
+    if h < nq:
+        _rope_block(q, q_out, q_pass, q_pass_out, b, h, sb, c1, c2, s1, s2, TH, TS, TR, TP, LT)
+    else:
+        _rope_block(k, k_out, k_pass, k_pass_out, b, h - nq, sb, c1, c2, s1, s2, TH, TS, TR, TP, LT)
+
+
+@ct.function
+def _norm_rope_block(
+    x,
+    w,
+    out,
+    b,
+    h,
+    sb,
+    c1,
+    c2,
+    s1,
+    s2,
+    eps,
+    TH: ct.Constant[int],
+    TS: ct.Constant[int],
+    TR: ct.Constant[int],
+    LT: ct.Constant[bool],
+):
+    """RMSNorm head block ``h`` x token tile ``sb`` of a (B, S, H, D) array, rotate, store
+    head-major into the (B, H, S, D) ``out``.
+
+    The tile stays in the input's (token, head) order and the transpose happens in the store
+    (``order``): loading head-major instead (``order`` on the load) made tileiras route the
+    normed tile through shared memory (hundreds of STS per block, 256 threads, spills).
+    """
+    d = 2 * x.shape[4] if x.ndim == 5 else x.shape[3]
+    idx = (b, sb, h)
+    x1 = _ld(x, idx, TS, TH, 0, TR, LT)
+    x2 = _ld(x, idx, TS, TH, 1, TR, LT)
+    sq = ct.sum(x1 * x1, axis=4, keepdims=True) + ct.sum(x2 * x2, axis=4, keepdims=True)
+    inv = ct.rsqrt(sq / d + eps)
+    n1 = _norm_half(x1, inv, _w_half(w, 0, TR), x.dtype, out.dtype, TR)
+    n2 = _norm_half(x2, inv, _w_half(w, 1, TR), x.dtype, out.dtype, TR)
+    order = (0, 2, 1, 3, 4)  # tile (b, s, h, half, r) -> out (b, h, s, half, r)
+    oidx = (b, h, sb)
+    _st(out, oidx, 0, n1 * c1 - n2 * s1, order)
+    _st(out, oidx, 1, n2 * c2 + n1 * s2, order)
+
+
+@ct.kernel(occupancy=QK_HEADS_OCCUPANCY)
+def qk_norm_rope_heads_kernel(
+    q,
+    k,
+    q_weight,
+    k_weight,
+    cos,
+    sin,
+    q_out,
+    k_out,
+    eps,
+    cos_batched,
+    TH: ct.Constant[int],
+    TS: ct.Constant[int],
+    TR: ct.Constant[int],
+    LT: ct.Constant[bool],
+):
+    """Grid (q head blocks + k head blocks, token tiles, batch): per-head RMSNorm + RoPE of TH
+    heads x TS tokens per block. q/k (B, S, H, D), weights (D,), cos/sin (B or 1, S, D), outputs
+    (B, H, S, D); or the (..., 2, D/2) views of all of them."""
+    h = ct.bid(0)
+    sb = ct.bid(1)
+    b = ct.bid(2)
+    nq = ct.cdiv(q.shape[2], TH)
+    cb = b * cos_batched
+    c1 = _cs_half(cos, cb, sb, 0, TS, TR, LT).reshape((1, TS, 1, 1, TR))
+    c2 = _cs_half(cos, cb, sb, 1, TS, TR, LT).reshape((1, TS, 1, 1, TR))
+    s1 = _cs_half(sin, cb, sb, 0, TS, TR, LT).reshape((1, TS, 1, 1, TR))
+    s2 = _cs_half(sin, cb, sb, 1, TS, TR, LT).reshape((1, TS, 1, 1, TR))
+    if h < nq:
+        _norm_rope_block(q, q_weight, q_out, b, h, sb, c1, c2, s1, s2, eps, TH, TS, TR, LT)
+    else:
+        _norm_rope_block(k, k_weight, k_out, b, h - nq, sb, c1, c2, s1, s2, eps, TH, TS, TR, LT)
+
+
 def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -335,13 +583,44 @@ def _cos_sin(cos: torch.Tensor, sin: torch.Tensor, batch: int, seq: int):
 
 
 def _halves(t: torch.Tensor, rot: int) -> torch.Tensor:
-    """(..., D) -> (..., 2, rot/2) view of the rotated part (the two halves on their own axis)."""
-    return t[..., :rot].unflatten(-1, (2, rot // 2))
+    """(..., D) -> (..., 2, rot/2) view of the rotated part (the two halves on their own axis),
+    as one ``as_strided`` (a single cheap host-side op; no copy, no kernel)."""
+    st = t.stride()
+    half = rot // 2
+    return t.as_strided((*t.shape[:-1], 2, half), (*st[:-1], half * st[-1], st[-1]))
 
 
 def _tokens(tokens: int, seq: int) -> int:
     """Tokens per block: at most ``tokens``, no more than the sequence needs (decode: 1)."""
     return min(tokens, next_pow2(seq))
+
+
+def _prev_pow2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def heads_tiles(heads: int, elems: int, hq: int, hk: int, rot: int) -> tuple[int, int, int]:
+    """(TH, TS_MAX, TR) of the "heads" kernels: heads per block (no more than the larger head
+    count needs), the most tokens per block (about ``elems`` rotated elements per block, a power
+    of two <= MAX_TOKENS) and the half-rotary tile extent."""
+    th = min(next_pow2(heads), next_pow2(max(hq, hk)))
+    tr = next_pow2(rot // 2)
+    return th, min(MAX_TOKENS, _prev_pow2(elems // (th * 2 * tr))), tr
+
+
+def _flat(rot: int, d: int) -> bool:
+    """Whether the "heads" kernels take the arrays as they are (full rotary, R/2 a power of
+    two: the halves are whole tiles of the last axis) instead of (..., 2, R/2) views."""
+    return rot == d and next_pow2(rot // 2) == rot // 2
+
+
+def _pick(variant: str | None, default: str, token_max: int, ntok: int) -> str:
+    v = variant or default
+    if v == "auto":
+        return "token" if ntok <= token_max else "heads"
+    if v not in ("token", "tiled", "heads"):
+        raise ValueError(f"unknown variant {v!r} (auto, token, tiled, heads)")
+    return v
 
 
 def apply_rope(
@@ -353,45 +632,63 @@ def apply_rope(
     variant: str | None = None,
     tokens: int | None = None,
     occupancy=DEFAULT,
+    heads: int | None = None,
+    elems: int | None = None,
+    tma: bool | None = None,
 ):
     """``apply_rotary_pos_emb(q, k, cos, sin)`` for (B, H, S, D) q/k (any strides).
 
     ``cos``/``sin`` are ``(B or 1, S, R)`` with ``R <= D`` (partial rotary: the rest of each
-    head passes through). Returns new contiguous (B, H, S, D) tensors. ``variant``, ``tokens``
-    and ``occupancy`` pick a kernel variant (defaults ``ROPE_VARIANT``, ``ROPE_TOKENS``,
-    ``ROPE_OCCUPANCY``).
+    head passes through). Returns new contiguous (B, H, S, D) tensors. ``variant`` ("auto",
+    "token", "tiled", "heads") and ``tokens`` / ``occupancy`` ("tiled", "heads"), ``heads`` /
+    ``elems`` / ``tma`` ("heads") pick a kernel variant (defaults: the ``ROPE_*`` constants).
     """
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         check_activation(name, t)
     if q.dim() != 4 or k.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
         raise ValueError(f"q {tuple(q.shape)} / k {tuple(k.shape)} must be (B, H, S, D) alike")
     bsz, hq, seq, d = q.shape
+    hk = k.shape[1]
     cos, sin, batched = _cos_sin(cos, sin, bsz, seq)
     rot = cos.shape[-1]
     if rot > d:
         raise ValueError(f"rotary dim {rot} exceeds head dim {d}")
     q, k = _last_contiguous(q), _last_contiguous(k)
     q_out = torch.empty((bsz, hq, seq, d), dtype=q.dtype, device=q.device)
-    k_out = torch.empty((bsz, k.shape[1], seq, d), dtype=k.dtype, device=k.device)
+    k_out = torch.empty((bsz, hk, seq, d), dtype=k.dtype, device=k.device)
     if not bsz * seq:
         return q_out, k_out
-    if (variant or ROPE_VARIANT) == "token":
-        consts = rope_constants(hq, k.shape[1], d, rot)
+    v = _pick(variant, ROPE_VARIANT, ROPE_TOKEN_MAX, bsz * seq)
+    if v == "token":
+        consts = rope_constants(hq, hk, d, rot)
         args = (q, k, cos, sin, q_out, k_out, batched, *consts)
         ct.launch(stream(), (bsz * seq, 1, 1), rope_kernel, args)
         return q_out, k_out
-    ts = _tokens(tokens or ROPE_TOKENS, seq)
-    occ = ROPE_OCCUPANCY if occupancy is DEFAULT else occupancy
-    tq, tk, tr, tp = rope_constants(hq, k.shape[1], d, rot)
-    if tp:
-        rest = (q[..., rot:], k[..., rot:], q_out[..., rot:], k_out[..., rot:])
+    tp = next_pow2(d - rot) if rot < d else 0
+    if v == "heads" and _flat(rot, d):  # no views: halves are tiles 0 and 1 of the last axis
+        arrays = (q, k, q, k, cos, sin, q_out, k_out, q_out, k_out)
     else:
-        rest = (q, k, q_out, k_out)  # unused placeholders (TP == 0)
-    rot_views = (_halves(q, rot), _halves(k, rot), *rest[:2], _halves(cos, rot))
-    args = (*rot_views, _halves(sin, rot), _halves(q_out, rot), _halves(k_out, rot), *rest[2:])
-    grid = (bsz * ((seq + ts - 1) // ts), 1, 1)
-    kernel = with_occupancy(rope_tiled_kernel, occ, ROPE_OCCUPANCY)
-    ct.launch(stream(), grid, kernel, (*args, batched, tq, tk, ts, tr, tp))
+        if tp:
+            rest = (q[..., rot:], k[..., rot:], q_out[..., rot:], k_out[..., rot:])
+        else:
+            rest = (q, k, q_out, k_out)  # unused placeholders (TP == 0)
+        q5, k5, c4, s4 = _halves(q, rot), _halves(k, rot), _halves(cos, rot), _halves(sin, rot)
+        arrays = (q5, k5, *rest[:2], c4, s4, _halves(q_out, rot), _halves(k_out, rot), *rest[2:])
+    if v == "tiled":
+        ts = _tokens(tokens or ROPE_TOKENS, seq)
+        occ = ROPE_OCCUPANCY if occupancy is DEFAULT else occupancy
+        tq, tk, tr, _ = rope_constants(hq, hk, d, rot)
+        grid = (bsz * ((seq + ts - 1) // ts), 1, 1)
+        kernel = with_occupancy(rope_tiled_kernel, occ, ROPE_OCCUPANCY)
+        ct.launch(stream(), grid, kernel, (*arrays, batched, tq, tk, ts, tr, tp))
+        return q_out, k_out
+    th, ts, tr = heads_tiles(heads or ROPE_HEADS, elems or ROPE_ELEMS, hq, hk, rot)
+    ts = _tokens(tokens or ts, seq)
+    occ = ROPE_HEADS_OCCUPANCY if occupancy is DEFAULT else occupancy
+    lt = ROPE_TMA if tma is None else bool(tma)
+    grid = ((hq + th - 1) // th + (hk + th - 1) // th, (seq + ts - 1) // ts, bsz)
+    kernel = with_occupancy(rope_heads_kernel, occ, ROPE_HEADS_OCCUPANCY)
+    ct.launch(stream(), grid, kernel, (*arrays, batched, th, ts, tr, tp, lt))
     return q_out, k_out
 
 
@@ -412,12 +709,15 @@ def qk_norm_rope(
     variant: str | None = None,
     tokens: int | None = None,
     occupancy=DEFAULT,
+    heads: int | None = None,
+    elems: int | None = None,
+    tma: bool | None = None,
 ):
     """Qwen3's ``q_norm``/``k_norm`` (per head) + transpose + RoPE, q and k in one launch.
 
     ``q``/``k`` are the projections viewed ``(B, S, H, D)`` (any strides, e.g. slices of a
     fused QKV output); returns contiguous ``(B, H, S, D)`` q and k. Full rotary only.
-    ``variant``, ``tokens``, ``occupancy``: as for :func:`apply_rope` (``QK_*`` defaults).
+    Variant keywords: as for :func:`apply_rope` (``QK_*`` defaults).
     """
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         check_activation(name, t)
@@ -436,18 +736,32 @@ def qk_norm_rope(
     k_out = torch.empty((bsz, hk, seq, d), dtype=out_dtype, device=q.device)
     if not bsz * seq:
         return q_out, k_out
-    qw, kw = q_weight.contiguous(), k_weight.contiguous()
-    tq, tk, tr = next_pow2(hq), next_pow2(hk), next_pow2(d // 2)
-    if (variant or QK_VARIANT) == "token":
+    qw, kw = _last_contiguous(q_weight), _last_contiguous(k_weight)
+    v = _pick(variant, QK_VARIANT, QK_TOKEN_MAX, bsz * seq)
+    if v == "token":
+        tq, tk, tr = next_pow2(hq), next_pow2(hk), next_pow2(d // 2)
         args = (q, k, qw, kw, cos, sin, q_out, k_out, float(eps), batched, tq, tk, tr)
         ct.launch(stream(), (bsz * seq, 1, 1), qk_norm_rope_kernel, args)
         return q_out, k_out
-    ts = _tokens(tokens or QK_TOKENS, seq)
-    occ = QK_OCCUPANCY if occupancy is DEFAULT else occupancy
-    views = [_halves(t, d) for t in (q, k, qw, kw, cos, sin, q_out, k_out)]
-    grid = (bsz * ((seq + ts - 1) // ts), 1, 1)
-    kernel = with_occupancy(qk_norm_rope_tiled_kernel, occ, QK_OCCUPANCY)
-    ct.launch(stream(), grid, kernel, (*views, float(eps), batched, tq, tk, ts, tr))
+    if v == "tiled":
+        views = [_halves(t, d) for t in (q, k, qw, kw, cos, sin, q_out, k_out)]
+        tq, tk, tr = next_pow2(hq), next_pow2(hk), next_pow2(d // 2)
+        ts = _tokens(tokens or QK_TOKENS, seq)
+        occ = QK_OCCUPANCY if occupancy is DEFAULT else occupancy
+        grid = (bsz * ((seq + ts - 1) // ts), 1, 1)
+        kernel = with_occupancy(qk_norm_rope_tiled_kernel, occ, QK_OCCUPANCY)
+        ct.launch(stream(), grid, kernel, (*views, float(eps), batched, tq, tk, ts, tr))
+        return q_out, k_out
+    arrays = (q, k, qw, kw, cos, sin, q_out, k_out)
+    if not _flat(d, d):
+        arrays = tuple(_halves(t, d) for t in arrays)
+    th, ts, tr = heads_tiles(heads or QK_HEADS, elems or QK_ELEMS, hq, hk, d)
+    ts = _tokens(tokens or ts, seq)
+    occ = QK_HEADS_OCCUPANCY if occupancy is DEFAULT else occupancy
+    lt = QK_TMA if tma is None else bool(tma)
+    grid = ((hq + th - 1) // th + (hk + th - 1) // th, (seq + ts - 1) // ts, bsz)
+    kernel = with_occupancy(qk_norm_rope_heads_kernel, occ, QK_HEADS_OCCUPANCY)
+    ct.launch(stream(), grid, kernel, (*arrays, float(eps), batched, th, ts, tr, lt))
     return q_out, k_out
 
 
@@ -479,14 +793,32 @@ def qk_norm_rope_reference(q, k, q_weight, k_weight, eps, cos, sin):
     return apply_rope_reference(qn, kn, cos, sin)
 
 
-def default_rope_kernel():
-    """The RoPE kernel ``apply_rope`` launches by default (``ROPE_VARIANT``)."""
-    return rope_kernel if ROPE_VARIANT == "token" else rope_tiled_kernel
+def _rope_kernels(variant: str) -> list:
+    return {
+        "auto": [rope_kernel, rope_heads_kernel],
+        "token": [rope_kernel],
+        "tiled": [rope_tiled_kernel],
+        "heads": [rope_heads_kernel],
+    }[variant]
 
 
-def default_qk_kernel():
-    """The q/k-norm + RoPE kernel ``qk_norm_rope`` launches by default (``QK_VARIANT``)."""
-    return qk_norm_rope_kernel if QK_VARIANT == "token" else qk_norm_rope_tiled_kernel
+def _qk_kernels(variant: str) -> list:
+    return {
+        "auto": [qk_norm_rope_kernel, qk_norm_rope_heads_kernel],
+        "token": [qk_norm_rope_kernel],
+        "tiled": [qk_norm_rope_tiled_kernel],
+        "heads": [qk_norm_rope_heads_kernel],
+    }[variant]
+
+
+def default_rope_kernels() -> list:
+    """The RoPE kernels ``apply_rope`` launches by default (``ROPE_VARIANT``; "auto": two)."""
+    return _rope_kernels(ROPE_VARIANT)
+
+
+def default_qk_kernels() -> list:
+    """The q/k-norm + RoPE kernels ``qk_norm_rope`` launches by default (``QK_VARIANT``)."""
+    return _qk_kernels(QK_VARIANT)
 
 
 def _token_counts(tokens: int) -> list[int]:
@@ -494,30 +826,56 @@ def _token_counts(tokens: int) -> list[int]:
     return [1 << i for i in range(tokens.bit_length()) if 1 << i <= tokens]
 
 
-def aot_signatures(
-    heads=((16, 8, 128), (32, 8, 64)), dtypes=AOT_DTYPES, partial_rot=((32, 8, 64, 32),)
-) -> dict:
-    """AOT signatures of the default kernels: (q heads, kv heads, head dim) of Qwen3-0.6B and
-    Llama-3.2-1B, plus a partial-rotary layout; every tokens-per-block value."""
-    plain, fused = [], []
+def _rope_sigs(kernel, dt, hq, hk, d, rot) -> list:
+    a5, a4, a3 = (array_sig(dt, n) for n in (5, 4, 3))
+    i32 = ScalarConstraint(ct.int32)
+    tq, tk, tr, tp = rope_constants(hq, hk, d, rot)
+    if kernel is rope_kernel:
+        return [signature(a4, a4, a3, a3, a4, a4, i32, tq, tk, tr, tp)]
+    arrays = (a5, a5, a4, a4, a4, a4, a5, a5, a4, a4)
+    if kernel is rope_tiled_kernel:
+        ts_max = ROPE_TOKENS
+        return [signature(*arrays, i32, tq, tk, ts, tr, tp) for ts in _token_counts(ts_max)]
+    if _flat(rot, d):
+        arrays = (a4, a4, a4, a4, a3, a3, a4, a4, a4, a4)
+    th, ts_max, tr = heads_tiles(ROPE_HEADS, ROPE_ELEMS, hq, hk, rot)
+    return [signature(*arrays, i32, th, ts, tr, tp, ROPE_TMA) for ts in _token_counts(ts_max)]
+
+
+def _qk_sigs(kernel, dt, hq, hk, d) -> list:
+    a5, a4, a3, a2, a1 = (array_sig(dt, n) for n in (5, 4, 3, 2, 1))
     i32, f32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
+    tq, tk, tr = next_pow2(hq), next_pow2(hk), next_pow2(d // 2)
+    if kernel is qk_norm_rope_kernel:
+        return [signature(a4, a4, a1, a1, a3, a3, a4, a4, f32, i32, tq, tk, tr)]
+    arrays = (a5, a5, a2, a2, a4, a4, a5, a5)
+    if kernel is qk_norm_rope_tiled_kernel:
+        return [signature(*arrays, f32, i32, tq, tk, ts, tr) for ts in _token_counts(QK_TOKENS)]
+    if _flat(d, d):
+        arrays = (a4, a4, a1, a1, a3, a3, a4, a4)
+    th, ts_max, tr = heads_tiles(QK_HEADS, QK_ELEMS, hq, hk, d)
+    return [signature(*arrays, f32, i32, th, ts, tr, QK_TMA) for ts in _token_counts(ts_max)]
+
+
+def aot_signatures(
+    heads=((16, 8, 128), (32, 8, 64)),
+    dtypes=AOT_DTYPES,
+    partial_rot=((32, 8, 64, 32),),
+    ops=("rope", "qk"),
+) -> dict:
+    """AOT signatures of the kernels the defaults launch ("auto": the per-token kernel and the
+    "heads" kernel): (q heads, kv heads, head dim) of Qwen3-0.6B and Llama-3.2-1B, plus a
+    partial-rotary layout for RoPE; every tokens-per-block value. ``ops`` picks RoPE ("rope")
+    and / or q/k-norm + RoPE ("qk")."""
+    out: dict = {}
     layouts = [(hq, hk, d, d) for hq, hk, d in heads] + list(partial_rot)
     for dt in dtypes:
-        a5, a4, a3, a2, a1 = (array_sig(dt, n) for n in (5, 4, 3, 2, 1))
-        for hq, hk, d, rot in layouts:
-            consts = rope_constants(hq, hk, d, rot)
-            if ROPE_VARIANT == "token":
-                plain.append(signature(a4, a4, a3, a3, a4, a4, i32, *consts))
-            else:
-                for ts in _token_counts(ROPE_TOKENS):
-                    arrays = (a5, a5, a4, a4, a4, a4, a5, a5, a4, a4)
-                    plain.append(signature(*arrays, i32, consts[0], consts[1], ts, *consts[2:]))
-        for hq, hk, d in heads:
-            tiles = (next_pow2(hq), next_pow2(hk), next_pow2(d // 2))
-            if QK_VARIANT == "token":
-                fused.append(signature(a4, a4, a1, a1, a3, a3, a4, a4, f32, i32, *tiles))
-            else:
-                for ts in _token_counts(QK_TOKENS):
-                    arrays = (a5, a5, a2, a2, a4, a4, a5, a5)
-                    fused.append(signature(*arrays, f32, i32, *tiles[:2], ts, tiles[2]))
-    return {default_rope_kernel(): plain, default_qk_kernel(): fused}
+        if "rope" in ops:
+            for kernel in default_rope_kernels():
+                for hq, hk, d, rot in layouts:
+                    out.setdefault(kernel, []).extend(_rope_sigs(kernel, dt, hq, hk, d, rot))
+        if "qk" in ops:
+            for kernel in default_qk_kernels():
+                for hq, hk, d in heads:
+                    out.setdefault(kernel, []).extend(_qk_sigs(kernel, dt, hq, hk, d))
+    return out

@@ -15,6 +15,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
 
 
 def aot_signatures() -> dict:
-    """The RoPE kernel for Llama-3.2-1B's head layout (bf16)."""
-    sigs = _ops.aot_signatures(heads=(HEADS,), dtypes=(torch.bfloat16,), partial_rot=())
-    return {_ops.default_rope_kernel(): sigs[_ops.default_rope_kernel()]}
+    """The RoPE kernels the default dispatch launches for Llama-3.2-1B's head layout (bf16)."""
+    return _ops.aot_signatures(
+        heads=(HEADS,), dtypes=(torch.bfloat16,), partial_rot=(), ops=("rope",)
+    )

@@ -16,6 +16,7 @@ def qk_norm_rope(q, k, q_weight, k_weight, cos, sin):
 
 
 def aot_signatures() -> dict:
-    """The fused kernel for Qwen3-0.6B's head layout (bf16)."""
-    sigs = _ops.aot_signatures(heads=(HEADS,), dtypes=(torch.bfloat16,), partial_rot=())
-    return {_ops.default_qk_kernel(): sigs[_ops.default_qk_kernel()]}
+    """The fused kernels the default dispatch launches for Qwen3-0.6B's head layout (bf16)."""
+    return _ops.aot_signatures(
+        heads=(HEADS,), dtypes=(torch.bfloat16,), partial_rot=(), ops=("qk",)
+    )
