@@ -524,10 +524,11 @@ def _norm_rope_block(
     inv = ct.rsqrt(sq / d + eps)
     n1 = _norm_half(x1, inv, _w_half(w, 0, TR), x.dtype, out.dtype, TR)
     n2 = _norm_half(x2, inv, _w_half(w, 1, TR), x.dtype, out.dtype, TR)
-    order = (0, 2, 1, 3, 4)  # tile (b, s, h, half, r) -> out (b, h, s, half, r)
-    oidx = (b, h, sb)
-    _st(out, oidx, 0, n1 * c1 - n2 * s1, order)
-    _st(out, oidx, 1, n2 * c2 + n1 * s2, order)
+    # tile axes (b, s, h, half, r) -> out axes (b, h, s, half, r); like ``ct.load``'s, the
+    # store's index is in tile-axis order, so it is the load's index
+    order = (0, 2, 1, 3, 4)
+    _st(out, idx, 0, n1 * c1 - n2 * s1, order)
+    _st(out, idx, 1, n2 * c2 + n1 * s2, order)
 
 
 @ct.kernel(occupancy=QK_HEADS_OCCUPANCY)

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# GPU check for helper/rope3: the RoPE / q-k-norm+RoPE "heads" kernels and "auto" dispatch, and
+# the residual add variants. GPU tests of every variant + the model patches, then the benchmark
+# tables (all variants interleaved per shape, with torch and a dst.copy_(src) ceiling row).
+# Usage (repo root): OUT=gpu_check_out bash benchmarks/ops/gpu_check_rope3.sh   (< 4 min)
+# Outputs in $OUT: env.txt, summary.txt, tests_*.txt (one per pytest shard), warm_*.txt,
+# bench_rope.txt, bench_add.txt.
+# Cold compiles dominate, so step 1 runs the pytest shards and WARM "--warm I/N" benchmark
+# workers in parallel (they fill cuTile's disk cache, build/cutile-cache, for the timed run).
+set -o pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-gpu_check_out}"
+mkdir -p "$OUT" build/cutile-cache
+export CUDA_TILE_CACHE_DIR="$PWD/build/cutile-cache"
+export PYTHONPATH="$PWD/src:$PWD/modeling/transformers/src${PYTHONPATH:+:$PYTHONPATH}"
+PY="${PYTHON:-python3}"
+WARM="${WARM:-5}"
+TT="${TEST_TIMEOUT:-140}"
+status=0
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$OUT/env.txt"
+"$PY" -c "import torch, transformers, cuda.tile as ct; print(torch.__version__, transformers.__version__, ct.__version__)" 2>&1 | tee -a "$OUT/env.txt"
+git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/env.txt"
+start=$(date +%s)
+
+# 1. tests (sharded) and cache-warming benchmark workers, all in parallel
+pids=()
+shard() {  # name, then pytest arguments
+    local name=$1
+    shift
+    timeout "$TT" "$PY" -m pytest -q -rA -p no:cacheprovider "$@" >"$OUT/tests_$name.txt" 2>&1 &
+    pids+=($!)
+}
+shard rope tests/ops/test_rope.py tests/ops/test_rope_aot.py
+shard add tests/ops/test_elementwise_embedding.py
+shard patches tests/transformers/test_patch_models.py
+for i in 0 1 2 3; do  # every RoPE / qk variant, 4 disjoint shards (see _shard in the test file)
+    ROPE_VARIANT_SHARD="$i/4" timeout "$TT" "$PY" -m pytest -q -rA -p no:cacheprovider \
+        tests/ops/test_rope_variants.py >"$OUT/tests_variants_$i.txt" 2>&1 &
+    pids+=($!)
+done
+# inventory runtime parity of the Solutions whose kernels changed (entry points, sampled shapes)
+KS=src/tilegym/transformers
+SOL=("$KS/qwen3/kernel_solutions/qwen3_qk_norm_rope.json" "$KS/llama/kernel_solutions/llama_rope.json")
+{ timeout "$TT" "$PY" -m tilegym.kernel_inventory.cli parity "${SOL[@]}" \
+    && echo "inventory parity: ok"; } >"$OUT/tests_inventory.txt" 2>&1 &
+pids+=($!)
+for ((i = 0; i < WARM; i++)); do
+    timeout "$TT" "$PY" benchmarks/ops/bench_rope.py --warm "$i/$WARM" \
+        >"$OUT/warm_rope_$i.txt" 2>&1 &
+    pids+=($!)
+done
+for i in 0 1; do
+    timeout "$TT" "$PY" benchmarks/ops/bench_silu_and_mul.py --warm "$i/2" \
+        >"$OUT/warm_add_$i.txt" 2>&1 &
+    pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+echo "step 1 (tests + warm) took $(($(date +%s) - start)) s, status $status" | tee "$OUT/summary.txt"
+for f in "$OUT"/tests_*.txt; do
+    echo "== $f: $(tail -n 1 "$f")" | tee -a "$OUT/summary.txt"
+    grep -E "^(FAILED|ERROR)" "$f" | head -20 | tee -a "$OUT/summary.txt"
+done
+for f in "$OUT"/warm_*.txt; do
+    [ -s "$f" ] && { echo "== $f (should be empty)"; tail -n 5 "$f"; } | tee -a "$OUT/summary.txt"
+done
+
+# 2. timed benchmarks, one at a time (GPU to themselves); rows print as they finish
+timeout "${BENCH_TIMEOUT:-70}" "$PY" benchmarks/ops/bench_rope.py 2>&1 | tee "$OUT/bench_rope.txt" \
+    || status=1
+timeout "${ADD_TIMEOUT:-30}" "$PY" benchmarks/ops/bench_silu_and_mul.py --ops add 2>&1 \
+    | tee "$OUT/bench_add.txt" || status=1
+echo "total $(($(date +%s) - start)) s, status $status" | tee -a "$OUT/summary.txt"
+exit $status
