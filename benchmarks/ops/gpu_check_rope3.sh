@@ -33,8 +33,8 @@ shard() {  # name, then pytest arguments
 shard rope tests/ops/test_rope.py tests/ops/test_rope_aot.py
 shard add tests/ops/test_elementwise_embedding.py
 shard patches tests/transformers/test_patch_models.py
-for i in 0 1 2 3; do  # every RoPE / qk variant, 4 disjoint shards (see _shard in the test file)
-    ROPE_VARIANT_SHARD="$i/4" timeout "$TT" "$PY" -m pytest -q -rA -p no:cacheprovider \
+for i in 0 1 2 3 4; do  # every RoPE / qk variant, 5 disjoint shards (see _shard in the test file)
+    ROPE_VARIANT_SHARD="$i/5" timeout "$TT" "$PY" -m pytest -q -rA -p no:cacheprovider \
         tests/ops/test_rope_variants.py >"$OUT/tests_variants_$i.txt" 2>&1 &
     pids+=($!)
 done
