@@ -203,6 +203,7 @@ ROPE_VARIANTS = {
     "h8-e16-o2": dict(variant="heads", heads=8, elems=16384, occupancy=2),
     "h4-e4-o4": dict(variant="heads", heads=4, elems=4096, occupancy=4),
     "h8-e4-o6": dict(variant="heads", heads=8, elems=4096, occupancy=6),
+    "h8-e2-o8": dict(variant="heads", heads=8, elems=2048, occupancy=8),
 }
 QK_VARIANTS = {
     "auto": dict(),
@@ -213,6 +214,7 @@ QK_VARIANTS = {
     "h8-e8-o2": dict(variant="heads", heads=8, elems=8192, occupancy=2),
     "h8-e16-o2": dict(variant="heads", heads=8, elems=16384, occupancy=2),
     "h4-e4-o4": dict(variant="heads", heads=4, elems=4096, occupancy=4),
+    "h8-e2-o8": dict(variant="heads", heads=8, elems=2048, occupancy=8),
     "h8-e8-o4-tma": dict(variant="heads", heads=8, elems=8192, occupancy=4, tma=True),
 }
 
