@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _shapes import MODELS  # noqa: E402
 from _sweep import print_ceiling_sweep, warm  # noqa: E402
+from _timing import flush_mode  # noqa: E402
 
 from tilegym.ops import rope as rp  # noqa: E402
 
@@ -78,7 +79,8 @@ def main() -> None:
         f"defaults: ROPE_VARIANT={rp.ROPE_VARIANT} QK_VARIANT={rp.QK_VARIANT} "
         f"(auto: per-token kernel up to {rp.ROPE_TOKEN_MAX}/{rp.QK_TOKEN_MAX} tokens, else heads "
         f"h{rp.ROPE_HEADS}-e{rp.ROPE_ELEMS // 1024}-o{rp.ROPE_HEADS_OCCUPANCY} / "
-        f"h{rp.QK_HEADS}-e{rp.QK_ELEMS // 1024}-o{rp.QK_HEADS_OCCUPANCY})"
+        f"h{rp.QK_HEADS}-e{rp.QK_ELEMS // 1024}-o{rp.QK_HEADS_OCCUPANCY}); "
+        f"L2 flush: {flush_mode()}"
     )
     decode = {f"{k} {s}" for k in MODELS for s in ("1x1", "8x1")}
     print_ceiling_sweep(all_cases(models, shapes), DEFAULTS, args.iters, lambda s: s in decode)

@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _shapes import MODELS, TOKENS  # noqa: E402
 from _sweep import print_ceiling_sweep, warm  # noqa: E402
-from _timing import format_table, interleaved, vs_torch_columns  # noqa: E402
+from _timing import flush_mode, format_table, interleaved, vs_torch_columns  # noqa: E402
 
 from tilegym.ops import elementwise as ew  # noqa: E402
 from tilegym.ops.elementwise import add, add_reference  # noqa: E402
@@ -53,7 +53,9 @@ def main() -> None:
     if args.ops == "all":
         model_table()
         print()
-    print(f"add: TILE={ew.TILE} MIN_TILE={ew.MIN_TILE} OCCUPANCY={ew.OCCUPANCY}")
+    print(
+        f"add: TILE={ew.TILE} MIN_TILE={ew.MIN_TILE} OCCUPANCY={ew.OCCUPANCY}; flush {flush_mode()}"
+    )
     print_ceiling_sweep(
         add_cases(), {"add": "default"}, args.iters, lambda s: s in ("1x1024", "8x2048")
     )

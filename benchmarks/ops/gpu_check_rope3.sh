@@ -4,7 +4,7 @@
 # tables (all variants interleaved per shape, with torch and a dst.copy_(src) ceiling row).
 # Usage (repo root): OUT=gpu_check_out bash benchmarks/ops/gpu_check_rope3.sh   (< 4 min)
 # Outputs in $OUT: env.txt, summary.txt, tests_*.txt (one per pytest shard), warm_*.txt,
-# bench_rope.txt, bench_add.txt.
+# bench_rope.txt, bench_add.txt (write flush), bench_rope_read.txt, bench_add_read.txt (read).
 # Cold compiles dominate, so step 1 runs the pytest shards and WARM "--warm I/N" benchmark
 # workers in parallel (they fill cuTile's disk cache, build/cutile-cache, for the timed run).
 set -o pipefail
@@ -64,10 +64,19 @@ for f in "$OUT"/warm_*.txt; do
     [ -s "$f" ] && { echo "== $f (should be empty)"; tail -n 5 "$f"; } | tee -a "$OUT/summary.txt"
 done
 
-# 2. timed benchmarks, one at a time (GPU to themselves); rows print as they finish
-timeout "${BENCH_TIMEOUT:-70}" "$PY" benchmarks/ops/bench_rope.py 2>&1 | tee "$OUT/bench_rope.txt" \
+# 2. timed benchmarks, one at a time (GPU to themselves); rows print as they finish. First with
+# the default write flush (comparable with the earlier tables), then the prefill shapes and the
+# add sweep again with TILEGYM_BENCH_FLUSH=read (clean L2: no write-back of the flush's dirty
+# lines inside the timed call, see benchmarks/ops/bench_flush.py)
+timeout "${BENCH_TIMEOUT:-60}" "$PY" benchmarks/ops/bench_rope.py 2>&1 | tee "$OUT/bench_rope.txt" \
     || status=1
 timeout "${ADD_TIMEOUT:-30}" "$PY" benchmarks/ops/bench_silu_and_mul.py --ops add 2>&1 \
     | tee "$OUT/bench_add.txt" || status=1
+export TILEGYM_BENCH_FLUSH=read
+echo "== TILEGYM_BENCH_FLUSH=read" | tee "$OUT/bench_rope_read.txt" "$OUT/bench_add_read.txt"
+timeout "${BENCH_TIMEOUT:-60}" "$PY" benchmarks/ops/bench_rope.py --shapes 1x2048,4x4096,8x4096 \
+    2>&1 | tee -a "$OUT/bench_rope_read.txt" || status=1
+timeout "${ADD_TIMEOUT:-30}" "$PY" benchmarks/ops/bench_silu_and_mul.py --ops add 2>&1 \
+    | tee -a "$OUT/bench_add_read.txt" || status=1
 echo "total $(($(date +%s) - start)) s, status $status" | tee -a "$OUT/summary.txt"
 exit $status
