@@ -176,8 +176,8 @@ QK_OCCUPANCY = 4
 #: faster). With TMA loads tileiras gives the q/k-norm kernel 256 threads and spills registers
 #: (sm_90 SASS: 1-5 KB stack per thread); without, 128 threads, 121 registers, no spills.
 ROPE_HEADS = 8
-ROPE_ELEMS = 8192
-ROPE_HEADS_OCCUPANCY = 4
+ROPE_ELEMS = 4096
+ROPE_HEADS_OCCUPANCY = 6
 ROPE_TMA = False
 QK_HEADS = 8
 QK_ELEMS = 8192
