@@ -133,7 +133,7 @@ DECODE_HEADER = [
     "best",
     "best us",
     "best speedup",
-    "variants us (w=waves, k=min keys/split, n=tile_n)",
+    "variants us (w=waves, k=min keys/split, o=occupancy, n=tile_n)",
 ]
 FLOOR_HEADER = ["what", "median us", "p10 us", "p90 us"]
 CACHE_HEADER = ["batch", "past", "new", "torch.cat us", "tile us", "spread %", "speedup"]

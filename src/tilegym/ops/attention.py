@@ -500,7 +500,9 @@ DECODE_MODE = "auto"
 the last split block of each (batch, kv head) combines the partials; ``pdl`` = split kernel +
 reduction kernel launched as its programmatic dependent; ``split`` = split kernel + plain
 reduction launch; ``auto`` = one split with a large key tile for short caches
-(``DECODE_AUTO_ONE_SPLIT_KEYS``), else ``DECODE_AUTO_SCHEME``."""
+(``DECODE_AUTO_ONE_SPLIT_KEYS``), else ``DECODE_AUTO_SCHEME``. ``auto`` + ``fused`` is a best
+guess not yet timed on the H200 (benchmarks/ops/gpu_check_attn3.sh sweeps the alternatives);
+``pdl`` was the measured default before (docs/results/h200-2026-11-29/ops/attention_decode.txt)."""
 DECODE_AUTO_SCHEME = "fused"
 """Launch scheme ``auto`` uses when it splits the keys (``fused`` or ``pdl``)."""
 DECODE_AUTO_ONE_SPLIT_KEYS = 256
@@ -587,9 +589,9 @@ def plan_decode(
     ``window``, at most ``window`` of them.
 
     ``mode`` ``auto`` takes one split with a key tile covering up to
-    ``DECODE_ONE_SPLIT_TILE_KEYS`` keys when ``span <= DECODE_AUTO_ONE_SPLIT_KEYS`` (no
-    combine, fewest loop trips), else ``DECODE_AUTO_SCHEME`` with the split plan. The other
-    modes use the split plan (``plan_splits``: ~``split_waves`` blocks per SM, >=
+    ``DECODE_ONE_SPLIT_TILE_KEYS`` keys when at most ``DECODE_AUTO_ONE_SPLIT_KEYS`` keys are
+    visible (no combine, fewest loop trips), else ``DECODE_AUTO_SCHEME`` with the split plan. The
+    other modes use the split plan (``plan_splits``: ~``split_waves`` blocks per SM, >=
     ``min_split_keys`` keys per split; ``num_splits`` overrides it). Explicit arguments win.
     """
     mode = mode or DECODE_MODE
