@@ -521,6 +521,9 @@ one resident block per SM: one wave of <= #SMs blocks avoids a serialized second
 DECODE_MIN_SPLIT_KEYS = 128
 """Fewest keys a split gets (short caches use fewer, longer splits; 1 split = no combine)."""
 DECODE_MAX_SPLITS = 64
+DECODE_OCCUPANCY: int | None = None
+"""Occupancy hint of the decode kernel when the call gives none (None: the compiler's choice,
+one ~190 KiB-shared-memory block per SM in the default form)."""
 DECODE_FUSED_MAX_SPLITS = 32
 """Split cap of the fused scheme (its combine runs in one block per (batch, kv head))."""
 DECODE_COMBINE_CHUNK = 16
@@ -624,6 +627,7 @@ def plan_decode(
         splits = min(splits, cap)
     tiles_per_split = max(1, _cdiv(tiles, splits))
     splits = max(1, _cdiv(tiles, tiles_per_split))
+    occupancy = DECODE_OCCUPANCY if occupancy is None else occupancy
     return DecodePlan(
         "one" if splits == 1 else scheme, form, tile_n, splits, tiles_per_split, occupancy
     )
