@@ -1,7 +1,10 @@
 """Attention and KV-cache kernels vs PyTorch on the GPU: prefill, decode, cache update tables.
 
     python benchmarks/ops/bench_attention.py [--json FILE] [--sweep] [--warm-only]
-        [--only prefill|decode|cache ...] [--models qwen3,llama]
+        [--only floor|prefill|decode|cache ...] [--models qwen3,llama]
+
+- floor: trivial launches (a 1-element torch op, empty cuTile kernels, a PDL pair, SDPA and
+  the cuTile decode over 16 keys) timed the same way: the fixed cost every row pays.
 
 - prefill: causal GQA flash attention at 2K and 8K tokens, qwen3 (16/8 heads, d=128) and llama
   (32/8, d=64) heads, vs ``torch.nn.functional.scaled_dot_product_attention(enable_gqa=True,
@@ -21,14 +24,17 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import sys
 
+import cuda.tile as ct
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import H200_COPY_TBPS, Stats, format_table, interleaved  # noqa: E402
 
+from tilegym.ops._common import stream  # noqa: E402
 from tilegym.ops.attention import (  # noqa: E402
     PrefillConfig,
     decode_attention,
@@ -48,23 +54,45 @@ SWEEP = [
 ]
 DECODE_VARIANTS = {
     # name: decode_attention keyword arguments ("tile" = the library default is always timed)
-    "old": dict(mode="split", tile_n=64, split_waves=2, min_split_keys=256),  # before issue 5
-    "pdl": dict(mode="pdl"),
-    "split": dict(mode="split"),
-    "pdl w2": dict(mode="pdl", split_waves=2),
-    "pdl k64": dict(mode="pdl", min_split_keys=64),
-    "pdl k256": dict(mode="pdl", min_split_keys=256),
-    "pdl 1split": dict(mode="pdl", num_splits=1),
+    "pdl": dict(mode="pdl"),  # the default before the fused / one-split plan (issue 5)
+    "fused": dict(mode="fused"),
+    "fused k64": dict(mode="fused", min_split_keys=64),
+    "fused w2": dict(mode="fused", split_waves=2),
+    "fused o2 w2": dict(mode="fused", split_waves=2, occupancy=2),
+    "fused o4 w4 k64": dict(mode="fused", split_waves=4, min_split_keys=64, occupancy=4),
+    "pdl o2 w2": dict(mode="pdl", split_waves=2, occupancy=2),
+    "one": dict(num_splits=1),
+    "one n256": dict(num_splits=1, tile_n=256),
+    "rows auto": dict(mode="auto", form="rows"),
+    "rows fused": dict(mode="fused", form="rows"),
+    "rows pdl": dict(mode="pdl", form="rows"),
+    "rows one": dict(num_splits=1, form="rows"),
 }
-"""Decode variants timed against SDPA (interleaved); ``alt_tile`` adds the other tile size."""
+"""Decode variants timed against SDPA (interleaved): launch scheme (``fused`` single launch,
+``pdl`` split + reduction), split plan (w=waves, k=min keys per split, o=occupancy hint), one
+split with an n-key tile, and the ``rows`` MMA orientation."""
 
 
 def decode_variants(d: int) -> dict[str, dict]:
-    """DECODE_VARIANTS plus the default scheme at the other tile size for this head dim."""
-    from tilegym.ops.attention import default_decode_tile_n
+    """DECODE_VARIANTS (the same set at either head dim)."""
+    return dict(DECODE_VARIANTS)
 
-    alt = 64 if default_decode_tile_n(d) == 128 else 128
-    return {**DECODE_VARIANTS, f"pdl n{alt}": dict(mode="pdl", tile_n=alt)}
+
+@ct.kernel
+def _noop_kernel(X, PDL: ct.Constant[bool]):
+    """Harness floor: each block writes one float (with ``PDL``, after the grid dependency)."""
+    if PDL:
+        ct.grid_dependency_control_wait()
+    ct.store(X, index=(ct.bid(0),), tile=ct.full((1,), 1.0, dtype=ct.float32))
+
+
+def _noop(x, blocks: int, pdl: bool = False):
+    ct.launch(stream(), (blocks, 1, 1), _noop_kernel, (x, pdl), programmatic_dependent_launch=pdl)
+
+
+def _two_noops(x, pdl: bool):
+    _noop(x, 128)
+    _noop(x, 128, pdl)
 
 
 def sdpa(q, k, v, causal):
@@ -105,8 +133,9 @@ DECODE_HEADER = [
     "best",
     "best us",
     "best speedup",
-    "variants us (w=waves, k=min keys/split, n=tile_n)",
+    "variants us (w=waves, k=min keys/split, o=occupancy, n=tile_n)",
 ]
+FLOOR_HEADER = ["what", "median us", "p10 us", "p90 us"]
 CACHE_HEADER = ["batch", "past", "new", "torch.cat us", "tile us", "spread %", "speedup"]
 
 
@@ -227,7 +256,63 @@ def decode_rows(lengths, batches, iters: int, warm_only: bool, sweep: bool, mode
                 )
                 rows.append(row)
                 records.append(rec)
-    return format_table(DECODE_HEADER, rows), records
+    table = format_table(DECODE_HEADER, rows)
+    if records and any(r["sweep_us"] for r in records):
+        table += "\n\n## decode variants vs sdpa over all rows\n" + decode_summary(records)
+    return table, records
+
+
+SUMMARY_HEADER = ["variant", "rows >= sdpa", "geomean x", "worst x", "worst row", "best in"]
+
+
+def decode_summary(records: list[dict]) -> str:
+    """Per variant ("tile" = the library default): rows at least as fast as SDPA, geometric mean
+    and worst speedup over SDPA, and in how many rows it was the fastest variant (pure)."""
+    names = ["tile", *dict.fromkeys(k for r in records for k in r["sweep_us"])]
+    times = [{"tile": r["tile_us"], **r["sweep_us"]} for r in records]
+    wins = {n: 0 for n in names}
+    for t in times:
+        wins[min(t, key=t.get)] += 1
+    rows = []
+    for n in names:
+        ratios = [
+            (r["sdpa_us"] / t[n], f"{r['model']} b{r['batch']} c{r['cache']}")
+            for r, t in zip(records, times, strict=True)
+            if n in t
+        ]
+        geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
+        worst = min(ratios)
+        ok = sum(x >= 1.0 for x, _ in ratios)
+        rows.append([n, f"{ok}/{len(ratios)}", f"{geo:.3f}", f"{worst[0]:.2f}", worst[1], wins[n]])
+    return format_table(SUMMARY_HEADER, rows)
+
+
+def floor_fns() -> dict:
+    """Trivial launches timed like the decode rows: how close a kernel can get to zero here."""
+    x = torch.zeros(1024, device="cuda", dtype=torch.float32)
+    hq, hkv, d = HEADS["qwen3"]
+    q, k, v = _rand(1, hq, 1, d), _rand(1, hkv, 16, d), _rand(1, hkv, 16, d)
+    return {
+        "torch add_ (1 element)": functools.partial(x[:1].add_, 1.0),
+        "cuTile noop, 1 block": functools.partial(_noop, x, 1),
+        "cuTile noop, 128 blocks": functools.partial(_noop, x, 128),
+        "2 cuTile noops": functools.partial(_two_noops, x, False),
+        "2 cuTile noops, 2nd PDL": functools.partial(_two_noops, x, True),
+        "sdpa qwen3 b1 c16": functools.partial(sdpa, q, k, v, False),
+        "tile decode qwen3 b1 c16": functools.partial(decode_attention, q, k, v),
+    }
+
+
+def floor_rows(iters: int, warm_only: bool):
+    fns = floor_fns()
+    if warm_only:
+        for fn in fns.values():
+            fn()
+        return "", []
+    stats = interleaved(fns, warmup=5, iters=iters)
+    rows = [[k, st.median_us, st.p10_us, st.p90_us] for k, st in stats.items()]
+    records = [dict(kind="floor", what=k, median_us=st.median_us) for k, st in stats.items()]
+    return format_table(FLOOR_HEADER, rows), records
 
 
 def cache_rows(lengths, batches, iters: int, warm_only: bool):
@@ -266,7 +351,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--only",
         action="append",
-        choices=("prefill", "decode", "cache"),
+        choices=("floor", "prefill", "decode", "cache"),
         help="run only these sections (repeatable; default: all)",
     )
     ap.add_argument(
@@ -278,7 +363,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA GPU", file=sys.stderr)
         return 1
-    import cuda.tile as ct
     import transformers
 
     env = (
@@ -290,6 +374,11 @@ def main(argv=None) -> int:
     records = []
     models = tuple(m for m in args.models.split(",") if m)
     sections = (
+        (
+            "floor",
+            "harness floor (same timing as the tables: L2 flushed, CUDA events)",
+            lambda: floor_rows(args.iters, args.warm_only),
+        ),
         (
             "prefill",
             "prefill (causal, GQA)",

@@ -284,6 +284,79 @@ def test_plan_splits_caps_and_short_caches():
     assert plan_splits(8, 0, 132) == 1
 
 
+def test_plan_decode_auto_one_split_for_short_caches():
+    from tilegym.ops.attention import DECODE_AUTO_ONE_SPLIT_KEYS, DECODE_AUTO_SCHEME, plan_decode
+
+    short = DECODE_AUTO_ONE_SPLIT_KEYS
+    for d, base in ((128, 64), (64, 128)):
+        p = plan_decode(64, short, d, 132, mode="auto")
+        assert (p.scheme, p.splits) == ("one", 1)
+        assert p.tile_n * p.tiles_per_split >= short and p.tiles_per_split <= 2
+        p = plan_decode(8, 37, d, 132, mode="auto")  # fits one default tile
+        assert (p.scheme, p.tile_n, p.tiles_per_split) == ("one", base, 1)
+        p = plan_decode(8, 8192, d, 132, mode="auto")
+        assert p.scheme == DECODE_AUTO_SCHEME and p.splits > 1 and p.tile_n == base
+        # a short sliding window over a long cache is short too
+        p = plan_decode(8, 8192, d, 132, mode="auto", window=100)
+        assert p.scheme == "one" and p.tile_n * p.tiles_per_split >= 100 + p.tile_n - 1
+
+
+@pytest.mark.parametrize("mode", ["auto", "fused", "pdl", "split"])
+@pytest.mark.parametrize("span", [0, 1, 37, 256, 257, 1000, 4097, 8192, 100000])
+@pytest.mark.parametrize("bh", [1, 8, 40, 64, 200])
+def test_plan_decode_covers_every_key(mode, span, bh):
+    from tilegym.ops.attention import DECODE_FUSED_MAX_SPLITS, DECODE_MAX_SPLITS, plan_decode
+
+    for d in (64, 128):
+        for kw in ({}, {"num_splits": 37}, {"min_split_keys": 1, "split_waves": 8}):
+            p = plan_decode(bh, span, d, 132, mode=mode, **kw)
+            assert p.splits * p.tiles_per_split * p.tile_n >= span
+            assert (p.splits - 1) * p.tiles_per_split * p.tile_n < max(span, 1)  # none empty
+            cap = DECODE_FUSED_MAX_SPLITS if p.scheme == "fused" else DECODE_MAX_SPLITS
+            assert 1 <= p.splits <= cap
+            assert (p.scheme == "one") == (p.splits == 1)
+
+
+def test_plan_decode_explicit_arguments_win():
+    from tilegym.ops.attention import AttentionInputError, plan_decode
+
+    p = plan_decode(8, 256, 128, 132, mode="auto", num_splits=4, tile_n=32, form="rows")
+    assert (p.splits, p.tile_n, p.form, p.scheme) == (4, 32, "rows", "fused")
+    p = plan_decode(8, 8192, 128, 132, mode="pdl", occupancy=2)
+    assert p.scheme == "pdl" and p.occupancy == 2
+    with pytest.raises(AttentionInputError, match="form"):
+        plan_decode(8, 256, 128, 132, form="diagonal")
+    with pytest.raises(AttentionInputError, match="mode"):
+        plan_decode(8, 256, 128, 132, mode="bogus")
+
+
+def test_decode_aot_signatures_cover_benchmark_and_test_variants():
+    """Every kernel configuration the benchmark sweep and the mode tests launch (unmasked) is in
+    ``decode_kernel_configs``, i.e. compiled by the AOT gate."""
+    from tilegym.ops.attention import (
+        decode_kernel_config,
+        decode_kernel_configs,
+        decode_signatures,
+        plan_decode,
+    )
+
+    bench = _bench_module()
+    for hq, hkv, d in HEADS.values():
+        group = hq // hkv
+        configs = set(decode_kernel_configs(d, group))
+        assert len(decode_signatures(d, group)[next(iter(decode_signatures(d, group)))]) == len(
+            configs
+        )
+        launched = [{}, *bench.decode_variants(d).values()]  # the sweep: default plans
+        launched += [{**kw, **p} for kw in VARIANTS.values() for p in PLANS.values()]  # tests
+        for kw in launched:
+            kw = {k: v for k, v in kw.items() if k != "occupancy"}
+            for bh in (8, 40, 64):
+                for span in (1, 37, 256, 257, 1000, 4097, 8192):
+                    cfg = decode_kernel_config(plan_decode(bh, span, d, 132, **kw), group)
+                    assert cfg in configs, (kw, bh, span, cfg)
+
+
 def test_decode_rejects_unknown_mode():
     from tilegym.ops.attention import AttentionInputError, decode_attention
 
@@ -303,38 +376,79 @@ def _check_decode(got, ref, out):
         assert_close_rel(torch.zeros_like(got), ref)
 
 
-MODE_LENGTHS = [1, 37, 256, 1000, 4097, 8192]
-# plan overrides: default, one split, many splits (> one combine chunk), short splits
+MODE_LENGTHS = [1, 37, 256, 257, 1000, 4097, 8192]
+# plan overrides: default, one split (small and large key tiles), many splits (more than one
+# combine chunk / capped for fused), short splits
 PLANS = {
     "default": {},
     "one": {"num_splits": 1},
+    "one256": {"num_splits": 1, "tile_n": 256},
     "many": {"num_splits": 37},
     "short": {"min_split_keys": 1, "split_waves": 8},
 }
+# launch scheme x MMA orientation (x occupancy hint) variants; every one is checked
+VARIANTS = {
+    "pdl": {"mode": "pdl"},
+    "split": {"mode": "split"},
+    "fused": {"mode": "fused"},
+    "auto": {"mode": "auto"},
+    "rows-fused": {"mode": "fused", "form": "rows"},
+    "rows-pdl": {"mode": "pdl", "form": "rows"},
+    "rows-auto": {"mode": "auto", "form": "rows"},
+    "fused-o2": {"mode": "fused", "occupancy": 2, "split_waves": 2},
+    "fused-o4": {"mode": "fused", "occupancy": 4, "split_waves": 4, "min_split_keys": 64},
+    "pdl-o2": {"mode": "pdl", "occupancy": 2, "split_waves": 2},
+}
+# the plans that give a variant kernels no other variant runs
+_PLANS_OF = {v: ["default", "many", "short"] for v in ("fused-o2", "fused-o4", "pdl-o2")}
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "mode,plan",
-    [(m, p) for m in ("pdl", "split") for p in sorted(PLANS)],
+    "variant,plan",
+    [(m, p) for m in VARIANTS for p in _PLANS_OF.get(m, sorted(PLANS))],
 )
 @pytest.mark.parametrize("model", sorted(HEADS))
 @pytest.mark.parametrize("skv", MODE_LENGTHS)
-def test_decode_modes_match_fp32_reference(model, mode, plan, skv, gen, poison_empty):
+def test_decode_modes_match_fp32_reference(model, variant, plan, skv, gen, poison_empty):
     from tilegym.ops.attention import decode_attention
 
     hq, hkv, d = HEADS[model]
     for b in (1, 5):
         q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
-        out = _poisoned_out(b, hq, d)
-        kw = PLANS[plan]
-        got = decode_attention(q, k, v, scale=0.11, out=out, mode=mode, **kw)
         ref = reference_attention(q, k, v, reference_mask(b, 1, skv, device="cuda"), scale=0.11)
-        _check_decode(got, ref, out)
+        for _ in range(2):  # twice: the fused scheme's arrival counters must be re-armed
+            out = _poisoned_out(b, hq, d)
+            kw = {**VARIANTS[variant], **PLANS[plan]}
+            got = decode_attention(q, k, v, scale=0.11, out=out, **kw)
+            _check_decode(got, ref, out)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["pdl", "split"])
+@pytest.mark.parametrize("variant", ["fused", "rows-fused", "auto"])
+def test_decode_fused_back_to_back_calls_on_fresh_data(variant, gen):
+    """Many fused launches in a row, each on new data into a reused output buffer, with no sync
+    between them: a stale partial or a counter left armed would show up as a mismatch."""
+    from tilegym.ops.attention import decode_attention
+
+    hq, hkv, d = HEADS["qwen3"]
+    b, skv = 8, 3000
+    outs, refs = [], []
+    out = _poisoned_out(b, hq, d)
+    for i in range(6):
+        n = skv - 397 * i
+        q, k, v = _qkv(b, hq, hkv, 1, n, d, gen)
+        outs.append(decode_attention(q, k, v, out=out, **VARIANTS[variant]).clone())
+        refs.append(reference_attention(q, k, v, reference_mask(b, 1, n, device="cuda")))
+    for got, ref in zip(outs, refs, strict=True):
+        assert_close_rel(got, ref)
+
+
+MASK_VARIANTS = ["pdl", "split", "fused", "auto", "rows-fused", "rows-auto"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MASK_VARIANTS)
 @pytest.mark.parametrize("model", sorted(HEADS))
 def test_decode_modes_cache_views_per_sequence_lengths(model, mode, gen, poison_empty):
     """Reads ``[:, :, :length]`` views of ``[B, Hkv, capacity, D]`` cache buffers (strided over
@@ -356,14 +470,14 @@ def test_decode_modes_cache_views_per_sequence_lengths(model, mode, gen, poison_
     ref = reference_attention(q, k.nan_to_num(), v.nan_to_num(), mask)
     for plan in PLANS.values():
         out = _poisoned_out(b, hq, d)
-        got = decode_attention(q, k, v, kv_lens=lens, out=out, mode=mode, **plan)
+        got = decode_attention(q, k, v, kv_lens=lens, out=out, **VARIANTS[mode], **plan)
         _check_decode(got, ref, out)
     # kv_end over the same strided view (all sequences at one length): the first 37 keys of
     # every sequence must hold data for that (sequence 0 had only 1 valid key above)
     kbuf[:, :, :37] = k_new[:, :, :37]
     vbuf[:, :, :37] = v_new[:, :, :37]
     out = _poisoned_out(b, hq, d)
-    got = decode_attention(q, kbuf[:, :, :37], vbuf[:, :, :37], out=out, mode=mode)
+    got = decode_attention(q, kbuf[:, :, :37], vbuf[:, :, :37], out=out, **VARIANTS[mode])
     ref = reference_attention(
         q, k_new[:, :, :37], v_new[:, :, :37], reference_mask(b, 1, 37, device="cuda")
     )
@@ -371,7 +485,7 @@ def test_decode_modes_cache_views_per_sequence_lengths(model, mode, gen, poison_
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["pdl", "split"])
+@pytest.mark.parametrize("mode", MASK_VARIANTS)
 @pytest.mark.parametrize("model", sorted(HEADS))
 def test_decode_modes_padding_and_window(model, mode, gen, poison_empty):
     from tilegym.ops.attention import decode_attention
@@ -380,15 +494,28 @@ def test_decode_modes_padding_and_window(model, mode, gen, poison_empty):
     b, skv = 4, 3001
     q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
     valid = _left_padding((3001, 900, 65, 1), skv)
-    for window in (None, 300, 37):
+    for window in (None, 300, 200, 37):
         mask = reference_mask(b, 1, skv, key_valid=valid, window=window, device="cuda")
         ref = reference_attention(q, k, v, mask)
         for plan in PLANS.values():
             out = _poisoned_out(b, hq, d)
             got = decode_attention(
-                q, k, v, key_valid=valid, window=window, out=out, mode=mode, **plan
+                q, k, v, key_valid=valid, window=window, out=out, **VARIANTS[mode], **plan
             )
             _check_decode(got, ref, out)
+
+
+def test_bench_decode_summary_counts_rows_and_wins():
+    bench = _bench_module()
+    recs = [
+        dict(model="qwen3", batch=1, cache=256, sdpa_us=10.0, tile_us=8.0, sweep_us={"a": 12.0}),
+        dict(model="qwen3", batch=8, cache=256, sdpa_us=10.0, tile_us=11.0, sweep_us={"a": 5.0}),
+    ]
+    text = bench.decode_summary(recs)
+    cells = {line.split()[0]: line.split() for line in text.splitlines()[2:]}
+    tile, a = cells["tile"], cells["a"]
+    assert tile[1] == "1/2" and tile[4:] == ["qwen3", "b8", "c256", "1"]
+    assert a[1] == "1/2" and a[2] == f"{math.sqrt(10 / 12 * 2):.3f}" and a[-1] == "1"
 
 
 def test_bench_decode_variants_are_valid_arguments():
@@ -401,5 +528,12 @@ def test_bench_decode_variants_are_valid_arguments():
     for d in (64, 128):
         variants = bench.decode_variants(d)
         assert any(kw.get("tile_n") for kw in variants.values())
+        assert any(kw.get("form") == "rows" for kw in variants.values())
+        assert {"fused", "pdl"} <= {kw.get("mode") for kw in variants.values()}
+        # every timed (scheme, form, occupancy) is among the GPU-tested variants
+        tested = {(kw["mode"], kw.get("form"), kw.get("occupancy")) for kw in VARIANTS.values()}
+        for kw in variants.values():
+            key = (kw.get("mode", "auto"), kw.get("form"), kw.get("occupancy"))
+            assert key in tested or kw.get("num_splits") == 1, kw
         for kw in variants.values():
             assert set(kw) <= set(params) and kw.get("mode", "pdl") in DECODE_MODES

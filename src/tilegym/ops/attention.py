@@ -1,8 +1,11 @@
 """cuTile attention kernels: flash-style prefill and split-KV decode, with PyTorch references.
 
 Decode blocks over (batch*kv head, key split) share each K/V tile among the query heads of a GQA
-group; with more than one split a reduction kernel combines the partial results, launched by
-default as a programmatic dependent of the split kernel (``DECODE_MODE``).
+group. ``plan_decode`` picks the launch (``DECODE_MODE``): short caches run one block per
+(batch, kv head) over the whole cache with a large key tile (no combine); longer ones split the
+keys and combine the partial results either in the same launch (``fused``: the last block of a
+group to finish combines, synchronized by an acq_rel arrival counter) or in a reduction kernel
+launched as a programmatic dependent (``pdl``).
 
 Layouts follow transformers' attention functions: queries ``[B, Hq, Sq, D]`` and keys/values
 ``[B, Hkv, Skv, D]`` (any strides with a unit last stride, e.g. the transposed projections or a
@@ -22,6 +25,7 @@ Query rows that can see no key (left-padding rows) produce zeros.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -270,6 +274,123 @@ def prefill_attention(
 # Decode (one query token per sequence), split over the key/value length
 # --------------------------------------------------------------------------------------------
 
+EPI_OUT = 0
+"""Decode epilogue: one split, normalize and write the output."""
+EPI_PARTS = 1
+"""Decode epilogue: write the split's partial output and log-sum-exp for the reduction kernel."""
+EPI_FUSED = 2
+"""Decode epilogue: write the partials; the last split block of its (batch, kv head) combines."""
+DECODE_ROWS_GP = 64
+"""Query rows of the ``rows`` form (the group's heads, zero-padded to one 64-row MMA tile)."""
+
+
+def _decode_cols(Qg, K, V, KeyValid, b, hk, j0, j1, start, end, qk_scale, D, GP, TILE_N, PAD, LENS):
+    """Online softmax over key tiles [j0, j1) with the keys on the MMA rows: ``K @ q^T`` is
+    ``(TILE_N, GP)``, so a tile needs only ``GP`` (>= 8) query columns; the softmax reduces over
+    the rows. Returns the normalized output ``(GP, D)`` and the log2-sum-exp ``(GP, 1)``."""
+    q = ct.load(Qg, index=(b, hk, 0, 0), shape=(1, 1, GP, D), padding_mode=_ZERO)
+    q_t = ct.transpose(q.reshape((GP, D)))  # (D, GP)
+    offs = ct.arange(TILE_N, dtype=ct.int32)[:, None]
+    m_i = ct.full((1, GP), _NEG_BIG, dtype=ct.float32)
+    l_i = ct.full((1, GP), 0.0, dtype=ct.float32)
+    acc = ct.full((D, GP), 0.0, dtype=ct.float32)
+    for j in range(j0, j1):
+        k = ct.load(
+            K, index=(b, hk, j, 0), shape=(1, 1, TILE_N, D), padding_mode=_ZERO, latency=4
+        ).reshape((TILE_N, D))
+        qk = ct.mma(k, q_t, ct.full((TILE_N, GP), 0.0, dtype=ct.float32))
+        cols = j * TILE_N + offs
+        ok = (cols < end) & (cols >= start)
+        if PAD:
+            kv_ok = ct.load(KeyValid, index=(b, j), shape=(1, TILE_N), padding_mode=_ZERO)
+            ok = ok & (kv_ok.reshape((TILE_N, 1)) != 0)
+        qk = ct.where(ok, qk * qk_scale, -math.inf)
+        m_new = ct.maximum(m_i, ct.max(qk, axis=0, keepdims=True))
+        p = ct.exp2(qk - m_new, flush_to_zero=True)
+        alpha = ct.exp2(m_i - m_new, flush_to_zero=True)
+        l_i = l_i * alpha + ct.sum(p, axis=0, keepdims=True)
+        acc = acc * alpha
+        v = ct.load(
+            V, index=(b, hk, j, 0), shape=(1, 1, TILE_N, D), padding_mode=_ZERO, latency=4
+        ).reshape((TILE_N, D))
+        if LENS:
+            v = ct.where(ok, v, 0.0)  # keys past a sequence's length may hold stale data
+        acc = ct.mma(ct.transpose(v), p.astype(V.dtype), acc)
+        m_i = m_new
+    l_safe = ct.where(l_i == 0.0, 1.0, l_i)
+    o = ct.transpose(acc / l_safe)  # (GP, D)
+    lse = ct.where(l_i == 0.0, -math.inf, m_i + ct.log2(l_safe))
+    return o, lse.reshape((GP, 1))
+
+
+def _decode_rows(Qg, K, V, KeyValid, b, hk, j0, j1, start, end, qk_scale, D, GP, TILE_N, PAD, LENS):
+    """Online softmax with the group's query heads on the MMA rows (zero-padded to ``GP``):
+    ``q @ K^T`` is ``(GP, TILE_N)`` and the softmax reduces along each row (no cross-warp
+    reduction), at the price of MMA work on the padding rows. Same results as ``_decode_cols``."""
+    q = ct.load(Qg, index=(b, hk, 0, 0), shape=(1, 1, GP, D), padding_mode=_ZERO)
+    q = q.reshape((GP, D))
+    offs = ct.arange(TILE_N, dtype=ct.int32)[None, :]
+    m_i = ct.full((GP, 1), _NEG_BIG, dtype=ct.float32)
+    l_i = ct.full((GP, 1), 0.0, dtype=ct.float32)
+    acc = ct.full((GP, D), 0.0, dtype=ct.float32)
+    for j in range(j0, j1):
+        k = ct.load(
+            K, index=(b, hk, j, 0), shape=(1, 1, TILE_N, D), padding_mode=_ZERO, latency=4
+        ).reshape((TILE_N, D))
+        qk = ct.mma(q, ct.transpose(k), ct.full((GP, TILE_N), 0.0, dtype=ct.float32))
+        cols = j * TILE_N + offs
+        ok = (cols < end) & (cols >= start)
+        if PAD:
+            kv_ok = ct.load(KeyValid, index=(b, j), shape=(1, TILE_N), padding_mode=_ZERO)
+            ok = ok & (kv_ok != 0)
+        qk = ct.where(ok, qk * qk_scale, -math.inf)
+        m_new = ct.maximum(m_i, ct.max(qk, axis=1, keepdims=True))
+        p = ct.exp2(qk - m_new, flush_to_zero=True)
+        alpha = ct.exp2(m_i - m_new, flush_to_zero=True)
+        l_i = l_i * alpha + ct.sum(p, axis=1, keepdims=True)
+        acc = acc * alpha
+        v = ct.load(
+            V, index=(b, hk, j, 0), shape=(1, 1, TILE_N, D), padding_mode=_ZERO, latency=4
+        ).reshape((TILE_N, D))
+        if LENS:
+            v = ct.where(ct.transpose(ok), v, 0.0)  # keys past a length may hold stale data
+        acc = ct.mma(p.astype(V.dtype), v, acc)
+        m_i = m_new
+    l_safe = ct.where(l_i == 0.0, 1.0, l_i)
+    lse = ct.where(l_i == 0.0, -math.inf, m_i + ct.log2(l_safe))
+    return acc / l_safe, lse
+
+
+def _combine_partials(OPart, LsePart, b, hk, num_splits, D, G2, CHUNK):
+    """Log-sum-exp weighted sum of the ``num_splits`` partial outputs of one (batch, kv head),
+    ``CHUNK`` splits at a time, in split order (deterministic). Returns ``(G2, D)``. The loads
+    bypass TMA: the partials were written by other blocks through the generic proxy."""
+    m_r = ct.full((G2, 1), _NEG_BIG, dtype=ct.float32)
+    den = ct.full((G2, 1), 0.0, dtype=ct.float32)
+    num = ct.full((G2, D), 0.0, dtype=ct.float32)
+    for c in range(ct.cdiv(num_splits, CHUNK)):
+        lse_c = ct.load(
+            LsePart,
+            index=(b, hk, 0, c),
+            shape=(1, 1, G2, CHUNK),
+            padding_mode=ct.PaddingMode.NEG_INF,
+            allow_tma=False,
+        ).reshape((G2, CHUNK))
+        o_c = ct.load(
+            OPart,
+            index=(b, hk, 0, c, 0),
+            shape=(1, 1, G2, CHUNK, D),
+            padding_mode=_ZERO,
+            allow_tma=False,
+        ).reshape((G2, CHUNK, D))
+        m_c = ct.maximum(m_r, ct.max(lse_c, axis=1, keepdims=True))
+        w = ct.exp2(lse_c - m_c, flush_to_zero=True)  # (G2, CHUNK); empty splits weigh 0
+        a_c = ct.exp2(m_r - m_c, flush_to_zero=True)
+        den = den * a_c + ct.sum(w, axis=1, keepdims=True)
+        num = num * a_c + ct.sum(o_c * w.reshape((G2, CHUNK, 1)), axis=1)
+        m_r = m_c
+    return num / ct.where(den == 0.0, 1.0, den)
+
 
 @ct.kernel
 def decode_attention_kernel(
@@ -279,21 +400,34 @@ def decode_attention_kernel(
     OPart,
     LsePart,
     Out,
+    Counter,
     KeyValid,
     KvLens,
     qk_scale: float,
     kv_end: int,
     window: int,
     tiles_per_split: int,
+    num_splits: int,
     D: ConstInt,
     GP: ConstInt,
     TILE_N: ConstInt,
     SLIDING: ConstBool,
     HAS_PAD: ConstBool,
     HAS_LENS: ConstBool,
-    SINGLE: ConstBool,
+    ROWS: ConstBool,
+    EPI: ConstInt,
+    G2: ConstInt,
+    CHUNK: ConstInt,
 ):
-    """One (batch*kv head, split) block: all query heads of the group against one key range."""
+    """One (batch*kv head, split) block: all query heads of the group against one key range.
+
+    ``ROWS`` picks the MMA orientation (``_decode_rows`` / ``_decode_cols``), ``EPI`` what the
+    block writes (``EPI_OUT``, ``EPI_PARTS``, ``EPI_FUSED``). With ``EPI_FUSED`` each block
+    stores its partials with plain (non-TMA) stores, then bumps its group's arrival counter
+    (acq_rel, device scope: the stores are visible to whoever reads the counter's new value);
+    the block that arrives last reads the partials back (non-TMA, after its acquire), writes the
+    output and re-arms the counter to 0 for the next launch.
+    """
     hkv = K.shape[1]
     bh = ct.bid(0)
     s = ct.bid(1)
@@ -309,46 +443,33 @@ def decode_attention_kernel(
     j0 = start // TILE_N + s * tiles_per_split
     j1 = ct.minimum(j0 + tiles_per_split, ct.cdiv(end, TILE_N))
 
-    q = ct.load(Qg, index=(b, hk, 0, 0), shape=(1, 1, GP, D), padding_mode=_ZERO)
-    q_t = ct.transpose(q.reshape((GP, D)))  # (D, GP)
-    offs = ct.arange(TILE_N, dtype=ct.int32)[:, None]
-
-    m_i = ct.full((1, GP), _NEG_BIG, dtype=ct.float32)
-    l_i = ct.full((1, GP), 0.0, dtype=ct.float32)
-    acc = ct.full((D, GP), 0.0, dtype=ct.float32)
-
-    for j in range(j0, j1):
-        k = ct.load(
-            K, index=(b, hk, j, 0), shape=(1, 1, TILE_N, D), padding_mode=_ZERO, latency=4
-        ).reshape((TILE_N, D))
-        qk = ct.mma(k, q_t, ct.full((TILE_N, GP), 0.0, dtype=ct.float32))
-        cols = j * TILE_N + offs
-        ok = (cols < end) & (cols >= start)
-        if HAS_PAD:
-            kv_ok = ct.load(KeyValid, index=(b, j), shape=(1, TILE_N), padding_mode=_ZERO)
-            ok = ok & (kv_ok.reshape((TILE_N, 1)) != 0)
-        qk = ct.where(ok, qk * qk_scale, -math.inf)
-        m_new = ct.maximum(m_i, ct.max(qk, axis=0, keepdims=True))
-        p = ct.exp2(qk - m_new, flush_to_zero=True)
-        alpha = ct.exp2(m_i - m_new, flush_to_zero=True)
-        l_i = l_i * alpha + ct.sum(p, axis=0, keepdims=True)
-        acc = acc * alpha
-        v = ct.load(
-            V, index=(b, hk, j, 0), shape=(1, 1, TILE_N, D), padding_mode=_ZERO, latency=4
-        ).reshape((TILE_N, D))
-        if HAS_LENS:
-            v = ct.where(ok, v, 0.0)  # keys past a sequence's length may hold stale data
-        acc = ct.mma(ct.transpose(v), p.astype(V.dtype), acc)
-        m_i = m_new
-
-    l_safe = ct.where(l_i == 0.0, 1.0, l_i)
-    o = ct.transpose(acc / l_safe)  # (GP, D)
-    if SINGLE:
-        ct.store(Out, index=(b, hk, 0, 0), tile=o.reshape((1, 1, GP, D)).astype(Out.dtype))
+    args = (Qg, K, V, KeyValid, b, hk, j0, j1, start, end, qk_scale, D, GP, TILE_N)
+    if ROWS:
+        o, lse = _decode_rows(*args, HAS_PAD, HAS_LENS)
     else:
-        lse = ct.where(l_i == 0.0, -math.inf, m_i + ct.log2(l_safe))
+        o, lse = _decode_cols(*args, HAS_PAD, HAS_LENS)
+
+    if EPI == EPI_OUT:
+        ct.store(Out, index=(b, hk, 0, 0), tile=o.reshape((1, 1, GP, D)).astype(Out.dtype))
+    elif EPI == EPI_PARTS:
         ct.store(OPart, index=(b, hk, 0, s, 0), tile=o.reshape((1, 1, GP, 1, D)))
         ct.store(LsePart, index=(b, hk, 0, s), tile=lse.reshape((1, 1, GP, 1)))
+    else:
+        ct.store(OPart, index=(b, hk, 0, s, 0), tile=o.reshape((1, 1, GP, 1, D)), allow_tma=False)
+        ct.store(LsePart, index=(b, hk, 0, s), tile=lse.reshape((1, 1, GP, 1)), allow_tma=False)
+        arrived = ct.atomic_add(
+            Counter, bh, 1, memory_order=ct.MemoryOrder.ACQ_REL, memory_scope=ct.MemoryScope.DEVICE
+        )
+        if arrived == num_splits - 1:
+            res = _combine_partials(OPart, LsePart, b, hk, num_splits, D, G2, CHUNK)
+            ct.store(Out, index=(b, hk, 0, 0), tile=res.reshape((1, 1, G2, D)).astype(Out.dtype))
+            ct.atomic_xchg(
+                Counter,
+                bh,
+                0,
+                memory_order=ct.MemoryOrder.RELAXED,
+                memory_scope=ct.MemoryScope.DEVICE,
+            )
 
 
 @ct.kernel
@@ -373,13 +494,24 @@ def decode_reduce_kernel(OPart, LsePart, Out, D: ConstInt, NSP: ConstInt, PDL: C
     ct.store(Out, index=(r, 0), tile=out.astype(Out.dtype))
 
 
-DECODE_MODES = ("pdl", "split")
-DECODE_MODE = "pdl"
-"""Default decode launch scheme (one-line switch): ``pdl`` = split kernel + reduction kernel
-launched as its programmatic dependent (its blocks start while the split kernel drains);
-``split`` = split kernel + plain reduction launch. Both passed the same GPU tests on the H200;
-``pdl`` was faster in 22 of 24 decode rows (docs/results/h200-2026-11-29/ops/
-attention_decode.txt)."""
+DECODE_MODES = ("auto", "fused", "pdl", "split")
+DECODE_MODE = "auto"
+"""Default decode launch scheme (one-line switch), see ``plan_decode``: ``fused`` = one launch,
+the last split block of each (batch, kv head) combines the partials; ``pdl`` = split kernel +
+reduction kernel launched as its programmatic dependent; ``split`` = split kernel + plain
+reduction launch; ``auto`` = one split with a large key tile for short caches
+(``DECODE_AUTO_ONE_SPLIT_KEYS``), else ``DECODE_AUTO_SCHEME``. ``auto`` + ``fused`` is a best
+guess not yet timed on the H200 (benchmarks/ops/gpu_check_attn3.sh sweeps the alternatives);
+``pdl`` was the measured default before (docs/results/h200-2026-11-29/ops/attention_decode.txt)."""
+DECODE_AUTO_SCHEME = "fused"
+"""Launch scheme ``auto`` uses when it splits the keys (``fused`` or ``pdl``)."""
+DECODE_AUTO_ONE_SPLIT_KEYS = 256
+"""``auto`` runs one block per (batch, kv head) over the whole cache up to this many keys."""
+DECODE_ONE_SPLIT_TILE_KEYS = 256
+"""Largest key tile of a one-split launch (the cache is covered in as few tiles as possible)."""
+DECODE_FORMS = ("cols", "rows")
+DECODE_FORM = "cols"
+"""MMA orientation (``_decode_cols``: keys on the MMA rows; ``_decode_rows``: query heads)."""
 DECODE_TILE_N = 64
 """Keys per tile for head_dim 128 (16 KiB of K per load); head_dim 64 uses twice as many."""
 DECODE_SPLIT_WAVES = 1
@@ -389,6 +521,13 @@ one resident block per SM: one wave of <= #SMs blocks avoids a serialized second
 DECODE_MIN_SPLIT_KEYS = 128
 """Fewest keys a split gets (short caches use fewer, longer splits; 1 split = no combine)."""
 DECODE_MAX_SPLITS = 64
+DECODE_OCCUPANCY: int | None = None
+"""Occupancy hint of the decode kernel when the call gives none (None: the compiler's choice,
+one ~190 KiB-shared-memory block per SM in the default form)."""
+DECODE_FUSED_MAX_SPLITS = 32
+"""Split cap of the fused scheme (its combine runs in one block per (batch, kv head))."""
+DECODE_COMBINE_CHUNK = 16
+"""Splits the fused combine reads per step."""
 
 
 def default_decode_tile_n(head_dim: int) -> int:
@@ -415,8 +554,88 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """How one decode call runs: ``scheme`` is ``one`` (a single split writes the output),
+    ``fused``, ``pdl`` or ``split``; ``splits`` blocks of ``tiles_per_split`` key tiles each
+    per (batch, kv head)."""
+
+    scheme: str
+    form: str
+    tile_n: int
+    splits: int
+    tiles_per_split: int
+    occupancy: int | None = None
+
+
+def plan_decode(
+    batch_heads: int,
+    span: int,
+    head_dim: int,
+    num_sms: int,
+    *,
+    window: int | None = None,
+    mode: str | None = None,
+    form: str | None = None,
+    tile_n: int | None = None,
+    num_splits: int | None = None,
+    split_waves: int | None = None,
+    min_split_keys: int | None = None,
+    occupancy: int | None = None,
+) -> DecodePlan:
+    """Pure launch plan of ``decode_attention`` for ``batch_heads`` (batch * kv heads) blocks
+    over ``span`` keys (the longest key range one sequence may see) and, with a sliding
+    ``window``, at most ``window`` of them.
+
+    ``mode`` ``auto`` takes one split with a key tile covering up to
+    ``DECODE_ONE_SPLIT_TILE_KEYS`` keys when at most ``DECODE_AUTO_ONE_SPLIT_KEYS`` keys are
+    visible (no combine, fewest loop trips), else ``DECODE_AUTO_SCHEME`` with the split plan. The
+    other modes use the split plan (``plan_splits``: ~``split_waves`` blocks per SM, >=
+    ``min_split_keys`` keys per split; ``num_splits`` overrides it). Explicit arguments win.
+    """
+    mode = mode or DECODE_MODE
+    if mode not in DECODE_MODES:
+        raise AttentionInputError(f"decode mode {mode!r} not one of {DECODE_MODES}")
+    form = form or DECODE_FORM
+    if form not in DECODE_FORMS:
+        raise AttentionInputError(f"decode form {form!r} not one of {DECODE_FORMS}")
+    span = max(0, int(span))
+    visible = span if window is None else min(span, int(window))
+    scheme = DECODE_AUTO_SCHEME if mode == "auto" else mode
+    if mode == "auto" and not num_splits and visible <= DECODE_AUTO_ONE_SPLIT_KEYS:
+        num_splits = 1
+        if tile_n is None:  # one loop trip where it fits, else the fewest (two tile sizes)
+            base = default_decode_tile_n(head_dim)
+            tile_n = base if visible <= base else max(base, DECODE_ONE_SPLIT_TILE_KEYS)
+    tile_n = tile_n or default_decode_tile_n(head_dim)
+    if window is not None:  # a window's keys start anywhere in a tile: one more tile at most
+        span = min(span, int(window) + tile_n)
+    tiles = _cdiv(span, tile_n)
+    cap = DECODE_FUSED_MAX_SPLITS if scheme == "fused" else DECODE_MAX_SPLITS
+    if num_splits:
+        splits = min(int(num_splits), cap)
+    else:
+        waves = DECODE_SPLIT_WAVES if split_waves is None else split_waves
+        min_keys = DECODE_MIN_SPLIT_KEYS if min_split_keys is None else min_split_keys
+        splits = plan_splits(
+            batch_heads, tiles, num_sms, min_tiles=max(1, _cdiv(min_keys, tile_n)), waves=waves
+        )
+        splits = min(splits, cap)
+    tiles_per_split = max(1, _cdiv(tiles, splits))
+    splits = max(1, _cdiv(tiles, tiles_per_split))
+    occupancy = DECODE_OCCUPANCY if occupancy is None else occupancy
+    return DecodePlan(
+        "one" if splits == 1 else scheme, form, tile_n, splits, tiles_per_split, occupancy
+    )
+
+
 _dummy_lens: dict[torch.device, torch.Tensor] = {}
 _dummy_parts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_counters: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -428,6 +647,22 @@ def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
             torch.zeros((1, 1, 1, 1), dtype=torch.float32, device=device),
         )
         _dummy_parts[device] = t
+    return t
+
+
+def _arrival_counters(device: torch.device, stream_handle: int, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters of the fused scheme, one buffer per (device, stream).
+
+    The kernel re-arms every counter it used to 0, so the buffer is reused across calls; calls
+    on one stream are ordered and each stream has its own buffer.
+    """
+    key = (device, stream_handle)
+    t = _counters.get(key)
+    if t is None or t.numel() < n:
+        if len(_counters) >= 64:
+            _counters.clear()
+        t = torch.zeros((max(n, 1024),), dtype=torch.int32, device=device)
+        _counters[key] = t
     return t
 
 
@@ -444,20 +679,24 @@ def decode_attention(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     tile_n: int | None = None,
-    split_waves: int = DECODE_SPLIT_WAVES,
-    min_split_keys: int = DECODE_MIN_SPLIT_KEYS,
+    split_waves: int | None = None,
+    min_split_keys: int | None = None,
     mode: str | None = None,
+    form: str | None = None,
+    occupancy: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence; returns ``[B, 1, Hq, D]``.
 
     The token sees keys ``[0, kv_end)`` (default all of ``k``), or ``[0, kv_lens[b])`` per
     sequence, intersected with the sliding window and ``key_valid``. ``mode`` picks the launch
-    scheme (see ``DECODE_MODES``); ``tile_n``, ``split_waves`` and ``min_split_keys`` the split
-    plan (``num_splits`` overrides it).
+    scheme (see ``DECODE_MODES``, ``plan_decode``), ``form`` the MMA orientation; ``tile_n``,
+    ``split_waves``, ``min_split_keys`` and ``num_splits`` override the split plan and
+    ``occupancy`` the decode kernel's occupancy hint.
     """
-    mode = mode or DECODE_MODE
-    if mode not in DECODE_MODES:
+    if (mode or DECODE_MODE) not in DECODE_MODES:
         raise AttentionInputError(f"decode mode {mode!r} not one of {DECODE_MODES}")
+    if (form or DECODE_FORM) not in DECODE_FORMS:
+        raise AttentionInputError(f"decode form {form!r} not one of {DECODE_FORMS}")
     b, hq, hkv = _check_common(q, k, v)
     if q.shape[2] != 1:
         raise AttentionInputError(f"decode takes one query token per sequence, got {q.shape[2]}")
@@ -468,9 +707,7 @@ def decode_attention(
         raise AttentionInputError(f"kv_end {kv_end} outside [0, {skv}]")
     if window is not None and window <= 0:
         raise AttentionInputError(f"sliding window must be positive, got {window}")
-    tile_n = tile_n or default_decode_tile_n(d)
     group = hq // hkv
-    gp = max(8, _next_pow2(group))
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     k, v = _unit_last_stride(k), _unit_last_stride(v)
     qg = q.reshape(b, hkv, group, d)
@@ -484,45 +721,87 @@ def decode_attention(
         span = skv
     else:
         span = kv_end
-    if window is not None:
-        span = min(span, window + tile_n)
-    tiles = ct.cdiv(span, tile_n)
-    if num_splits:
-        splits = min(int(num_splits), DECODE_MAX_SPLITS)
-    else:
-        splits = plan_splits(
-            b * hkv,
-            tiles,
-            sm_count(q.device),
-            min_tiles=max(1, ct.cdiv(min_split_keys, tile_n)),
-            waves=split_waves,
-        )
-    tiles_per_split = max(1, ct.cdiv(tiles, splits))
-    splits = max(1, ct.cdiv(tiles, tiles_per_split))
+    plan, cfg = _decode_config(
+        b * hkv,
+        span,
+        d,
+        group,
+        sm_count(q.device),
+        window,
+        kv_arg is not None,
+        kv_lens is not None,
+        mode,
+        form,
+        tile_n,
+        num_splits,
+        split_waves,
+        min_split_keys,
+        occupancy,
+    )
+    return _launch_decode(q, qg, k, v, out, kv_arg, kv_lens, kv_end, window, scale, plan, cfg)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode_config(bh, span, d, group, sms, window, pad, lens, mode, form, tile_n, nsp, w, mk, occ):
+    """``plan_decode`` + ``decode_kernel_config``, cached: a few microseconds of host time per
+    call and layer otherwise. (Module constants are read on a key's first call; call
+    ``_decode_config.cache_clear()`` after changing them at runtime.)"""
+    plan = plan_decode(
+        bh,
+        span,
+        d,
+        sms,
+        window=window,
+        mode=mode,
+        form=form,
+        tile_n=tile_n,
+        num_splits=nsp,
+        split_waves=w,
+        min_split_keys=mk,
+        occupancy=occ,
+    )
+    return plan, decode_kernel_config(plan, group, window is not None, pad, lens)
+
+
+def decode_kernel_config(
+    plan: DecodePlan, group: int, sliding: bool = False, pad: bool = False, lens: bool = False
+) -> tuple:
+    """Compile-time parameters ``(GP, TILE_N, SLIDING, HAS_PAD, HAS_LENS, ROWS, EPI, G2, CHUNK)``
+    of the decode kernel for one plan (pure; ``decode_kernel_configs`` lists the AOT ones)."""
+    rows = plan.form == "rows"
+    g2 = _next_pow2(group)
+    gp = DECODE_ROWS_GP if rows else max(8, g2)
+    epi = {"one": EPI_OUT, "fused": EPI_FUSED}.get(plan.scheme, EPI_PARTS)
+    chunk = combine_chunk(plan.splits) if epi == EPI_FUSED else 4
+    return (gp, plan.tile_n, sliding, pad, lens, rows, epi, g2, chunk)
+
+
+def _launch_decode(q, qg, k, v, out, kv_arg, kv_lens, kv_end, window, scale, plan, cfg):
+    b, hkv, group, d = qg.shape
+    hq = hkv * group
+    splits = plan.splits
+    epi = cfg[6]
     if out is None:
         out = torch.empty((b, 1, hq, d), dtype=q.dtype, device=q.device)
     out_g = out.view(b, hkv, group, d)
-    single = splits == 1
-    if single:
+    launch_stream = stream()
+    if epi == EPI_OUT:
         o_part, lse_part = _placeholders(q.device)
     else:
         n_o = b * hkv * group * splits * d  # one allocation: partial outputs, then their lse
         parts = torch.empty((n_o + b * hkv * group * splits,), dtype=torch.float32, device=q.device)
         o_part = parts[:n_o].view(b, hkv, group, splits, d)
         lse_part = parts[n_o:].view(b, hkv, group, splits)
-    lens_arg = kv_lens
-    if lens_arg is None:
-        lens_arg = _dummy_lens.get(q.device)
-        if lens_arg is None:
-            lens_arg = torch.zeros((1,), dtype=torch.int32, device=q.device)
-            _dummy_lens[q.device] = lens_arg
+    if epi == EPI_FUSED:
+        counter = _arrival_counters(q.device, launch_stream.cuda_stream, b * hkv)
+    else:
+        counter = _dummy_lens_for(q.device)
+    lens_arg = kv_lens if kv_lens is not None else _dummy_lens_for(q.device)
     mask_arg = kv_arg if kv_arg is not None else _dummy_mask(q.device)
-    launch_stream = stream()
-    grid = (b * hkv, splits, 1)
     ct.launch(
         launch_stream,
-        grid,
-        decode_attention_kernel,
+        (b * hkv, splits, 1),
+        with_occupancy(decode_attention_kernel, plan.occupancy, None),
         (
             qg,
             k,
@@ -530,23 +809,20 @@ def decode_attention(
             o_part,
             lse_part,
             out_g,
+            counter,
             mask_arg,
             lens_arg,
             scale * LOG2E,
             kv_end,
             int(window or 0),
-            tiles_per_split,
+            plan.tiles_per_split,
+            splits,
             d,
-            gp,
-            tile_n,
-            window is not None,
-            kv_arg is not None,
-            kv_lens is not None,
-            single,
+            *cfg,
         ),
     )
-    if not single:
-        pdl = mode == "pdl"
+    if epi == EPI_PARTS:
+        pdl = plan.scheme == "pdl"
         ct.launch(
             launch_stream,
             (b * hq, 1, 1),
@@ -562,6 +838,20 @@ def decode_attention(
             programmatic_dependent_launch=pdl,
         )
     return out
+
+
+def combine_chunk(splits: int) -> int:
+    """Splits per step of the fused combine: 4 for up to 4 splits, else
+    ``DECODE_COMBINE_CHUNK`` (two sizes keep the number of compiled variants small)."""
+    return 4 if splits <= 4 else DECODE_COMBINE_CHUNK
+
+
+def _dummy_lens_for(device: torch.device) -> torch.Tensor:
+    t = _dummy_lens.get(device)
+    if t is None:
+        t = torch.zeros((1,), dtype=torch.int32, device=device)
+        _dummy_lens[device] = t
+    return t
 
 
 # --------------------------------------------------------------------------------------------
@@ -676,13 +966,35 @@ def prefill_signatures(head_dim: int, num_q_heads: int, group: int, dtype=ct.bfl
     return sigs
 
 
+def decode_kernel_configs(head_dim: int, group: int) -> list[tuple]:
+    """Compile-time parameters ``(GP, TILE_N, SLIDING, HAS_PAD, HAS_LENS, ROWS, EPI, G2, CHUNK)``
+    of the decode kernel variants: every form x epilogue at the tiles ``plan_decode`` picks by
+    default (the split tile, and the one-split tile of short caches), and the padding (+ window)
+    flags of the epilogues ``auto`` uses in the default form, as a model's batched decode has.
+    (Each variant takes ~5-25 s per architecture to compile; the rest JIT-compile on first use.)"""
+    g2 = _next_pow2(group)
+    base = default_decode_tile_n(head_dim)
+    one_tiles = sorted({base, max(base, DECODE_ONE_SPLIT_TILE_KEYS)})
+    fused = [(EPI_FUSED, base, c) for c in sorted({4, DECODE_COMBINE_CHUNK})]
+    epis = [(EPI_OUT, t, 4) for t in one_tiles] + [(EPI_PARTS, base, 4)] + fused
+    out = []
+    for rows in (False, True):
+        gp = DECODE_ROWS_GP if rows else max(8, g2)
+        for epi, tile, chunk in epis:
+            out.append((gp, tile, False, False, False, rows, epi, g2, chunk))
+    rows = DECODE_FORM == "rows"
+    gp = DECODE_ROWS_GP if rows else max(8, g2)
+    flagged = [(EPI_OUT, t, 4) for t in one_tiles] + fused
+    for sliding in (False, True):
+        for epi, tile, chunk in flagged:
+            out.append((gp, tile, sliding, True, False, rows, epi, g2, chunk))
+    return list(dict.fromkeys(out))
+
+
 def decode_signatures(head_dim: int, group: int, dtype=ct.bfloat16):
     """Signatures of the decode kernels (split + reduction) at one head configuration."""
     from cuda.tile.compilation import ScalarConstraint
 
-    gp = max(8, _next_pow2(group))
-    tile_n = default_decode_tile_n(head_dim)
-    flags = ((False, False, False), (False, True, False), (True, True, False), (False, False, True))
     i32 = ScalarConstraint(ct.int32)
     head = [
         array_constraint(dtype, 4),
@@ -691,16 +1003,13 @@ def decode_signatures(head_dim: int, group: int, dtype=ct.bfloat16):
         array_constraint(ct.float32, 5),
         array_constraint(ct.float32, 4),
         array_constraint(dtype, 4),
+        array_constraint(ct.int32, 1),
     ]
     masks = [array_constraint(ct.int8, 2), array_constraint(ct.int32, 1)]
+    scalars = [ScalarConstraint(ct.float32), i32, i32, i32, i32]
     dec = [
-        _sig(
-            head
-            + masks
-            + [ScalarConstraint(ct.float32), i32, i32, i32]
-            + [head_dim, gp, tile_n, sliding, pad, lens, single]
-        )
-        for (sliding, pad, lens), single in [(flags[0], True)] + [(f, False) for f in flags]
+        _sig(head + masks + scalars + [head_dim, *cfg])
+        for cfg in decode_kernel_configs(head_dim, group)
     ]
     red = [
         _sig(
