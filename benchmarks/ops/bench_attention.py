@@ -54,23 +54,17 @@ SWEEP = [
 ]
 DECODE_VARIANTS = {
     # name: decode_attention keyword arguments ("tile" = the library default is always timed)
-    "pdl": dict(mode="pdl"),  # the default before the fused / one-split plan (issue 5)
-    "fused": dict(mode="fused"),
-    "fused k64": dict(mode="fused", min_split_keys=64),
-    "fused w2": dict(mode="fused", split_waves=2),
-    "fused o2 w2": dict(mode="fused", split_waves=2, occupancy=2),
-    "fused o4 w4 k64": dict(mode="fused", split_waves=4, min_split_keys=64, occupancy=4),
+    "pdl": dict(mode="pdl"),  # the default before the "auto" plan (issue 5)
     "pdl o2 w2": dict(mode="pdl", split_waves=2, occupancy=2),
     "one": dict(num_splits=1),
     "one n256": dict(num_splits=1, tile_n=256),
     "rows auto": dict(mode="auto", form="rows"),
-    "rows fused": dict(mode="fused", form="rows"),
     "rows pdl": dict(mode="pdl", form="rows"),
     "rows one": dict(num_splits=1, form="rows"),
 }
-"""Decode variants timed against SDPA (interleaved): launch scheme (``fused`` single launch,
-``pdl`` split + reduction), split plan (w=waves, k=min keys per split, o=occupancy hint), one
-split with an n-key tile, and the ``rows`` MMA orientation."""
+"""Decode variants timed against SDPA (interleaved): launch scheme (``pdl`` split + reduction),
+split plan (w=waves, o=occupancy hint), one split with an n-key tile, and the ``rows`` MMA
+orientation."""
 
 
 def decode_variants(d: int) -> dict[str, dict]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the decode attention variants (issue 5, helper attn3): the decode tests of every
 # launch scheme / MMA form / split plan (fp32 reference, odd cache lengths, per-sequence
-# lengths, padding + window, poisoned outputs, back-to-back fused launches), the model-level
+# lengths, padding + window, poisoned outputs, back-to-back launches), the model-level
 # attention tests, then the harness floor and the decode sweep with every variant interleaved
 # against SDPA. Logs in $OUT; < 4 min.
 #
@@ -31,9 +31,9 @@ run_tests() {  # name, pytest args...
 }
 F=tests/ops/test_attention.py
 for m in qwen3 llama; do
-  # decode_modes_match: variants fused, auto, rows-fused, rows-auto, fused-o2 / pdl, split,
-  # rows-pdl, pdl-o2 (every split plan, cache lengths 1..8192 incl. odd ones, batch 1 and 5)
-  run_tests "modes_fused_$m" $F -k "decode_modes_match and $m and (fused or auto)" &
+  # decode_modes_match: variants auto, rows-auto / pdl, split, rows-pdl, pdl-o2 (every split
+  # plan, cache lengths 1..8192 incl. odd ones, batch 1 and 5)
+  run_tests "modes_auto_$m" $F -k "decode_modes_match and $m and auto" &
   run_tests "modes_pdl_$m" $F -k "decode_modes_match and $m and (pdl or split)" &
   run_tests "masks_$m" $F -k "(decode_modes_padding or decode_modes_cache_views) and $m" &
   run_tests "default_$m" $F -k "(decode_matches_fp32 or decode_padding_window or decode_per_sequence) and $m" &

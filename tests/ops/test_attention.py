@@ -285,35 +285,44 @@ def test_plan_splits_caps_and_short_caches():
 
 
 def test_plan_decode_auto_one_split_for_short_caches():
-    from tilegym.ops.attention import DECODE_AUTO_ONE_SPLIT_KEYS, DECODE_AUTO_SCHEME, plan_decode
+    from tilegym.ops.attention import (
+        DECODE_AUTO_OCCUPANCY,
+        DECODE_AUTO_ONE_SPLIT_BLOCKS,
+        DECODE_AUTO_ONE_SPLIT_KEYS,
+        DECODE_AUTO_SCHEME,
+        plan_decode,
+    )
 
     short = DECODE_AUTO_ONE_SPLIT_KEYS
     for d, base in ((128, 64), (64, 128)):
-        p = plan_decode(64, short, d, 132, mode="auto")
+        p = plan_decode(8, short, d, 132, mode="auto")
         assert (p.scheme, p.splits) == ("one", 1)
         assert p.tile_n * p.tiles_per_split >= short and p.tiles_per_split <= 2
         p = plan_decode(8, 37, d, 132, mode="auto")  # fits one default tile
         assert (p.scheme, p.tile_n, p.tiles_per_split) == ("one", base, 1)
-        p = plan_decode(8, 8192, d, 132, mode="auto")
+        p = plan_decode(8, 8192, d, 132, mode="auto")  # few blocks, long cache: split
         assert p.scheme == DECODE_AUTO_SCHEME and p.splits > 1 and p.tile_n == base
+        assert p.occupancy == DECODE_AUTO_OCCUPANCY
+        # enough (batch, kv head) blocks: one split with the large tile at any length
+        p = plan_decode(DECODE_AUTO_ONE_SPLIT_BLOCKS, 8192, d, 132, mode="auto")
+        assert (p.scheme, p.splits) == ("one", 1) and p.tile_n == max(base, 256)
         # a short sliding window over a long cache is short too
         p = plan_decode(8, 8192, d, 132, mode="auto", window=100)
         assert p.scheme == "one" and p.tile_n * p.tiles_per_split >= 100 + p.tile_n - 1
 
 
-@pytest.mark.parametrize("mode", ["auto", "fused", "pdl", "split"])
+@pytest.mark.parametrize("mode", ["auto", "pdl", "split"])
 @pytest.mark.parametrize("span", [0, 1, 37, 256, 257, 1000, 4097, 8192, 100000])
 @pytest.mark.parametrize("bh", [1, 8, 40, 64, 200])
 def test_plan_decode_covers_every_key(mode, span, bh):
-    from tilegym.ops.attention import DECODE_FUSED_MAX_SPLITS, DECODE_MAX_SPLITS, plan_decode
+    from tilegym.ops.attention import DECODE_MAX_SPLITS, plan_decode
 
     for d in (64, 128):
         for kw in ({}, {"num_splits": 37}, {"min_split_keys": 1, "split_waves": 8}):
             p = plan_decode(bh, span, d, 132, mode=mode, **kw)
             assert p.splits * p.tiles_per_split * p.tile_n >= span
             assert (p.splits - 1) * p.tiles_per_split * p.tile_n < max(span, 1)  # none empty
-            cap = DECODE_FUSED_MAX_SPLITS if p.scheme == "fused" else DECODE_MAX_SPLITS
-            assert 1 <= p.splits <= cap
+            assert 1 <= p.splits <= DECODE_MAX_SPLITS
             assert (p.scheme == "one") == (p.splits == 1)
 
 
@@ -321,7 +330,7 @@ def test_plan_decode_explicit_arguments_win():
     from tilegym.ops.attention import AttentionInputError, plan_decode
 
     p = plan_decode(8, 256, 128, 132, mode="auto", num_splits=4, tile_n=32, form="rows")
-    assert (p.splits, p.tile_n, p.form, p.scheme) == (4, 32, "rows", "fused")
+    assert (p.splits, p.tile_n, p.form, p.scheme) == (4, 32, "rows", "pdl")
     p = plan_decode(8, 8192, 128, 132, mode="pdl", occupancy=2)
     assert p.scheme == "pdl" and p.occupancy == 2
     with pytest.raises(AttentionInputError, match="form"):
@@ -377,8 +386,7 @@ def _check_decode(got, ref, out):
 
 
 MODE_LENGTHS = [1, 37, 256, 257, 1000, 4097, 8192]
-# plan overrides: default, one split (small and large key tiles), many splits (more than one
-# combine chunk / capped for fused), short splits
+# plan overrides: default, one split (small and large key tiles), many splits, short splits
 PLANS = {
     "default": {},
     "one": {"num_splits": 1},
@@ -390,17 +398,13 @@ PLANS = {
 VARIANTS = {
     "pdl": {"mode": "pdl"},
     "split": {"mode": "split"},
-    "fused": {"mode": "fused"},
     "auto": {"mode": "auto"},
-    "rows-fused": {"mode": "fused", "form": "rows"},
     "rows-pdl": {"mode": "pdl", "form": "rows"},
     "rows-auto": {"mode": "auto", "form": "rows"},
-    "fused-o2": {"mode": "fused", "occupancy": 2, "split_waves": 2},
-    "fused-o4": {"mode": "fused", "occupancy": 4, "split_waves": 4, "min_split_keys": 64},
     "pdl-o2": {"mode": "pdl", "occupancy": 2, "split_waves": 2},
 }
 # the plans that give a variant kernels no other variant runs
-_PLANS_OF = {v: ["default", "many", "short"] for v in ("fused-o2", "fused-o4", "pdl-o2")}
+_PLANS_OF = {"pdl-o2": ["default", "many", "short"]}
 
 
 @pytest.mark.gpu
@@ -417,7 +421,7 @@ def test_decode_modes_match_fp32_reference(model, variant, plan, skv, gen, poiso
     for b in (1, 5):
         q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
         ref = reference_attention(q, k, v, reference_mask(b, 1, skv, device="cuda"), scale=0.11)
-        for _ in range(2):  # twice: the fused scheme's arrival counters must be re-armed
+        for _ in range(2):  # twice: a second call into the same buffers
             out = _poisoned_out(b, hq, d)
             kw = {**VARIANTS[variant], **PLANS[plan]}
             got = decode_attention(q, k, v, scale=0.11, out=out, **kw)
@@ -425,10 +429,10 @@ def test_decode_modes_match_fp32_reference(model, variant, plan, skv, gen, poiso
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["fused", "rows-fused", "auto"])
-def test_decode_fused_back_to_back_calls_on_fresh_data(variant, gen):
-    """Many fused launches in a row, each on new data into a reused output buffer, with no sync
-    between them: a stale partial or a counter left armed would show up as a mismatch."""
+@pytest.mark.parametrize("variant", ["pdl", "rows-pdl", "auto"])
+def test_decode_back_to_back_calls_on_fresh_data(variant, gen):
+    """Many launches in a row, each on new data into a reused output buffer, with no sync
+    between them: a stale partial would show up as a mismatch."""
     from tilegym.ops.attention import decode_attention
 
     hq, hkv, d = HEADS["qwen3"]
@@ -444,7 +448,7 @@ def test_decode_fused_back_to_back_calls_on_fresh_data(variant, gen):
         assert_close_rel(got, ref)
 
 
-MASK_VARIANTS = ["pdl", "split", "fused", "auto", "rows-fused", "rows-auto"]
+MASK_VARIANTS = ["pdl", "split", "auto", "rows-pdl", "rows-auto"]
 
 
 @pytest.mark.gpu
@@ -529,7 +533,7 @@ def test_bench_decode_variants_are_valid_arguments():
         variants = bench.decode_variants(d)
         assert any(kw.get("tile_n") for kw in variants.values())
         assert any(kw.get("form") == "rows" for kw in variants.values())
-        assert {"fused", "pdl"} <= {kw.get("mode") for kw in variants.values()}
+        assert "pdl" in {kw.get("mode") for kw in variants.values()}
         # every timed (scheme, form, occupancy) is among the GPU-tested variants
         tested = {(kw["mode"], kw.get("form"), kw.get("occupancy")) for kw in VARIANTS.values()}
         for kw in variants.values():

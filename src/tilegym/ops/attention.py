@@ -2,10 +2,9 @@
 
 Decode blocks over (batch*kv head, key split) share each K/V tile among the query heads of a GQA
 group. ``plan_decode`` picks the launch (``DECODE_MODE``): short caches run one block per
-(batch, kv head) over the whole cache with a large key tile (no combine); longer ones split the
-keys and combine the partial results either in the same launch (``fused``: the last block of a
-group to finish combines, synchronized by an acq_rel arrival counter) or in a reduction kernel
-launched as a programmatic dependent (``pdl``).
+(batch, kv head) over the whole cache with a large key tile (no combine), as do long caches
+when the batch alone gives enough blocks; the rest split the keys and combine the partial results
+in a reduction kernel launched as a programmatic dependent (``pdl``).
 
 Layouts follow transformers' attention functions: queries ``[B, Hq, Sq, D]`` and keys/values
 ``[B, Hkv, Skv, D]`` (any strides with a unit last stride, e.g. the transposed projections or a
@@ -278,8 +277,6 @@ EPI_OUT = 0
 """Decode epilogue: one split, normalize and write the output."""
 EPI_PARTS = 1
 """Decode epilogue: write the split's partial output and log-sum-exp for the reduction kernel."""
-EPI_FUSED = 2
-"""Decode epilogue: write the partials; the last split block of its (batch, kv head) combines."""
 DECODE_ROWS_GP = 64
 """Query rows of the ``rows`` form (the group's heads, zero-padded to one 64-row MMA tile)."""
 
@@ -361,37 +358,6 @@ def _decode_rows(Qg, K, V, KeyValid, b, hk, j0, j1, start, end, qk_scale, D, GP,
     return acc / l_safe, lse
 
 
-def _combine_partials(OPart, LsePart, b, hk, num_splits, D, G2, CHUNK):
-    """Log-sum-exp weighted sum of the ``num_splits`` partial outputs of one (batch, kv head),
-    ``CHUNK`` splits at a time, in split order (deterministic). Returns ``(G2, D)``. The loads
-    bypass TMA: the partials were written by other blocks through the generic proxy."""
-    m_r = ct.full((G2, 1), _NEG_BIG, dtype=ct.float32)
-    den = ct.full((G2, 1), 0.0, dtype=ct.float32)
-    num = ct.full((G2, D), 0.0, dtype=ct.float32)
-    for c in range(ct.cdiv(num_splits, CHUNK)):
-        lse_c = ct.load(
-            LsePart,
-            index=(b, hk, 0, c),
-            shape=(1, 1, G2, CHUNK),
-            padding_mode=ct.PaddingMode.NEG_INF,
-            allow_tma=False,
-        ).reshape((G2, CHUNK))
-        o_c = ct.load(
-            OPart,
-            index=(b, hk, 0, c, 0),
-            shape=(1, 1, G2, CHUNK, D),
-            padding_mode=_ZERO,
-            allow_tma=False,
-        ).reshape((G2, CHUNK, D))
-        m_c = ct.maximum(m_r, ct.max(lse_c, axis=1, keepdims=True))
-        w = ct.exp2(lse_c - m_c, flush_to_zero=True)  # (G2, CHUNK); empty splits weigh 0
-        a_c = ct.exp2(m_r - m_c, flush_to_zero=True)
-        den = den * a_c + ct.sum(w, axis=1, keepdims=True)
-        num = num * a_c + ct.sum(o_c * w.reshape((G2, CHUNK, 1)), axis=1)
-        m_r = m_c
-    return num / ct.where(den == 0.0, 1.0, den)
-
-
 @ct.kernel
 def decode_attention_kernel(
     Qg,
@@ -400,14 +366,12 @@ def decode_attention_kernel(
     OPart,
     LsePart,
     Out,
-    Counter,
     KeyValid,
     KvLens,
     qk_scale: float,
     kv_end: int,
     window: int,
     tiles_per_split: int,
-    num_splits: int,
     D: ConstInt,
     GP: ConstInt,
     TILE_N: ConstInt,
@@ -416,17 +380,11 @@ def decode_attention_kernel(
     HAS_LENS: ConstBool,
     ROWS: ConstBool,
     EPI: ConstInt,
-    G2: ConstInt,
-    CHUNK: ConstInt,
 ):
     """One (batch*kv head, split) block: all query heads of the group against one key range.
 
     ``ROWS`` picks the MMA orientation (``_decode_rows`` / ``_decode_cols``), ``EPI`` what the
-    block writes (``EPI_OUT``, ``EPI_PARTS``, ``EPI_FUSED``). With ``EPI_FUSED`` each block
-    stores its partials with plain (non-TMA) stores, then bumps its group's arrival counter
-    (acq_rel, device scope: the stores are visible to whoever reads the counter's new value);
-    the block that arrives last reads the partials back (non-TMA, after its acquire), writes the
-    output and re-arms the counter to 0 for the next launch.
+    block writes (``EPI_OUT``: the output; ``EPI_PARTS``: partials for ``decode_reduce_kernel``).
     """
     hkv = K.shape[1]
     bh = ct.bid(0)
@@ -451,25 +409,9 @@ def decode_attention_kernel(
 
     if EPI == EPI_OUT:
         ct.store(Out, index=(b, hk, 0, 0), tile=o.reshape((1, 1, GP, D)).astype(Out.dtype))
-    elif EPI == EPI_PARTS:
+    else:
         ct.store(OPart, index=(b, hk, 0, s, 0), tile=o.reshape((1, 1, GP, 1, D)))
         ct.store(LsePart, index=(b, hk, 0, s), tile=lse.reshape((1, 1, GP, 1)))
-    else:
-        ct.store(OPart, index=(b, hk, 0, s, 0), tile=o.reshape((1, 1, GP, 1, D)), allow_tma=False)
-        ct.store(LsePart, index=(b, hk, 0, s), tile=lse.reshape((1, 1, GP, 1)), allow_tma=False)
-        arrived = ct.atomic_add(
-            Counter, bh, 1, memory_order=ct.MemoryOrder.ACQ_REL, memory_scope=ct.MemoryScope.DEVICE
-        )
-        if arrived == num_splits - 1:
-            res = _combine_partials(OPart, LsePart, b, hk, num_splits, D, G2, CHUNK)
-            ct.store(Out, index=(b, hk, 0, 0), tile=res.reshape((1, 1, G2, D)).astype(Out.dtype))
-            ct.atomic_xchg(
-                Counter,
-                bh,
-                0,
-                memory_order=ct.MemoryOrder.RELAXED,
-                memory_scope=ct.MemoryScope.DEVICE,
-            )
 
 
 @ct.kernel
@@ -494,19 +436,24 @@ def decode_reduce_kernel(OPart, LsePart, Out, D: ConstInt, NSP: ConstInt, PDL: C
     ct.store(Out, index=(r, 0), tile=out.astype(Out.dtype))
 
 
-DECODE_MODES = ("auto", "fused", "pdl", "split")
+DECODE_MODES = ("auto", "pdl", "split")
 DECODE_MODE = "auto"
-"""Default decode launch scheme (one-line switch), see ``plan_decode``: ``fused`` = one launch,
-the last split block of each (batch, kv head) combines the partials; ``pdl`` = split kernel +
+"""Default decode launch scheme (one-line switch), see ``plan_decode``: ``pdl`` = split kernel +
 reduction kernel launched as its programmatic dependent; ``split`` = split kernel + plain
-reduction launch; ``auto`` = one split with a large key tile for short caches
-(``DECODE_AUTO_ONE_SPLIT_KEYS``), else ``DECODE_AUTO_SCHEME``. ``auto`` + ``fused`` is a best
-guess not yet timed on the H200 (benchmarks/ops/gpu_check_attn3.sh sweeps the alternatives);
-``pdl`` was the measured default before (docs/results/h200-2026-11-29/ops/attention_decode.txt)."""
-DECODE_AUTO_SCHEME = "fused"
-"""Launch scheme ``auto`` uses when it splits the keys (``fused`` or ``pdl``)."""
-DECODE_AUTO_ONE_SPLIT_KEYS = 256
-"""``auto`` runs one block per (batch, kv head) over the whole cache up to this many keys."""
+reduction launch; ``auto`` = one split with a large key tile when the cache is short
+(``DECODE_AUTO_ONE_SPLIT_KEYS``) or the batch gives enough blocks
+(``DECODE_AUTO_ONE_SPLIT_BLOCKS``), else ``DECODE_AUTO_SCHEME`` with the auto split plan. Chosen
+from the H200 decode sweep (docs/results/h200-2026-11-29/ops/attention_decode_auto.txt)."""
+DECODE_AUTO_SCHEME = "pdl"
+"""Launch scheme ``auto`` uses when it splits the keys."""
+DECODE_AUTO_ONE_SPLIT_KEYS = 512
+"""``auto`` runs one block per (batch, kv head) over the whole cache up to this many keys..."""
+DECODE_AUTO_ONE_SPLIT_BLOCKS = 64
+"""...and at any length once batch * kv heads reaches this many blocks (half the H200's SMs):
+the H200 sweep had one split with 256-key tiles beat every split plan at batch 8 up to 8K keys."""
+DECODE_AUTO_SPLIT_WAVES = 2
+DECODE_AUTO_OCCUPANCY = 2
+"""Split plan of ``auto`` when it splits (few blocks, long cache): two blocks per SM."""
 DECODE_ONE_SPLIT_TILE_KEYS = 256
 """Largest key tile of a one-split launch (the cache is covered in as few tiles as possible)."""
 DECODE_FORMS = ("cols", "rows")
@@ -524,10 +471,6 @@ DECODE_MAX_SPLITS = 64
 DECODE_OCCUPANCY: int | None = None
 """Occupancy hint of the decode kernel when the call gives none (None: the compiler's choice,
 one ~190 KiB-shared-memory block per SM in the default form)."""
-DECODE_FUSED_MAX_SPLITS = 32
-"""Split cap of the fused scheme (its combine runs in one block per (batch, kv head))."""
-DECODE_COMBINE_CHUNK = 16
-"""Splits the fused combine reads per step."""
 
 
 def default_decode_tile_n(head_dim: int) -> int:
@@ -561,7 +504,7 @@ def _cdiv(a: int, b: int) -> int:
 @dataclass(frozen=True)
 class DecodePlan:
     """How one decode call runs: ``scheme`` is ``one`` (a single split writes the output),
-    ``fused``, ``pdl`` or ``split``; ``splits`` blocks of ``tiles_per_split`` key tiles each
+    ``pdl`` or ``split``; ``splits`` blocks of ``tiles_per_split`` key tiles each
     per (batch, kv head)."""
 
     scheme: str
@@ -606,16 +549,20 @@ def plan_decode(
     span = max(0, int(span))
     visible = span if window is None else min(span, int(window))
     scheme = DECODE_AUTO_SCHEME if mode == "auto" else mode
-    if mode == "auto" and not num_splits and visible <= DECODE_AUTO_ONE_SPLIT_KEYS:
+    one_split = visible <= DECODE_AUTO_ONE_SPLIT_KEYS or batch_heads >= DECODE_AUTO_ONE_SPLIT_BLOCKS
+    if mode == "auto" and not num_splits and one_split:
         num_splits = 1
         if tile_n is None:  # one loop trip where it fits, else the fewest (two tile sizes)
             base = default_decode_tile_n(head_dim)
             tile_n = base if visible <= base else max(base, DECODE_ONE_SPLIT_TILE_KEYS)
+    elif mode == "auto" and not num_splits:
+        split_waves = DECODE_AUTO_SPLIT_WAVES if split_waves is None else split_waves
+        occupancy = DECODE_AUTO_OCCUPANCY if occupancy is None else occupancy
     tile_n = tile_n or default_decode_tile_n(head_dim)
     if window is not None:  # a window's keys start anywhere in a tile: one more tile at most
         span = min(span, int(window) + tile_n)
     tiles = _cdiv(span, tile_n)
-    cap = DECODE_FUSED_MAX_SPLITS if scheme == "fused" else DECODE_MAX_SPLITS
+    cap = DECODE_MAX_SPLITS
     if num_splits:
         splits = min(int(num_splits), cap)
     else:
@@ -635,7 +582,6 @@ def plan_decode(
 
 _dummy_lens: dict[torch.device, torch.Tensor] = {}
 _dummy_parts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-_counters: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -647,22 +593,6 @@ def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
             torch.zeros((1, 1, 1, 1), dtype=torch.float32, device=device),
         )
         _dummy_parts[device] = t
-    return t
-
-
-def _arrival_counters(device: torch.device, stream_handle: int, n: int) -> torch.Tensor:
-    """Zeroed int32 arrival counters of the fused scheme, one buffer per (device, stream).
-
-    The kernel re-arms every counter it used to 0, so the buffer is reused across calls; calls
-    on one stream are ordered and each stream has its own buffer.
-    """
-    key = (device, stream_handle)
-    t = _counters.get(key)
-    if t is None or t.numel() < n:
-        if len(_counters) >= 64:
-            _counters.clear()
-        t = torch.zeros((max(n, 1024),), dtype=torch.int32, device=device)
-        _counters[key] = t
     return t
 
 
@@ -766,14 +696,12 @@ def _decode_config(bh, span, d, group, sms, window, pad, lens, mode, form, tile_
 def decode_kernel_config(
     plan: DecodePlan, group: int, sliding: bool = False, pad: bool = False, lens: bool = False
 ) -> tuple:
-    """Compile-time parameters ``(GP, TILE_N, SLIDING, HAS_PAD, HAS_LENS, ROWS, EPI, G2, CHUNK)``
+    """Compile-time parameters ``(GP, TILE_N, SLIDING, HAS_PAD, HAS_LENS, ROWS, EPI)``
     of the decode kernel for one plan (pure; ``decode_kernel_configs`` lists the AOT ones)."""
     rows = plan.form == "rows"
-    g2 = _next_pow2(group)
-    gp = DECODE_ROWS_GP if rows else max(8, g2)
-    epi = {"one": EPI_OUT, "fused": EPI_FUSED}.get(plan.scheme, EPI_PARTS)
-    chunk = combine_chunk(plan.splits) if epi == EPI_FUSED else 4
-    return (gp, plan.tile_n, sliding, pad, lens, rows, epi, g2, chunk)
+    gp = DECODE_ROWS_GP if rows else max(8, _next_pow2(group))
+    epi = EPI_OUT if plan.scheme == "one" else EPI_PARTS
+    return (gp, plan.tile_n, sliding, pad, lens, rows, epi)
 
 
 def _launch_decode(q, qg, k, v, out, kv_arg, kv_lens, kv_end, window, scale, plan, cfg):
@@ -792,10 +720,6 @@ def _launch_decode(q, qg, k, v, out, kv_arg, kv_lens, kv_end, window, scale, pla
         parts = torch.empty((n_o + b * hkv * group * splits,), dtype=torch.float32, device=q.device)
         o_part = parts[:n_o].view(b, hkv, group, splits, d)
         lse_part = parts[n_o:].view(b, hkv, group, splits)
-    if epi == EPI_FUSED:
-        counter = _arrival_counters(q.device, launch_stream.cuda_stream, b * hkv)
-    else:
-        counter = _dummy_lens_for(q.device)
     lens_arg = kv_lens if kv_lens is not None else _dummy_lens_for(q.device)
     mask_arg = kv_arg if kv_arg is not None else _dummy_mask(q.device)
     ct.launch(
@@ -809,14 +733,12 @@ def _launch_decode(q, qg, k, v, out, kv_arg, kv_lens, kv_end, window, scale, pla
             o_part,
             lse_part,
             out_g,
-            counter,
             mask_arg,
             lens_arg,
             scale * LOG2E,
             kv_end,
             int(window or 0),
             plan.tiles_per_split,
-            splits,
             d,
             *cfg,
         ),
@@ -838,12 +760,6 @@ def _launch_decode(q, qg, k, v, out, kv_arg, kv_lens, kv_end, window, scale, pla
             programmatic_dependent_launch=pdl,
         )
     return out
-
-
-def combine_chunk(splits: int) -> int:
-    """Splits per step of the fused combine: 4 for up to 4 splits, else
-    ``DECODE_COMBINE_CHUNK`` (two sizes keep the number of compiled variants small)."""
-    return 4 if splits <= 4 else DECODE_COMBINE_CHUNK
 
 
 def _dummy_lens_for(device: torch.device) -> torch.Tensor:
@@ -967,27 +883,25 @@ def prefill_signatures(head_dim: int, num_q_heads: int, group: int, dtype=ct.bfl
 
 
 def decode_kernel_configs(head_dim: int, group: int) -> list[tuple]:
-    """Compile-time parameters ``(GP, TILE_N, SLIDING, HAS_PAD, HAS_LENS, ROWS, EPI, G2, CHUNK)``
-    of the decode kernel variants: every form x epilogue at the tiles ``plan_decode`` picks by
-    default (the split tile, and the one-split tile of short caches), and the padding (+ window)
-    flags of the epilogues ``auto`` uses in the default form, as a model's batched decode has.
+    """Compile-time parameters ``(GP, TILE_N, SLIDING, HAS_PAD, HAS_LENS, ROWS, EPI)`` of the
+    decode kernel variants: every form x epilogue at the tiles ``plan_decode`` picks by default
+    (the split tile, and the one-split tile of short caches), and the padding (+ window) flags of
+    the one-split epilogue in the default form, as a model's batched decode has.
     (Each variant takes ~5-25 s per architecture to compile; the rest JIT-compile on first use.)"""
     g2 = _next_pow2(group)
     base = default_decode_tile_n(head_dim)
     one_tiles = sorted({base, max(base, DECODE_ONE_SPLIT_TILE_KEYS)})
-    fused = [(EPI_FUSED, base, c) for c in sorted({4, DECODE_COMBINE_CHUNK})]
-    epis = [(EPI_OUT, t, 4) for t in one_tiles] + [(EPI_PARTS, base, 4)] + fused
+    epis = [(EPI_OUT, t) for t in one_tiles] + [(EPI_PARTS, base)]
     out = []
     for rows in (False, True):
         gp = DECODE_ROWS_GP if rows else max(8, g2)
-        for epi, tile, chunk in epis:
-            out.append((gp, tile, False, False, False, rows, epi, g2, chunk))
+        for epi, tile in epis:
+            out.append((gp, tile, False, False, False, rows, epi))
     rows = DECODE_FORM == "rows"
     gp = DECODE_ROWS_GP if rows else max(8, g2)
-    flagged = [(EPI_OUT, t, 4) for t in one_tiles] + fused
     for sliding in (False, True):
-        for epi, tile, chunk in flagged:
-            out.append((gp, tile, sliding, True, False, rows, epi, g2, chunk))
+        for epi, tile in epis:
+            out.append((gp, tile, sliding, True, False, rows, epi))
     return list(dict.fromkeys(out))
 
 
@@ -1003,10 +917,9 @@ def decode_signatures(head_dim: int, group: int, dtype=ct.bfloat16):
         array_constraint(ct.float32, 5),
         array_constraint(ct.float32, 4),
         array_constraint(dtype, 4),
-        array_constraint(ct.int32, 1),
     ]
     masks = [array_constraint(ct.int8, 2), array_constraint(ct.int32, 1)]
-    scalars = [ScalarConstraint(ct.float32), i32, i32, i32, i32]
+    scalars = [ScalarConstraint(ct.float32), i32, i32, i32]
     dec = [
         _sig(head + masks + scalars + [head_dim, *cfg])
         for cfg in decode_kernel_configs(head_dim, group)
