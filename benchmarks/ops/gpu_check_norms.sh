@@ -21,7 +21,7 @@ bench() {
 }
 
 TESTS=(tests/ops/test_parity_check.py tests/ops/test_rms_norm.py tests/ops/test_rope.py
-       tests/ops/test_silu_and_mul.py tests/ops/test_elementwise_embedding.py)
+       tests/ops/test_silu_and_mul.py tests/ops/test_embedding.py)
 for t in tests/transformers/test_patch_*.py; do [ -f "$t" ] && TESTS+=("$t"); done
 
 timeout "${TEST_TIMEOUT:-600}" "$PY" -m pytest -q -rA -p no:cacheprovider "${TESTS[@]}" 2>&1 \

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# GPU check for helper/rope3: the RoPE / q-k-norm+RoPE "heads" kernels and "auto" dispatch, and
-# the residual add variants. GPU tests of every variant + the model patches, then the benchmark
-# tables (all variants interleaved per shape, with torch and a dst.copy_(src) ceiling row).
+# GPU check for helper/rope3: the RoPE / q-k-norm+RoPE "heads" kernels and "auto" dispatch.
+# GPU tests of every variant + the model patches, then the benchmark tables (all variants
+# interleaved per shape, with torch and a dst.copy_(src) ceiling row).
 # Usage (repo root): OUT=gpu_check_out bash benchmarks/ops/gpu_check_rope3.sh   (< 4 min)
 # Outputs in $OUT: env.txt, summary.txt, tests_*.txt (one per pytest shard), warm_*.txt,
-# bench_rope.txt, bench_add.txt (write flush), bench_rope_read.txt, bench_add_read.txt (read).
+# bench_rope.txt (write flush), bench_rope_read.txt (read).
 # Cold compiles dominate, so step 1 runs the pytest shards and WARM "--warm I/N" benchmark
 # workers in parallel (they fill cuTile's disk cache, build/cutile-cache, for the timed run).
 set -o pipefail
@@ -31,7 +31,6 @@ shard() {  # name, then pytest arguments
     pids+=($!)
 }
 shard rope tests/ops/test_rope.py tests/ops/test_rope_aot.py
-shard add tests/ops/test_elementwise_embedding.py
 shard patches tests/transformers/test_patch_models.py
 for i in 0 1 2 3 4; do  # every RoPE / qk variant, 5 disjoint shards (see _shard in the test file)
     ROPE_VARIANT_SHARD="$i/5" timeout "$TT" "$PY" -m pytest -q -rA -p no:cacheprovider \
@@ -49,11 +48,6 @@ for ((i = 0; i < WARM; i++)); do
         >"$OUT/warm_rope_$i.txt" 2>&1 &
     pids+=($!)
 done
-for i in 0 1; do
-    timeout "$TT" "$PY" benchmarks/ops/bench_silu_and_mul.py --warm "$i/2" \
-        >"$OUT/warm_add_$i.txt" 2>&1 &
-    pids+=($!)
-done
 for p in "${pids[@]}"; do wait "$p" || status=1; done
 echo "step 1 (tests + warm) took $(($(date +%s) - start)) s, status $status" | tee "$OUT/summary.txt"
 for f in "$OUT"/tests_*.txt; do
@@ -65,18 +59,14 @@ for f in "$OUT"/warm_*.txt; do
 done
 
 # 2. timed benchmarks, one at a time (GPU to themselves); rows print as they finish. First with
-# the default write flush (comparable with the earlier tables), then the prefill shapes and the
-# add sweep again with TILEGYM_BENCH_FLUSH=read (clean L2: no write-back of the flush's dirty
-# lines inside the timed call, see benchmarks/ops/bench_flush.py)
+# the default write flush (comparable with the earlier tables), then the prefill shapes again
+# with TILEGYM_BENCH_FLUSH=read (clean L2: no write-back of the flush's dirty lines inside the
+# timed call, see benchmarks/ops/bench_flush.py)
 timeout "${BENCH_TIMEOUT:-60}" "$PY" benchmarks/ops/bench_rope.py 2>&1 | tee "$OUT/bench_rope.txt" \
     || status=1
-timeout "${ADD_TIMEOUT:-30}" "$PY" benchmarks/ops/bench_silu_and_mul.py --ops add 2>&1 \
-    | tee "$OUT/bench_add.txt" || status=1
 export TILEGYM_BENCH_FLUSH=read
-echo "== TILEGYM_BENCH_FLUSH=read" | tee "$OUT/bench_rope_read.txt" "$OUT/bench_add_read.txt"
+echo "== TILEGYM_BENCH_FLUSH=read" | tee "$OUT/bench_rope_read.txt"
 timeout "${BENCH_TIMEOUT:-60}" "$PY" benchmarks/ops/bench_rope.py --shapes 1x2048,4x4096,8x4096 \
     2>&1 | tee -a "$OUT/bench_rope_read.txt" || status=1
-timeout "${ADD_TIMEOUT:-30}" "$PY" benchmarks/ops/bench_silu_and_mul.py --ops add 2>&1 \
-    | tee -a "$OUT/bench_add_read.txt" || status=1
 echo "total $(($(date +%s) - start)) s, status $status" | tee -a "$OUT/summary.txt"
 exit $status

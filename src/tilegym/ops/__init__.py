@@ -6,7 +6,6 @@ module's toolchain problem never hides another's kernels:
 - ``rms_norm``: RMSNorm and fused residual-add + RMSNorm (transformers numerics)
 - ``rope``: rotary embedding for q and k in one launch; Qwen3 q/k-norm fused with RoPE
 - ``silu_and_mul``: SwiGLU activation over separate or concatenated gate/up
-- ``elementwise``: residual add
 - ``embedding``: token embedding lookup
 - ``gemm``, ``attention``, ``kv_cache``: GEMM and attention kernels (their own modules)
 - ``testing``: relative-error parity checks used by the GPU tests
@@ -14,4 +13,4 @@ module's toolchain problem never hides another's kernels:
 Every kernel module defines ``aot_signatures()`` for the AOT compile gate.
 """
 
-SMALL_OP_MODULES = ("rms_norm", "rope", "silu_and_mul", "elementwise", "embedding")
+SMALL_OP_MODULES = ("rms_norm", "rope", "silu_and_mul", "embedding")

@@ -196,8 +196,8 @@ def _torch_rope(q, k, cos, sin):
 def make_decoder_layer_forward(routes: Routes) -> Callable:
     """``XDecoderLayer.forward``: the attention residual add is folded into the o_proj GEMM
     (``linear``) or into the fused add+RMSNorm kernel (``rms_norm``); the MLP residual add into
-    the down_proj GEMM (``linear``), else it stays a PyTorch add: the standalone cuTile add
-    measured slower than PyTorch's on the H200 (benchmarks/ops/bench_silu_and_mul.py)."""
+    the down_proj GEMM (``linear``), else it stays a PyTorch add: a standalone cuTile add never
+    beat PyTorch's on the H200, so the library has none."""
 
     def forward(
         self,
