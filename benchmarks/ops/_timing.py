@@ -14,6 +14,10 @@ How it is touched is ``TILEGYM_BENCH_FLUSH``: ``write`` (default) overwrites it,
 the L2 full of dirty lines that the timed kernel then writes back as it reads its inputs (about
 doubling a small memory-bound kernel's traffic); ``read`` reads it, leaving clean lines, as a
 model's previous kernels mostly do.
+
+After the flush the GPU spins for ``HEADROOM_CYCLES`` (``torch.cuda._sleep``) before the start
+event, so the host has enqueued the timed call before the GPU reaches it: otherwise a call with
+tens of microseconds of host work (several launches) gets its host time counted as GPU time.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ H200_COPY_TBPS = 4.3
 
 _FLUSH_BYTES = 256 * 1024 * 1024  # well above any current L2 (H200: 60 MiB)
 FLUSH_MODES = ("write", "read")
+HEADROOM_CYCLES = 400_000  # ~200 us at the H200's 1.98 GHz: more than any timed call's host work
 _flush_buf: torch.Tensor | None = None
 
 
@@ -105,6 +110,7 @@ def interleaved(
         for k, fn in fns.items():
             if flush_l2:
                 _flush()
+            torch.cuda._sleep(HEADROOM_CYCLES)
             start, end = events[k][i]
             start.record()
             fn()
