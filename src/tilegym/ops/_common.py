@@ -81,15 +81,21 @@ DEFAULT = object()
 _VARIANTS: dict = {}
 
 
+def with_hints(kernel, **hints):
+    """``kernel`` compiled with other compiler hints (``occupancy``, ``num_ctas``, ...; None =
+    the compiler's choice), cached per kernel and hints so each is compiled once per process."""
+    key = (id(kernel), tuple(sorted(hints.items())))
+    if key not in _VARIANTS:
+        _VARIANTS[key] = kernel.replace_hints(**hints)
+    return _VARIANTS[key]
+
+
 def with_occupancy(kernel, occupancy: int | None, default: int | None):
-    """``kernel`` compiled with another occupancy hint (cached, so it is compiled once per
-    process); ``kernel`` itself when ``occupancy`` is the hint it was declared with."""
+    """``kernel`` with another occupancy hint; ``kernel`` itself when ``occupancy`` is the hint
+    it was declared with."""
     if occupancy == default:
         return kernel
-    key = (id(kernel), occupancy)
-    if key not in _VARIANTS:
-        _VARIANTS[key] = kernel.replace_hints(occupancy=occupancy)
-    return _VARIANTS[key]
+    return with_hints(kernel, occupancy=occupancy)
 
 
 _SM_COUNT: dict = {}

@@ -23,7 +23,7 @@ import math
 import cuda.tile as ct
 import torch
 
-from tilegym.ops._common import sm_count, stream
+from tilegym.ops._common import sm_count, stream, with_hints
 from tilegym.ops.gemm_configs import TileConfig, choose_config
 
 ConstInt = ct.Constant[int]
@@ -336,21 +336,15 @@ def _check(x: torch.Tensor, weight: torch.Tensor, k: int) -> None:
         raise ValueError("weight must be contiguous along K")
 
 
-_HINTED: dict = {}
-
-
 def hinted(kernel, cfg: TileConfig, blocks: int):
-    """`kernel` compiled with the config's cluster/occupancy hints (cached per hint pair).
+    """`kernel` compiled with the config's cluster/occupancy hints (`with_hints`, cached).
 
     A cluster needs a block count divisible by its size, so an uneven grid gets the plain
     kernel (same result, only the hint differs)."""
     ctas = cfg.ctas if cfg.ctas > 1 and blocks % cfg.ctas == 0 else 0
     if not (ctas or cfg.occupancy):
         return kernel
-    key = (id(kernel), ctas, cfg.occupancy)
-    if key not in _HINTED:
-        _HINTED[key] = kernel.replace_hints(num_ctas=ctas or None, occupancy=cfg.occupancy or None)
-    return _HINTED[key]
+    return with_hints(kernel, num_ctas=ctas or None, occupancy=cfg.occupancy or None)
 
 
 def split_mode(cfg: TileConfig) -> int:
