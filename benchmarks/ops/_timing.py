@@ -57,7 +57,7 @@ def flush_mode() -> str:
     """The L2 flush of this process (``TILEGYM_BENCH_FLUSH``, default ``write``)."""
     mode = os.environ.get("TILEGYM_BENCH_FLUSH", "write")
     if mode not in FLUSH_MODES:
-        raise ValueError(f"TILEGYM_BENCH_FLUSH={mode!r} must be one of {FLUSH_MODES}")
+        raise SystemExit(f"error: TILEGYM_BENCH_FLUSH={mode!r} must be one of {FLUSH_MODES}")
     return mode
 
 
