@@ -112,6 +112,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _cfg_list(c: TileConfig) -> list:
     vals = [c.tm, c.tn, c.tk, c.split, c.latency, c.transpose_tile]
+    if c.gemv:
+        return vals + [c.reduce, c.ctas, c.occupancy, False, True]
     if c.persistent:
         return vals + [c.reduce, c.ctas, c.occupancy, True]
     if c.ctas or c.occupancy:
@@ -124,7 +126,10 @@ def _cfg_str(c: TileConfig) -> str:
     red = f"-{c.reduce}" if c.split > 1 else ""
     hints = (f"c{c.ctas}" if c.ctas else "") + (f"O{c.occupancy}" if c.occupancy else "")
     hints += "P" if c.persistent else ""
-    return f"{c.tm}x{c.tn}x{c.tk}/s{c.split}{red}{lat}{'' if c.transpose_tile else 'o'}{hints}"
+    kind = "gemv-" if c.gemv else ""
+    return (
+        f"{kind}{c.tm}x{c.tn}x{c.tk}/s{c.split}{red}{lat}{'' if c.transpose_tile else 'o'}{hints}"
+    )
 
 
 def work_items(models, tokens, sweep: bool):

@@ -148,6 +148,26 @@ def test_persistent_odd_and_model_shapes(op, occupancy, gen):
         _run_case("gated", 64, 256, 256, gen, config=cfg)
 
 
+GEMV_CONFIGS = [
+    TileConfig(1, 8, 1024, gemv=True),
+    TileConfig(4, 16, 256, gemv=True),
+    TileConfig(1, 4, 2048, gemv=True, latency=4),
+    TileConfig(16, 4, 256, gemv=True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["linear", "residual"])
+@pytest.mark.parametrize("cfg", GEMV_CONFIGS, ids=str)
+def test_gemv_odd_and_model_shapes(op, cfg, gen):
+    """The GEMV kernel: M, N, K not multiples of its tiles (K < TK, K = 1000-ish), bias, a
+    residual, decode shapes of both models; outputs poisoned."""
+    for m, n, k in ((1, 1000, 1000), (3, 2048, 1000), (16, 1021, 3000), (5, 151936, 1024)):
+        _run_case(op, m, n, k, gen, config=cfg, bias=op == "linear")
+    with pytest.raises(ValueError, match="gemv"):
+        _run_case("gated", 1, 256, 256, gen, config=cfg)
+
+
 @pytest.mark.gpu
 def test_fp16_and_batched_input(gen):
     _run_case("linear", 5, 1024, 2048, gen, dtype=torch.float16, lead=(2,))
@@ -193,7 +213,8 @@ def test_configs_cover_model_shapes(model, m):
     for op, n, k in projections(model).values():
         gated = op == "gated"
         cfg = choose_config(m, n, k, gated=gated)
-        assert cfg.split == 1 or gemm_configs.m_bucket(m) == "decode"
+        assert cfg.split == 1 or gemm_configs.m_bucket(m) in ("single", "decode")
+        assert not cfg.gemv or (m == 1 and not gated)
         bucket = gemm_configs.m_bucket(m)
         if bucket != "small" and gemm_configs.TILE_TABLE.exists():
             assert (bucket, n, k, gated) in gemm_configs.TUNED, (model, op, n, k)
@@ -224,6 +245,14 @@ def test_tile_config_validation_and_candidates():
     assert all(c.split == 1 for c in candidate_configs(2048, 1024, 1024))
     # lm_head: its N tiles alone fill the GPU, so no split is tried
     assert all(c.split == 1 for c in candidate_configs(1, 151936, 1024)[1:])
+    gemv = [c for c in cands if c.gemv]
+    assert gemv and all(c.tm == 1 and c.tk <= 1024 for c in gemv)  # M = 1, K = 1024
+    assert {c.tm for c in candidate_configs(16, 1024, 1024) if c.gemv} == {1, 4}
+    assert not any(c.gemv for c in candidate_configs(1, 1024, 1024, gated=True))
+    with pytest.raises(ValueError, match="gemv"):
+        TileConfig(1, 8, 1024, split=2, gemv=True)
+    with pytest.raises(ValueError):
+        TileConfig(1, 8, 1024)  # tm < 16 only for gemv
 
 
 def test_hints_compile_variants_and_uneven_grids_fall_back():
@@ -264,6 +293,7 @@ def test_aot_signatures_compile_for_sm90():
         gemm.tilegym_linear_kernel,
         gemm.tilegym_gate_up_silu_kernel,
         gemm.tilegym_splitk_reduce_kernel,
+        gemm.tilegym_gemv_kernel,
     }
     occ1 = {  # the occupancy-hinted variants the table launches at prefill
         gemm.hinted(gemm.tilegym_linear_kernel, TileConfig(128, 128, 64, occupancy=1), 1),
@@ -294,6 +324,10 @@ def test_tile_table_parses_and_rejects_bad_keys():
         10,
         True,
     )
+    gemv = [1, 4, 2048, 1, 0, True, "cta", 0, 0, False, True]
+    assert gemm_configs.parse_table({"single|512|2048|False": gemv})[
+        ("single", 512, 2048, False)
+    ] == TileConfig(1, 4, 2048, gemv=True)
     pdl = gemm_configs.parse_table({"decode|512|2048|True": [16, 16, 256, 4, 0, True, "pdl"]})
     assert pdl[("decode", 512, 2048, True)].reduce == "pdl"
     with pytest.raises(ValueError):

@@ -42,6 +42,7 @@ ROPE_CASES = [
     (2, 4, 2, 9, 64, 32, False),  # partial rotary (pass-through copy)
     (2, 5, 3, 7, 80, 80, True),  # half = 40: (..., 2, R/2) views, padded heads and halves
     (1, 3, 1, 45, 96, 48, True),  # partial + non power-of-two half
+    (1, 12, 3, 19, 64, 64, False),  # head counts no head block divides (masked head tiles)
 ]
 
 
@@ -88,6 +89,7 @@ QK_CASES = [
     (1, 1, 16, 8, 128, False),  # decode, batch 1
     (3, 5, 6, 3, 80, False),  # half = 40: view path, padded heads
     (4, 3, 32, 8, 64, True),  # llama-like heads
+    (2, 19, 12, 3, 128, True),  # head counts no head block divides (masked head tiles)
 ]
 
 

@@ -31,6 +31,9 @@ ConstBool = ct.Constant[bool]
 _ZERO = ct.PaddingMode.ZERO
 _COUNTER_SLOTS = 1 << 16
 
+#: W-load latency hint of the GEMV kernel when its config leaves it to the compiler (0)
+GEMV_LATENCY = 10
+
 #: SPLIT_MODE of the GEMM kernels: no split, split with last-CTA sum, split writing partials only
 NO_SPLIT, SPLIT_CTA, SPLIT_PARTIAL = 0, 1, 2
 
@@ -184,6 +187,37 @@ def tilegym_linear_persistent_kernel(
             a = _load_x(X, bm, k, TM, TK, LATENCY)
             acc = ct.mma(a, _load_wt(W, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE), acc)
         _linear_epilogue(acc, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
+
+
+@ct.kernel
+def tilegym_gemv_kernel(
+    X,
+    W,
+    B,
+    R,
+    Y,
+    TM: ConstInt,
+    TN: ConstInt,
+    TK: ConstInt,
+    LATENCY: ConstInt,
+    HAS_BIAS: ConstBool,
+    HAS_RES: ConstBool,
+):
+    """`tilegym_linear_kernel` for a few rows; grid (N tiles, M tiles).
+
+    Decode GEMMs are latency-bound streams of W: here each block issues plain (non-TMA)
+    16-byte loads of a (TN, TK) W tile, multiplies by the (TM, TK) rows of X broadcast over TN
+    and sums over K in fp32; no shared-memory staging, barriers or mma.
+    """
+    bn = ct.bid(0)
+    bm = ct.bid(1)
+    acc = ct.full((TM, TN), 0, dtype=ct.float32)
+    for k in range(ct.num_tiles(W, axis=1, shape=(TN, TK))):
+        w = ct.load(W, (bn, k), (TN, TK), padding_mode=_ZERO, latency=LATENCY, allow_tma=False)
+        x = ct.load(X, (bm, k), (TM, TK), padding_mode=_ZERO, allow_tma=False)
+        prod = x.astype(ct.float32).reshape((TM, 1, TK)) * w.astype(ct.float32).reshape((1, TN, TK))
+        acc = acc + ct.sum(prod, axis=2)
+    _linear_epilogue(acc, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
 
 
 def _silu_mul_store(gate, up, y, bm, bn):
@@ -420,7 +454,31 @@ def _launch_persistent(x2, weight, bias, residual2, out2, cfg: TileConfig) -> No
     ct.launch(stream(x2.device), (blocks, 1, 1), kernel, args)
 
 
+def _launch_gemv(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
+    m, _ = x2.shape
+    n = weight.shape[0]
+    dummy_b, dummy_r = _BUFFERS.dummies(x2.device, x2.dtype)
+    args = (
+        x2,
+        weight,
+        bias if bias is not None else dummy_b,
+        residual2 if residual2 is not None else dummy_r,
+        out2,
+        cfg.tm,
+        cfg.tn,
+        cfg.tk,
+        cfg.latency or GEMV_LATENCY,
+        bias is not None,
+        residual2 is not None,
+    )
+    grid = (math.ceil(n / cfg.tn), math.ceil(m / cfg.tm), 1)
+    ct.launch(stream(x2.device), grid, hinted(tilegym_gemv_kernel, cfg, grid[0]), args)
+
+
 def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
+    if cfg.gemv:
+        _launch_gemv(x2, weight, bias, residual2, out2, cfg)
+        return
     if cfg.persistent and cfg.split == 1:
         _launch_persistent(x2, weight, bias, residual2, out2, cfg)
         return
@@ -526,8 +584,8 @@ def fused_gate_up_silu(
     if m == 0:
         return out
     cfg = config or choose_config(m, i, k, gated=True)
-    if cfg.persistent:
-        raise ValueError("the fused gate-up kernel has no persistent variant")
+    if cfg.persistent or cfg.gemv:
+        raise ValueError("the fused gate-up kernel has no persistent or gemv variant")
     device = x.device
     split, mode, ws, cnt = _split_args(cfg, m, i, 2, device)
     grid = (math.ceil(m / cfg.tm) * math.ceil(i / cfg.tn), split, 1)
@@ -556,14 +614,15 @@ def fused_gate_up_silu(
 
 
 def _aot_cases(ops: tuple[str, ...]) -> list[tuple[str, TileConfig, bool]]:
-    """(op, tiles, has_bias) the AOT gate compiles, each once: per op the decode and the
-    prefill tile shapes of the table, both split-K reductions and the hinted prefill variants;
+    """(op, tiles, has_bias) the AOT gate compiles, each once: per op the one-row (GEMV),
+    decode and prefill tiles of the table, both split-K reductions and the hinted variants;
     kept few because a compile takes seconds."""
     cases: list[tuple[str, TileConfig, bool]] = []
     for op in ops:
         gated = op == "gated"
         wanted = [
-            (choose_config(1, 4096, 4096, gated=gated), False),
+            (choose_config(1, 4096, 4096, gated=gated), op == "linear"),
+            (choose_config(8, 4096, 4096, gated=gated), False),
             (choose_config(4096, 4096, 4096, gated=gated), op == "linear"),
         ]
         wanted += [(TileConfig(16, 64, 128, split=4, reduce=r), False) for r in ("cta", "pdl")]
@@ -607,6 +666,13 @@ def aot_signatures(
             consts += [cfg.latency, cfg.transpose_tile, mode]
             work = [arr(ct.float32, 3), arr(ct.int32, 1)]
             has_res, gated = op == "residual", op == "gated"
+            if cfg.gemv:
+                params = [arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 2)]
+                consts = [cfg.tm, cfg.tn, cfg.tk, cfg.latency or GEMV_LATENCY]
+                kernel = hinted(tilegym_gemv_kernel, cfg, 1)
+                sig = KernelSignature([*params, *consts, has_bias, has_res], cconv)
+                sigs.setdefault(kernel, []).append(sig)
+                continue
             if cfg.persistent:
                 params = [arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 2)]
                 consts = [cfg.tm, cfg.tn, cfg.tk, cfg.group_m, cfg.latency, cfg.transpose_tile]

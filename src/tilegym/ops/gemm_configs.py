@@ -9,6 +9,8 @@ Decode shapes (M <= 16) have few output tiles (N / tn), often fewer than the GPU
 so the sweep's decode candidates include narrow tiles (tn = 16, 32) and split-K with both
 reductions (`reduce`: "cta" = last split of a tile sums in the same launch, "pdl" = dependent
 reduction kernel); the table keeps whichever measured fastest with a correct result.
+One row (M = 1, bucket "single") is a latency-bound stream of W, where the GEMV kernel (plain
+16-byte loads, multiply-adds, no TMA or mma; `TileConfig.gemv`) won most projections.
 """
 
 from __future__ import annotations
@@ -42,12 +44,16 @@ class TileConfig:
     ctas: int = 0  # CTAs per cluster (num_ctas hint; 0 = the compiler's choice)
     occupancy: int = 0  # blocks per SM hint (0 = the compiler's choice)
     persistent: bool = False  # linear/residual only: one wave of blocks looping over tiles
+    gemv: bool = False  # linear/residual only: plain loads and multiply-adds, no TMA, no mma
 
     def __post_init__(self) -> None:
         for name in ("tm", "tn", "tk"):
             value = getattr(self, name)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"{name}={value} must be a power of two >= 16")
+            low = 1 if self.gemv and name != "tk" else 16
+            if value < low or value & (value - 1):
+                raise ValueError(f"{name}={value} must be a power of two >= {low}")
+        if self.gemv and (self.split > 1 or self.persistent or self.tm > 16):
+            raise ValueError("a gemv config has tm <= 16, no split and no persistent loop")
         if not 1 <= self.split <= MAX_SPLIT:
             raise ValueError(f"split={self.split} must be in [1, {MAX_SPLIT}]")
         if not 0 <= self.latency <= 10:
@@ -60,10 +66,16 @@ class TileConfig:
             raise ValueError(f"reduce={self.reduce!r} must be one of {SPLIT_REDUCTIONS}")
 
 
+BUCKETS = ("single", "decode", "small", "large")
+
+
 def m_bucket(m: int) -> str:
-    """Bucket of the token count: 'decode' (M <= 16), 'small' (M <= 128) or 'large'."""
+    """Bucket of the token count: 'single' (M = 1: one sequence decoding), 'decode'
+    (M <= 16), 'small' (M <= 128) or 'large'."""
     if m < 1:
         raise ValueError(f"M={m} must be >= 1")
+    if m == 1:
+        return "single"
     if m <= DECODE_MAX_M:
         return "decode"
     if m <= SMALL_MAX_M:
@@ -73,7 +85,9 @@ def m_bucket(m: int) -> str:
 
 def default_config(bucket: str, gated: bool) -> TileConfig:
     """The tiles that won most rows of the H200 sweep, for shapes outside the table."""
-    if bucket == "decode":
+    if bucket == "single" and not gated:
+        return TileConfig(1, 4, 1024, gemv=True)
+    if bucket in ("single", "decode"):
         return TileConfig(16, 32, 256, transpose_tile=not gated)
     if bucket == "small":
         return TileConfig(64, 64 if gated else 128, 64)
@@ -90,11 +104,11 @@ TILE_TABLE = Path(
 
 def parse_table(doc: dict) -> dict[tuple[str, int, int, bool], TileConfig]:
     """`{"bucket|N|K|gated": [tm, tn, tk, split, latency, transpose_tile(, reduce, ctas,
-    occupancy, persistent)]}` -> {key: cfg}."""
+    occupancy, persistent, gemv)]}` -> {key: cfg}."""
     table = {}
     for key, vals in doc.items():
         bucket, n, k, gated = key.split("|")
-        if bucket not in ("decode", "small", "large") or gated not in ("True", "False"):
+        if bucket not in BUCKETS or gated not in ("True", "False"):
             raise ValueError(f"bad tile-table key {key!r}")
         table[(bucket, int(n), int(k), gated == "True")] = TileConfig(*vals[:4], 8, *vals[4:])
     return table
@@ -133,6 +147,18 @@ def split_factors(n: int, k: int, tn: int, tk: int) -> list[int]:
     return sorted({min(s, top) for s in wanted})
 
 
+def gemv_candidates(m: int, k: int) -> list[TileConfig]:
+    """GEMV configs for a decode shape: rows per block up to M (fewer rows re-read W from L2),
+    a block's K in one or a few wide plain loads."""
+    rows = 1 << (max(1, m) - 1).bit_length()
+    out = []
+    for tm in sorted({1, min(rows, 4), min(rows, 16)}):
+        for tn, tk in ((8, 1024), (16, 512), (4, 2048), (16, 256)):
+            if tm * tn * tk <= 16384:
+                out.append(TileConfig(tm, tn, min(tk, 1 << (k - 1).bit_length()), gemv=True))
+    return list(dict.fromkeys(out))
+
+
 def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[TileConfig]:
     """Configurations the benchmark's sweep tries for one shape (the current choice first)."""
     bucket = m_bucket(m)
@@ -142,7 +168,7 @@ def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[Ti
         if cfg not in out:
             out.append(cfg)
 
-    if bucket == "decode":
+    if bucket in ("single", "decode"):
         shapes = [(16, 16, 256), (16, 16, 512), (16, 32, 256), (16, 64, 128), (16, 64, 256)]
         shapes += [(16, 128, 128), (16, 128, 256)]
         for tm, tn, tk in shapes:
@@ -151,6 +177,17 @@ def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[Ti
             for split in split_factors(n, k, tn, tk):
                 for reduce in SPLIT_REDUCTIONS:
                     add(TileConfig(tm, tn, tk, split=split, reduce=reduce))
+        # latency-bound small weights: all of a block's K in one or two loads, deeper
+        # prefetch (latency hint), or more resident blocks per SM
+        for tm, tn, tk in [(16, 16, 1024), (16, 32, 512), (16, 32, 1024)]:
+            add(TileConfig(tm, tn, tk))
+        for latency in (4, 8):
+            add(TileConfig(16, 32, 256, latency=latency))
+        for occupancy in (2, 4):
+            add(TileConfig(16, 32, 256, occupancy=occupancy))
+        if not gated:
+            for cfg in gemv_candidates(m, k):
+                add(cfg)
         return out
     if bucket == "small":
         shapes = [(64, 64, 64), (64, 128, 64), (128, 128, 64)]
