@@ -158,7 +158,7 @@ GEMV_CONFIGS = [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["linear", "residual"])
-@pytest.mark.parametrize("cfg", GEMV_CONFIGS, ids=str)
+@pytest.mark.parametrize("cfg", GEMV_CONFIGS, ids=lambda c: f"{c.tm}x{c.tn}x{c.tk}L{c.latency}")
 def test_gemv_odd_and_model_shapes(op, cfg, gen):
     """The GEMV kernel: M, N, K not multiples of its tiles (K < TK, K = 1000-ish), bias, a
     residual, decode shapes of both models; outputs poisoned."""
