@@ -77,9 +77,8 @@ def main() -> None:
         return
     print(
         f"defaults: ROPE_VARIANT={rp.ROPE_VARIANT} QK_VARIANT={rp.QK_VARIANT} "
-        f"(auto: per-token kernel up to {rp.ROPE_TOKEN_MAX}/{rp.QK_TOKEN_MAX} tokens, else heads "
-        f"h{rp.ROPE_HEADS}-e{rp.ROPE_ELEMS // 1024}-o{rp.ROPE_HEADS_OCCUPANCY} / "
-        f"h{rp.QK_HEADS}-e{rp.QK_ELEMS // 1024}-o{rp.QK_HEADS_OCCUPANCY}); "
+        f"(auto: per-token kernel up to {rp.ROPE_TOKEN_MAX}/{rp.QK_TOKEN_MAX} tokens, else "
+        f"{rp.ROPE_AUTO_LARGE} / {rp.QK_AUTO_LARGE}); "
         f"L2 flush: {flush_mode()}"
     )
     decode = {f"{k} {s}" for k in MODELS for s in ("1x1", "8x1")}

@@ -116,7 +116,8 @@ def test_qk_norm_rope_variants(name, case, gen, poison_empty):
 
 @other_shard
 def test_auto_threshold_picks_both_kernels(gen, monkeypatch):
-    """Variant "auto" launches the per-token kernels up to ``*_TOKEN_MAX`` tokens, "heads" above."""
+    """Variant "auto" launches the per-token kernels up to ``*_TOKEN_MAX`` tokens, the
+    ``*_AUTO_LARGE`` ones above."""
     import cuda.tile as ct
 
     seen = []
@@ -136,4 +137,4 @@ def test_auto_threshold_picks_both_kernels(gen, monkeypatch):
         qs, ks = q.transpose(1, 2), k.transpose(1, 2)
         rp.qk_norm_rope(qs, ks, w, w, 1e-6, cos, sin, variant="auto")
     assert seen[0] is rp.rope_kernel and seen[1] is rp.qk_norm_rope_kernel
-    assert seen[2] is rp.rope_heads_kernel and seen[3] is rp.qk_norm_rope_heads_kernel
+    assert seen[2] is rp.rope_heads_kernel and seen[3] is rp.qk_norm_rope_tiled_kernel

@@ -140,7 +140,10 @@ def qk_norm_rope_kernel(
 
 #: Kernel choice of ``apply_rope`` / ``qk_norm_rope`` without a ``variant`` argument:
 #: "auto" = "token" for at most ``*_TOKEN_MAX`` tokens (decode: fewest host-side view ops and
-#: launch arguments) and "heads" above; or one of "token", "tiled", "heads" for every size.
+#: launch arguments) and ``*_AUTO_LARGE`` above ("heads" for RoPE; "tiled" for q/k-norm+RoPE,
+#: 16-23% faster than "heads" from 8 tokens up in every H200 sweep of this session, e.g.
+#: 97 vs 116 us at 4x4096: docs/results/h200-2026-11-29/ops/rope_experiments.txt); or one of
+#: "token", "tiled", "heads" for every size.
 #:
 #: - "token": the first version, one block per token, each half a ``slice`` at a run-time
 #:   offset: sm_90 SASS has only scalar 2-byte loads and stores (LDG.E.U16 / STG.E.U16);
@@ -162,6 +165,8 @@ def qk_norm_rope_kernel(
 #: Swept on the H200 by benchmarks/ops/bench_rope.py (``ROPE_VARIANTS`` / ``QK_VARIANTS``).
 ROPE_VARIANT = "auto"
 QK_VARIANT = "auto"
+ROPE_AUTO_LARGE = "heads"
+QK_AUTO_LARGE = "tiled"
 #: "auto" uses the per-token kernel up to this many tokens (batch x seq), "heads" above.
 ROPE_TOKEN_MAX = 32
 QK_TOKEN_MAX = 32
@@ -617,10 +622,11 @@ def _flat(rot: int, d: int) -> bool:
     return rot == d and next_pow2(rot // 2) == rot // 2
 
 
-def _pick(variant: str | None, default: str, token_max: int, ntok: int) -> str:
+def _pick(variant: str | None, default: str, token_max: int, ntok: int, large: str) -> str:
+    """The variant to launch: "auto" is "token" up to ``token_max`` tokens, ``large`` above."""
     v = variant or default
     if v == "auto":
-        return "token" if ntok <= token_max else "heads"
+        return "token" if ntok <= token_max else large
     if v not in ("token", "tiled", "heads"):
         raise ValueError(f"unknown variant {v!r} (auto, token, tiled, heads)")
     return v
@@ -661,7 +667,7 @@ def apply_rope(
     k_out = torch.empty((bsz, hk, seq, d), dtype=k.dtype, device=k.device)
     if not bsz * seq:
         return q_out, k_out
-    v = _pick(variant, ROPE_VARIANT, ROPE_TOKEN_MAX, bsz * seq)
+    v = _pick(variant, ROPE_VARIANT, ROPE_TOKEN_MAX, bsz * seq, ROPE_AUTO_LARGE)
     if v == "token":
         consts = rope_constants(hq, hk, d, rot)
         args = (q, k, cos, sin, q_out, k_out, batched, *consts)
@@ -740,7 +746,7 @@ def qk_norm_rope(
     if not bsz * seq:
         return q_out, k_out
     qw, kw = _last_contiguous(q_weight), _last_contiguous(k_weight)
-    v = _pick(variant, QK_VARIANT, QK_TOKEN_MAX, bsz * seq)
+    v = _pick(variant, QK_VARIANT, QK_TOKEN_MAX, bsz * seq, QK_AUTO_LARGE)
     if v == "token":
         tq, tk, tr = next_pow2(hq), next_pow2(hk), next_pow2(d // 2)
         args = (q, k, qw, kw, cos, sin, q_out, k_out, float(eps), batched, tq, tk, tr)
@@ -797,21 +803,20 @@ def qk_norm_rope_reference(q, k, q_weight, k_weight, eps, cos, sin):
 
 
 def _rope_kernels(variant: str) -> list:
-    return {
-        "auto": [rope_kernel, rope_heads_kernel],
-        "token": [rope_kernel],
-        "tiled": [rope_tiled_kernel],
-        "heads": [rope_heads_kernel],
-    }[variant]
+    if variant == "auto":
+        return [rope_kernel, *_rope_kernels(ROPE_AUTO_LARGE)]
+    return [{"token": rope_kernel, "tiled": rope_tiled_kernel, "heads": rope_heads_kernel}[variant]]
 
 
 def _qk_kernels(variant: str) -> list:
-    return {
-        "auto": [qk_norm_rope_kernel, qk_norm_rope_heads_kernel],
-        "token": [qk_norm_rope_kernel],
-        "tiled": [qk_norm_rope_tiled_kernel],
-        "heads": [qk_norm_rope_heads_kernel],
-    }[variant]
+    if variant == "auto":
+        return [qk_norm_rope_kernel, *_qk_kernels(QK_AUTO_LARGE)]
+    kernels = {
+        "token": qk_norm_rope_kernel,
+        "tiled": qk_norm_rope_tiled_kernel,
+        "heads": qk_norm_rope_heads_kernel,
+    }
+    return [kernels[variant]]
 
 
 def default_rope_kernels() -> list:
