@@ -6,7 +6,10 @@ weight packed once as `[gate; up]`, so the `[M, 2I]` intermediate never reaches 
 All accumulate in fp32. Weights stay in their `[N, K]` nn.Linear layout: the kernels read them
 K-major through a transposed tile load, so no per-call copy is made.
 
-Tile shapes come from `gemm_configs` (an H200-measured table). Split-K (`TileConfig.split`)
+Tile shapes come from `gemm_configs` (an H200-measured table). A one-row GEMM (decode at batch
+1) mostly takes the GEMV kernel (`TileConfig.gemv`): plain 16-byte loads and fp32 multiply-adds,
+without the TMA + mma pipeline whose fixed latency dominates a few-microsecond stream of W.
+Split-K (`TileConfig.split`)
 gives each split a contiguous share of the K tiles and has it store its fp32 partial tile into
 a workspace; the partials are then summed and the epilogue applied either by the last split of
 an output tile to arrive (`reduce="cta"`: one launch, per-tile atomic counter, reset by that
@@ -429,18 +432,26 @@ def _launch_reduce(cfg, ws, split, bias, residual2, out2, gated: bool) -> None:
     )
 
 
-def _launch_persistent(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
-    m, _ = x2.shape
-    n = weight.shape[0]
-    tiles = math.ceil(m / cfg.tm) * math.ceil(n / cfg.tn)
-    blocks = min(tiles, sm_count(x2.device) * max(cfg.occupancy, 1))
+def _io_args(x2, weight, bias, residual2, out2) -> tuple:
+    """The leading X, W, B, R, Y arguments of the linear kernels (placeholders for an absent
+    bias or residual)."""
     dummy_b, dummy_r = _BUFFERS.dummies(x2.device, x2.dtype)
-    args = (
+    return (
         x2,
         weight,
         bias if bias is not None else dummy_b,
         residual2 if residual2 is not None else dummy_r,
         out2,
+    )
+
+
+def _launch_persistent(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
+    m, _ = x2.shape
+    n = weight.shape[0]
+    tiles = math.ceil(m / cfg.tm) * math.ceil(n / cfg.tn)
+    blocks = min(tiles, sm_count(x2.device) * max(cfg.occupancy, 1))
+    args = (
+        *_io_args(x2, weight, bias, residual2, out2),
         cfg.tm,
         cfg.tn,
         cfg.tk,
@@ -457,13 +468,8 @@ def _launch_persistent(x2, weight, bias, residual2, out2, cfg: TileConfig) -> No
 def _launch_gemv(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
     m, _ = x2.shape
     n = weight.shape[0]
-    dummy_b, dummy_r = _BUFFERS.dummies(x2.device, x2.dtype)
     args = (
-        x2,
-        weight,
-        bias if bias is not None else dummy_b,
-        residual2 if residual2 is not None else dummy_r,
-        out2,
+        *_io_args(x2, weight, bias, residual2, out2),
         cfg.tm,
         cfg.tn,
         cfg.tk,
@@ -486,14 +492,9 @@ def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
     n = weight.shape[0]
     device = x2.device
     split, mode, ws, cnt = _split_args(cfg, m, n, 1, device)
-    dummy_b, dummy_r = _BUFFERS.dummies(device, x2.dtype)
     grid = (math.ceil(m / cfg.tm) * math.ceil(n / cfg.tn), split, 1)
     args = (
-        x2,
-        weight,
-        bias if bias is not None else dummy_b,
-        residual2 if residual2 is not None else dummy_r,
-        out2,
+        *_io_args(x2, weight, bias, residual2, out2),
         ws,
         cnt,
         split,
