@@ -252,9 +252,16 @@ def bench(models, tokens, sweep: bool, iters: int, on_row=None):
 
 def summary(records) -> list[str]:
     lines = []
-    pre = [r for r in records if r["M"] >= 2048 and r["op"] == "linear"]
-    dec = [r for r in records if r["M"] <= 16 and r["op"] == "linear"]
-    for name, sel, target in (("prefill", pre, 90.0), ("decode", dec, 100.0)):
+    lin = [r for r in records if r["op"] == "linear"]
+    pre = [r for r in lin if r["M"] >= 2048]
+    one = [r for r in lin if r["M"] == 1]
+    dec = [r for r in lin if 1 < r["M"] <= 16]
+    groups = (
+        ("prefill", pre, 90.0),
+        ("one row (M=1)", one, 100.0),
+        ("decode (M 2-16)", dec, 100.0),
+    )
+    for name, sel, target in groups:
         if sel:
             worst = min(sel, key=lambda r: r["pct_of_cublas"])
             miss = [r for r in sel if r["pct_of_cublas"] < target]

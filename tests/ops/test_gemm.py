@@ -346,3 +346,37 @@ def test_bad_inputs_raise_one_clear_error():
         gemm.fused_gate_up_silu(x, w)
     with pytest.raises(ValueError, match="CUDA tensors"):
         gemm.linear_residual(x, w, torch.randn(2, 4))
+
+
+def test_bench_summary_splits_one_row_from_decode():
+    """bench_gemm's summary judges M = 1 (GEMV bucket) and M = 2..16 separately."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    bench_dir = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "ops"
+    sys.path.insert(0, str(bench_dir))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_gemm", bench_dir / "bench_gemm.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(bench_dir))
+
+    def rec(m, pct, op="linear", proj="q_proj"):
+        return dict(model="qwen3", proj=proj, op=op, M=m, pct_of_cublas=pct)
+
+    lines = bench.summary(
+        [
+            rec(1, 130.0),
+            rec(1, 93.0, proj="lm_head"),
+            rec(8, 101.0),
+            rec(16, 88.5, proj="o"),
+            rec(2048, 95.0),
+            rec(1, 150.0, op="gated"),
+        ]
+    )
+    assert lines[0].startswith("prefill: 1/1 rows >= 90%")
+    assert lines[1] == "one row (M=1): 1/2 rows >= 100% of cuBLAS; worst 93.0% (qwen3 lm_head M=1)"
+    assert lines[2] == "decode (M 2-16): 1/2 rows >= 100% of cuBLAS; worst 88.5% (qwen3 o M=16)"
+    assert lines[3] == "fused epilogues faster than the torch pair: 1/1 rows"
