@@ -667,25 +667,24 @@ def aot_signatures(
             consts += [cfg.latency, cfg.transpose_tile, mode]
             work = [arr(ct.float32, 3), arr(ct.int32, 1)]
             has_res, gated = op == "residual", op == "gated"
+            io = [arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 2)]  # X, W, B, R, Y
             if cfg.gemv:
-                params = [arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 2)]
                 consts = [cfg.tm, cfg.tn, cfg.tk, cfg.latency or GEMV_LATENCY]
                 kernel = hinted(tilegym_gemv_kernel, cfg, 1)
-                sig = KernelSignature([*params, *consts, has_bias, has_res], cconv)
+                sig = KernelSignature([*io, *consts, has_bias, has_res], cconv)
                 sigs.setdefault(kernel, []).append(sig)
                 continue
             if cfg.persistent:
-                params = [arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 2)]
                 consts = [cfg.tm, cfg.tn, cfg.tk, cfg.group_m, cfg.latency, cfg.transpose_tile]
                 kernel = hinted(tilegym_linear_persistent_kernel, cfg, 1)
-                sig = KernelSignature([*params, *consts, has_bias, has_res], cconv)
+                sig = KernelSignature([*io, *consts, has_bias, has_res], cconv)
                 sigs.setdefault(kernel, []).append(sig)
                 continue
             if gated:
                 params = [arr(dt, 2), arr(dt, 2, "w"), arr(dt, 2, "w"), arr(dt, 2), *work]
                 kernel, tail = tilegym_gate_up_silu_kernel, []
             else:
-                params = [arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 2), *work]
+                params = [*io, *work]
                 kernel, tail = tilegym_linear_kernel, [has_bias, has_res]
             kernel = hinted(kernel, cfg, max(cfg.ctas, 1))
             sigs.setdefault(kernel, []).append(KernelSignature([*params, *consts, *tail], cconv))
