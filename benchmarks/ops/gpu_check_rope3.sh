@@ -3,6 +3,8 @@
 # GPU tests of every variant + the model patches, then the benchmark tables (all variants
 # interleaved per shape, with torch and a dst.copy_(src) ceiling row).
 # Usage (repo root): OUT=gpu_check_out bash benchmarks/ops/gpu_check_rope3.sh   (< 4 min)
+# Env: WARM (benchmark warm-up workers, 5), SHARDS (variant test shards, 5), TEST_TIMEOUT,
+# BENCH_TIMEOUT, WRITE_FLUSH=0 (skip the write-flush table).
 # Outputs in $OUT: env.txt, summary.txt, tests_*.txt (one per pytest shard), warm_*.txt,
 # bench_rope.txt (write flush), bench_rope_read.txt (read).
 # Cold compiles dominate, so step 1 runs the pytest shards and WARM "--warm I/N" benchmark
@@ -32,8 +34,9 @@ shard() {  # name, then pytest arguments
 }
 shard rope tests/ops/test_rope.py tests/ops/test_rope_aot.py
 shard patches tests/transformers/test_patch_models.py
-for i in 0 1 2 3 4; do  # every RoPE / qk variant, 5 disjoint shards (see _shard in the test file)
-    ROPE_VARIANT_SHARD="$i/5" timeout "$TT" "$PY" -m pytest -q -rA -p no:cacheprovider \
+SHARDS="${SHARDS:-5}"
+for ((i = 0; i < SHARDS; i++)); do  # every RoPE / qk variant, disjoint shards (_shard in the test file)
+    ROPE_VARIANT_SHARD="$i/$SHARDS" timeout "$TT" "$PY" -m pytest -q -rA -p no:cacheprovider \
         tests/ops/test_rope_variants.py >"$OUT/tests_variants_$i.txt" 2>&1 &
     pids+=($!)
 done
@@ -62,8 +65,10 @@ done
 # the default write flush (comparable with the earlier tables), then the prefill shapes again
 # with TILEGYM_BENCH_FLUSH=read (clean L2: no write-back of the flush's dirty lines inside the
 # timed call, see benchmarks/ops/bench_flush.py)
-timeout "${BENCH_TIMEOUT:-60}" "$PY" benchmarks/ops/bench_rope.py 2>&1 | tee "$OUT/bench_rope.txt" \
-    || status=1
+if [ "${WRITE_FLUSH:-1}" = 1 ]; then
+    timeout "${BENCH_TIMEOUT:-60}" "$PY" benchmarks/ops/bench_rope.py 2>&1 | tee "$OUT/bench_rope.txt" \
+        || status=1
+fi
 export TILEGYM_BENCH_FLUSH=read
 echo "== TILEGYM_BENCH_FLUSH=read" | tee "$OUT/bench_rope_read.txt"
 timeout "${BENCH_TIMEOUT:-60}" "$PY" benchmarks/ops/bench_rope.py --shapes 1x2048,4x4096,8x4096 \

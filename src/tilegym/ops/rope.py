@@ -140,10 +140,11 @@ def qk_norm_rope_kernel(
 
 #: Kernel choice of ``apply_rope`` / ``qk_norm_rope`` without a ``variant`` argument:
 #: "auto" = "token" for at most ``*_TOKEN_MAX`` tokens (decode: fewest host-side view ops and
-#: launch arguments) and ``*_AUTO_LARGE`` above ("heads" for RoPE; "tiled" for q/k-norm+RoPE,
-#: 16-23% faster than "heads" from 8 tokens up in every H200 sweep of this session, e.g.
-#: 97 vs 116 us at 4x4096: docs/results/h200-2026-11-29/ops/rope_experiments.txt); or one of
-#: "token", "tiled", "heads" for every size.
+#: launch arguments) and ``*_AUTO_LARGE`` above ("loop" for RoPE: 65 vs 98 us for "heads" at
+#: qwen3 4x4096, docs/results/h200-2026-11-30/ops/rope_loop.txt; "tiled" for q/k-norm+RoPE,
+#: 16-23% faster than "heads" from 8 tokens up, e.g. 97 vs 116 us at 4x4096:
+#: docs/results/h200-2026-11-29/ops/rope_experiments.txt, and 2-28% faster than "loop"); or
+#: one of "token", "tiled", "heads", "loop" for every size.
 #:
 #: - "token": the first version, one block per token, each half a ``slice`` at a run-time
 #:   offset: sm_90 SASS has only scalar 2-byte loads and stores (LDG.E.U16 / STG.E.U16);
@@ -161,11 +162,15 @@ def qk_norm_rope_kernel(
 #:   threads, no spills (sm_90 SASS); for full rotary with R/2 a power of two (qwen3, llama)
 #:   the wrapper passes the tensors as they are (no views) and the halves are tiles 0 and 1 of
 #:   the last axis.
+#: - "loop": the "heads" grid, but each block loads its token tile's cos/sin once and rotates
+#:   its heads one at a time in a run-time loop (see ``rope_loop_kernel``): cos/sin and q/k
+#:   tiles share one shape, so there is no shared-memory broadcast, and tileiras pipelines
+#:   the loop (three heads' loads in flight, 96 registers, no spills: sm_90 SASS).
 #:
 #: Swept on the H200 by benchmarks/ops/bench_rope.py (``ROPE_VARIANTS`` / ``QK_VARIANTS``).
 ROPE_VARIANT = "auto"
 QK_VARIANT = "auto"
-ROPE_AUTO_LARGE = "heads"
+ROPE_AUTO_LARGE = "loop"
 QK_AUTO_LARGE = "tiled"
 #: "auto" uses the per-token kernel up to this many tokens (batch x seq), "heads" above.
 ROPE_TOKEN_MAX = 32
@@ -188,6 +193,17 @@ QK_HEADS = 8
 QK_ELEMS = 8192
 QK_HEADS_OCCUPANCY = 4
 QK_TMA = False
+#: "loop": heads per block (looped one at a time), tokens per block, the loads' latency hint
+#: (tileiras software-pipelines the head loop deeper for smaller hints: more loads in flight,
+#: more registers) and occupancy hint.
+ROPE_LOOP_HEADS = 8
+ROPE_LOOP_TOKENS = 16
+ROPE_LOOP_LATENCY = 1
+ROPE_LOOP_OCCUPANCY = 4
+QK_LOOP_HEADS = 8
+QK_LOOP_TOKENS = 16
+QK_LOOP_LATENCY = 1
+QK_LOOP_OCCUPANCY = 3
 #: Most tokens per block of the "heads" kernels (also caps the AOT signature list).
 MAX_TOKENS = 32
 
@@ -196,7 +212,8 @@ MAX_TOKENS = 32
 #: ``apply_rope`` (``ROPE_VARIANTS``) / ``qk_norm_rope`` (``QK_VARIANTS``). "auto" is the
 #: default dispatch; "token" the first version; "t*" the all-heads tiled kernel; "h*" the
 #: heads-split kernel (h = heads per block, e = elements per block in K, o = occupancy, "tma" =
-#: loads may use TMA).
+#: loads may use TMA); "l*" the head-loop kernel (l = heads per block, t = tokens per block,
+#: L = latency hint, o = occupancy; sm_90 SASS: 70-154 registers, no spills, no shared memory).
 ROPE_VARIANTS = {
     "auto": dict(),
     "token": dict(variant="token"),
@@ -209,6 +226,13 @@ ROPE_VARIANTS = {
     "h4-e4-o4": dict(variant="heads", heads=4, elems=4096, occupancy=4),
     "h8-e4-o6": dict(variant="heads", heads=8, elems=4096, occupancy=6),
     "h8-e2-o8": dict(variant="heads", heads=8, elems=2048, occupancy=8),
+    "l8-t16-L1-o4": dict(variant="loop", heads=8, tokens=16, latency=1, occupancy=4),
+    "l8-t16-L1-o5": dict(variant="loop", heads=8, tokens=16, latency=1, occupancy=5),
+    "l8-t16-L4-o3": dict(variant="loop", heads=8, tokens=16, latency=4, occupancy=3),
+    "l8-t16-L10-o6": dict(variant="loop", heads=8, tokens=16, latency=10, occupancy=6),
+    "l8-t32-L10-o3": dict(variant="loop", heads=8, tokens=32, latency=10, occupancy=3),
+    "l8-t8-L1-o6": dict(variant="loop", heads=8, tokens=8, latency=1, occupancy=6),
+    "l32-t16-L1-o4": dict(variant="loop", heads=32, tokens=16, latency=1, occupancy=4),
 }
 QK_VARIANTS = {
     "auto": dict(),
@@ -221,6 +245,11 @@ QK_VARIANTS = {
     "h4-e4-o4": dict(variant="heads", heads=4, elems=4096, occupancy=4),
     "h8-e2-o8": dict(variant="heads", heads=8, elems=2048, occupancy=8),
     "h8-e8-o4-tma": dict(variant="heads", heads=8, elems=8192, occupancy=4, tma=True),
+    "l8-t16-L1-o3": dict(variant="loop", heads=8, tokens=16, latency=1, occupancy=3),
+    "l8-t16-L4-o3": dict(variant="loop", heads=8, tokens=16, latency=4, occupancy=3),
+    "l8-t8-L1-o5": dict(variant="loop", heads=8, tokens=8, latency=1, occupancy=5),
+    "l8-t32-L10-o3": dict(variant="loop", heads=8, tokens=32, latency=10, occupancy=3),
+    "l32-t16-L1-o3": dict(variant="loop", heads=32, tokens=16, latency=1, occupancy=3),
 }
 
 
@@ -573,6 +602,200 @@ def qk_norm_rope_heads_kernel(
         _norm_rope_block(k, k_weight, k_out, b, h - nq, sb, c1, c2, s1, s2, eps, TH, TS, TR, LT)
 
 
+# "loop" kernels: each block loads a token tile's cos/sin once and then rotates its TH heads one
+# at a time in a run-time loop, so every q/k tile has cos/sin's own (TS, R/2) shape: no
+# broadcast over heads, hence no shared-memory relayout (the "heads" kernels' cost: 8 barriers
+# per block in sm_90 SASS). Each half goes to its own output array (``lo``/``hi``: views of the
+# output's halves) so every array is stored once per iteration at the loop index: cuTile then
+# leaves the iterations' stores unordered (its "parallel store" rule); one array stored twice
+# per iteration costs a block-wide barrier per head.
+
+
+@ct.function
+def _ld_head(x, idx, i, TA: ct.Constant[int], TB: ct.Constant[int], TR: ct.Constant[int], LAT):
+    """Half ``i`` of the (TA, TB) block at ``idx`` of a 4D array (halves = last-axis tiles 0,
+    1) or of its 5D (..., 2, R/2) view, as an fp32 (1, TA, TB, TR) tile."""
+    if x.ndim == 5:
+        t = ct.load(
+            x,
+            (idx[0], idx[1], idx[2], i, 0),
+            (1, TA, TB, 1, TR),
+            padding_mode=PAD_ZERO,
+            latency=LAT,
+            allow_tma=False,
+        ).reshape((1, TA, TB, TR))
+    else:
+        t = ct.load(
+            x,
+            (idx[0], idx[1], idx[2], i),
+            (1, TA, TB, TR),
+            padding_mode=PAD_ZERO,
+            latency=LAT,
+            allow_tma=False,
+        )
+    return t.astype(ct.float32)
+
+
+@ct.function
+def _rope_loop(
+    x,
+    lo,
+    hi,
+    x_pass,
+    out_pass,
+    b,
+    h0,
+    h1,
+    sb,
+    cs,
+    TS: ct.Constant[int],
+    TR: ct.Constant[int],
+    TP: ct.Constant[int],
+    LAT: ct.Constant[int],
+):
+    """Rotate heads ``h0 .. h1 - 1`` of token tile ``sb`` (and copy their pass-through part)."""
+    c1, c2, s1, s2 = cs
+    for h in range(h0, h1):
+        x1 = _ld_head(x, (b, h, sb), 0, 1, TS, TR, LAT)
+        x2 = _ld_head(x, (b, h, sb), 1, 1, TS, TR, LAT)
+        ct.store(lo, (b, h, sb, 0), (x1 * c1 - x2 * s1).astype(lo.dtype), allow_tma=False)
+        ct.store(hi, (b, h, sb, 0), (x2 * c2 + x1 * s2).astype(hi.dtype), allow_tma=False)
+        if TP > 0:
+            xp = ct.load(x_pass, (b, h, sb, 0), (1, 1, TS, TP), padding_mode=PAD_ZERO, latency=LAT)
+            ct.store(out_pass, (b, h, sb, 0), xp, allow_tma=False)
+
+
+@ct.function
+def _cs_tiles(cos, sin, cb, sb, shape, TS: ct.Constant[int], TR: ct.Constant[int]):
+    """(c1, c2, s1, s2) of token tile ``sb``, fp32, reshaped to ``shape``."""
+    return (
+        _cs_half(cos, cb, sb, 0, TS, TR, False).reshape(shape),
+        _cs_half(cos, cb, sb, 1, TS, TR, False).reshape(shape),
+        _cs_half(sin, cb, sb, 0, TS, TR, False).reshape(shape),
+        _cs_half(sin, cb, sb, 1, TS, TR, False).reshape(shape),
+    )
+
+
+@ct.kernel(occupancy=ROPE_LOOP_OCCUPANCY)
+def rope_loop_kernel(
+    q,
+    k,
+    q_pass,
+    k_pass,
+    cos,
+    sin,
+    q_lo,
+    q_hi,
+    k_lo,
+    k_hi,
+    q_pass_out,
+    k_pass_out,
+    cos_batched,
+    TH: ct.Constant[int],
+    TS: ct.Constant[int],
+    TR: ct.Constant[int],
+    TP: ct.Constant[int],
+    LAT: ct.Constant[int],
+):
+    """Grid (q head groups + k head groups, token tiles, batch): up to TH heads x TS tokens.
+
+    q/k (B, H, S, D) with cos/sin (B or 1, S, D), or (B, H, S, 2, R/2) views with cos/sin
+    (B or 1, S, 2, R/2); ``*_lo``/``*_hi`` the (B, H, S, R/2) halves of the outputs; the
+    pass-through parts (B, H, S, D - R) are copied when TP > 0 (else placeholders).
+    """
+    g = ct.bid(0)
+    sb = ct.bid(1)
+    b = ct.bid(2)
+    hq = q.shape[1]
+    nq = ct.cdiv(hq, TH)
+    cs = _cs_tiles(cos, sin, b * cos_batched, sb, (1, 1, TS, TR), TS, TR)
+    if g < nq:
+        h0 = g * TH
+        _rope_loop(
+            q, q_lo, q_hi, q_pass, q_pass_out, b, h0, min(h0 + TH, hq), sb, cs, TS, TR, TP, LAT
+        )
+    else:
+        h0 = (g - nq) * TH
+        hk = k.shape[1]
+        _rope_loop(
+            k, k_lo, k_hi, k_pass, k_pass_out, b, h0, min(h0 + TH, hk), sb, cs, TS, TR, TP, LAT
+        )
+
+
+@ct.function
+def _norm_rope_loop(
+    x,
+    w,
+    lo,
+    hi,
+    b,
+    h0,
+    h1,
+    sb,
+    cs,
+    eps,
+    TS: ct.Constant[int],
+    TR: ct.Constant[int],
+    LAT: ct.Constant[int],
+):
+    """RMSNorm + rotate heads ``h0 .. h1 - 1`` of token tile ``sb`` of a (B, S, H, D) array;
+    store them head-major into the (B, H, S, R/2) halves ``lo``/``hi``."""
+    c1, c2, s1, s2 = cs
+    d = 2 * x.shape[4] if x.ndim == 5 else x.shape[3]
+    w1 = _w_half(w, 0, TR).reshape((1, 1, 1, TR))
+    w2 = _w_half(w, 1, TR).reshape((1, 1, 1, TR))
+    for h in range(h0, h1):
+        x1 = _ld_head(x, (b, sb, h), 0, TS, 1, TR, LAT)
+        x2 = _ld_head(x, (b, sb, h), 1, TS, 1, TR, LAT)
+        sq = ct.sum(x1 * x1, axis=3, keepdims=True) + ct.sum(x2 * x2, axis=3, keepdims=True)
+        inv = ct.rsqrt(sq / d + eps)
+        n1 = ((x1 * inv).astype(x.dtype).astype(ct.float32) * w1).astype(lo.dtype)
+        n2 = ((x2 * inv).astype(x.dtype).astype(ct.float32) * w2).astype(lo.dtype)
+        n1, n2 = n1.astype(ct.float32), n2.astype(ct.float32)
+        o1 = (n1 * c1 - n2 * s1).astype(lo.dtype).reshape((1, 1, TS, TR))
+        o2 = (n2 * c2 + n1 * s2).astype(hi.dtype).reshape((1, 1, TS, TR))
+        ct.store(lo, (b, h, sb, 0), o1, allow_tma=False)
+        ct.store(hi, (b, h, sb, 0), o2, allow_tma=False)
+
+
+@ct.kernel(occupancy=QK_LOOP_OCCUPANCY)
+def qk_norm_rope_loop_kernel(
+    q,
+    k,
+    q_weight,
+    k_weight,
+    cos,
+    sin,
+    q_lo,
+    q_hi,
+    k_lo,
+    k_hi,
+    eps,
+    cos_batched,
+    TH: ct.Constant[int],
+    TS: ct.Constant[int],
+    TR: ct.Constant[int],
+    LAT: ct.Constant[int],
+):
+    """Grid (q head groups + k head groups, token tiles, batch): per-head RMSNorm + RoPE of up
+    to TH heads x TS tokens per block, a head at a time. q/k (B, S, H, D), weights (D,), cos/sin
+    (B or 1, S, D), or the (..., 2, D/2) views of all of them; ``*_lo``/``*_hi`` the (B, H, S,
+    D/2) halves of the head-major outputs."""
+    g = ct.bid(0)
+    sb = ct.bid(1)
+    b = ct.bid(2)
+    hq = q.shape[2]
+    nq = ct.cdiv(hq, TH)
+    cs = _cs_tiles(cos, sin, b * cos_batched, sb, (1, TS, 1, TR), TS, TR)
+    if g < nq:
+        h0 = g * TH
+        _norm_rope_loop(q, q_weight, q_lo, q_hi, b, h0, min(h0 + TH, hq), sb, cs, eps, TS, TR, LAT)
+    else:
+        h0 = (g - nq) * TH
+        hk = k.shape[2]
+        _norm_rope_loop(k, k_weight, k_lo, k_hi, b, h0, min(h0 + TH, hk), sb, cs, eps, TS, TR, LAT)
+
+
 def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -622,13 +845,27 @@ def _flat(rot: int, d: int) -> bool:
     return rot == d and next_pow2(rot // 2) == rot // 2
 
 
+VARIANT_NAMES = ("token", "tiled", "heads", "loop")
+
+
+def _halves_out(out: torch.Tensor, rot: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (..., R/2) views of the two rotated halves of ``out`` ("loop" kernels' outputs)."""
+    half = rot // 2
+    return out[..., :half], out[..., half:rot]
+
+
+def _loop_grid(th: int, ts: int, hq: int, hk: int, seq: int, bsz: int) -> tuple[int, int, int]:
+    """(q head groups + k head groups, token tiles, batch) of the "heads" / "loop" kernels."""
+    return ((hq + th - 1) // th + (hk + th - 1) // th, (seq + ts - 1) // ts, bsz)
+
+
 def _pick(variant: str | None, default: str, token_max: int, ntok: int, large: str) -> str:
     """The variant to launch: "auto" is "token" up to ``token_max`` tokens, ``large`` above."""
     v = variant or default
     if v == "auto":
         return "token" if ntok <= token_max else large
-    if v not in ("token", "tiled", "heads"):
-        raise ValueError(f"unknown variant {v!r} (auto, token, tiled, heads)")
+    if v not in VARIANT_NAMES:
+        raise ValueError(f"unknown variant {v!r} (auto, {', '.join(VARIANT_NAMES)})")
     return v
 
 
@@ -644,6 +881,7 @@ def apply_rope(
     heads: int | None = None,
     elems: int | None = None,
     tma: bool | None = None,
+    latency: int | None = None,
 ):
     """``apply_rotary_pos_emb(q, k, cos, sin)`` for (B, H, S, D) q/k (any strides).
 
@@ -674,6 +912,10 @@ def apply_rope(
         ct.launch(stream(), (bsz * seq, 1, 1), rope_kernel, args)
         return q_out, k_out
     tp = next_pow2(d - rot) if rot < d else 0
+    if v == "loop":
+        return _rope_loop_launch(
+            q, k, cos, sin, q_out, k_out, batched, tp, tokens, occupancy, heads, latency
+        )
     if v == "heads" and _flat(rot, d):  # no views: halves are tiles 0 and 1 of the last axis
         arrays = (q, k, q, k, cos, sin, q_out, k_out, q_out, k_out)
     else:
@@ -695,9 +937,32 @@ def apply_rope(
     ts = _tokens(tokens or ts, seq)
     occ = ROPE_HEADS_OCCUPANCY if occupancy is DEFAULT else occupancy
     lt = ROPE_TMA if tma is None else bool(tma)
-    grid = ((hq + th - 1) // th + (hk + th - 1) // th, (seq + ts - 1) // ts, bsz)
+    grid = _loop_grid(th, ts, hq, hk, seq, bsz)
     kernel = with_occupancy(rope_heads_kernel, occ, ROPE_HEADS_OCCUPANCY)
     ct.launch(stream(), grid, kernel, (*arrays, batched, th, ts, tr, tp, lt))
+    return q_out, k_out
+
+
+def _rope_loop_launch(q, k, cos, sin, q_out, k_out, batched, tp, tokens, occupancy, heads, latency):
+    """Launch ``rope_loop_kernel`` (see :func:`apply_rope`); returns the outputs."""
+    bsz, hq, seq, d = q.shape
+    hk, rot = k.shape[1], cos.shape[-1]
+    if _flat(rot, d):  # halves are tiles 0 and 1 of the last axis
+        ins = (q, k, q, k, cos, sin)
+    else:
+        ins = (_halves(q, rot), _halves(k, rot), q, k, _halves(cos, rot), _halves(sin, rot))
+        if tp:
+            ins = (*ins[:2], q[..., rot:], k[..., rot:], *ins[4:])
+    outs = (*_halves_out(q_out, rot), *_halves_out(k_out, rot))
+    outs += (q_out[..., rot:], k_out[..., rot:]) if tp else (q_out, k_out)
+    th = min(heads or ROPE_LOOP_HEADS, max(hq, hk))
+    ts = _tokens(tokens or ROPE_LOOP_TOKENS, seq)
+    lat = latency or ROPE_LOOP_LATENCY
+    occ = ROPE_LOOP_OCCUPANCY if occupancy is DEFAULT else occupancy
+    kernel = with_occupancy(rope_loop_kernel, occ, ROPE_LOOP_OCCUPANCY)
+    tr = next_pow2(rot // 2)
+    args = (*ins, *outs, batched, th, ts, tr, tp, lat)
+    ct.launch(stream(), _loop_grid(th, ts, hq, hk, seq, bsz), kernel, args)
     return q_out, k_out
 
 
@@ -721,6 +986,7 @@ def qk_norm_rope(
     heads: int | None = None,
     elems: int | None = None,
     tma: bool | None = None,
+    latency: int | None = None,
 ):
     """Qwen3's ``q_norm``/``k_norm`` (per head) + transpose + RoPE, q and k in one launch.
 
@@ -761,6 +1027,19 @@ def qk_norm_rope(
         kernel = with_occupancy(qk_norm_rope_tiled_kernel, occ, QK_OCCUPANCY)
         ct.launch(stream(), grid, kernel, (*views, float(eps), batched, tq, tk, ts, tr))
         return q_out, k_out
+    if v == "loop":
+        ins = (q, k, qw, kw, cos, sin)
+        if not _flat(d, d):
+            ins = tuple(_halves(t, d) for t in ins)
+        th = min(heads or QK_LOOP_HEADS, max(hq, hk))
+        ts = _tokens(tokens or QK_LOOP_TOKENS, seq)
+        occ = QK_LOOP_OCCUPANCY if occupancy is DEFAULT else occupancy
+        kernel = with_occupancy(qk_norm_rope_loop_kernel, occ, QK_LOOP_OCCUPANCY)
+        outs = (*_halves_out(q_out, d), *_halves_out(k_out, d))
+        consts = (th, ts, next_pow2(d // 2), latency or QK_LOOP_LATENCY)
+        args = (*ins, *outs, float(eps), batched, *consts)
+        ct.launch(stream(), _loop_grid(th, ts, hq, hk, seq, bsz), kernel, args)
+        return q_out, k_out
     arrays = (q, k, qw, kw, cos, sin, q_out, k_out)
     if not _flat(d, d):
         arrays = tuple(_halves(t, d) for t in arrays)
@@ -768,7 +1047,7 @@ def qk_norm_rope(
     ts = _tokens(tokens or ts, seq)
     occ = QK_HEADS_OCCUPANCY if occupancy is DEFAULT else occupancy
     lt = QK_TMA if tma is None else bool(tma)
-    grid = ((hq + th - 1) // th + (hk + th - 1) // th, (seq + ts - 1) // ts, bsz)
+    grid = _loop_grid(th, ts, hq, hk, seq, bsz)
     kernel = with_occupancy(qk_norm_rope_heads_kernel, occ, QK_HEADS_OCCUPANCY)
     ct.launch(stream(), grid, kernel, (*arrays, float(eps), batched, th, ts, tr, lt))
     return q_out, k_out
@@ -805,7 +1084,13 @@ def qk_norm_rope_reference(q, k, q_weight, k_weight, eps, cos, sin):
 def _rope_kernels(variant: str) -> list:
     if variant == "auto":
         return [rope_kernel, *_rope_kernels(ROPE_AUTO_LARGE)]
-    return [{"token": rope_kernel, "tiled": rope_tiled_kernel, "heads": rope_heads_kernel}[variant]]
+    kernels = {
+        "token": rope_kernel,
+        "tiled": rope_tiled_kernel,
+        "heads": rope_heads_kernel,
+        "loop": rope_loop_kernel,
+    }
+    return [kernels[variant]]
 
 
 def _qk_kernels(variant: str) -> list:
@@ -815,6 +1100,7 @@ def _qk_kernels(variant: str) -> list:
         "token": qk_norm_rope_kernel,
         "tiled": qk_norm_rope_tiled_kernel,
         "heads": qk_norm_rope_heads_kernel,
+        "loop": qk_norm_rope_loop_kernel,
     }
     return [kernels[variant]]
 
@@ -844,6 +1130,14 @@ def _rope_sigs(kernel, dt, hq, hk, d, rot) -> list:
     if kernel is rope_tiled_kernel:
         ts_max = ROPE_TOKENS
         return [signature(*arrays, i32, tq, tk, ts, tr, tp) for ts in _token_counts(ts_max)]
+    if kernel is rope_loop_kernel:
+        ins = (a4, a4, a4, a4, a3, a3) if _flat(rot, d) else (a5, a5, a4, a4, a4, a4)
+        th = min(ROPE_LOOP_HEADS, max(hq, hk))
+        consts = (th, tr, tp, ROPE_LOOP_LATENCY)
+        return [
+            signature(*ins, *(a4,) * 6, i32, consts[0], ts, *consts[1:])
+            for ts in _token_counts(ROPE_LOOP_TOKENS)
+        ]
     if _flat(rot, d):
         arrays = (a4, a4, a4, a4, a3, a3, a4, a4, a4, a4)
     th, ts_max, tr = heads_tiles(ROPE_HEADS, ROPE_ELEMS, hq, hk, rot)
@@ -872,7 +1166,7 @@ def aot_signatures(
     ops=("rope", "qk"),
 ) -> dict:
     """AOT signatures of the kernels the defaults launch ("auto": the per-token kernel and the
-    "heads" kernel): (q heads, kv heads, head dim) of Qwen3-0.6B and Llama-3.2-1B, plus a
+    ``*_AUTO_LARGE`` one): (q heads, kv heads, head dim) of Qwen3-0.6B and Llama-3.2-1B, plus a
     partial-rotary layout for RoPE; every tokens-per-block value. ``ops`` picks RoPE ("rope")
     and / or q/k-norm + RoPE ("qk")."""
     out: dict = {}
