@@ -132,19 +132,22 @@ def _cfg_str(c: TileConfig) -> str:
     )
 
 
-def work_items(models, tokens, sweep: bool):
+def work_items(models, tokens, sweep: bool, projs=None):
+    """(model, proj, op, M, N, K, configs) of every row; ``projs``: only those projections."""
     for model in models:
         for proj, op, n, k in rows_for(model):
+            if projs and proj not in projs:
+                continue
             for m in tokens:
                 gated = op == "gated"
                 cfgs = candidate_configs(m, n, k, gated=gated) if sweep else [None]
                 yield model, proj, op, m, n, k, cfgs
 
 
-def warmup(models, tokens, sweep: bool, shard: int, nshards: int) -> None:
+def warmup(models, tokens, sweep: bool, shard: int, nshards: int, projs=None) -> None:
     """Launch every (shape, config) of this shard once, grouped so compiles spread evenly."""
     items = []
-    for _model, _proj, op, m, n, k, cfgs in work_items(models, tokens, sweep):
+    for _model, _proj, op, m, n, k, cfgs in work_items(models, tokens, sweep, projs):
         for cfg in cfgs:
             c = cfg or choose_config(m, n, k, gated=op == "gated")
             key = (op, c.tm, c.tn, c.tk, c.latency, c.transpose_tile, gemm.split_mode(c))
@@ -175,10 +178,10 @@ def pick_tuned(scores) -> dict[str, list]:
     return tuned
 
 
-def bench(models, tokens, sweep: bool, iters: int, on_row=None):
+def bench(models, tokens, sweep: bool, iters: int, on_row=None, projs=None):
     rows, records, records_bad = [], [], []
     scores: dict[tuple, dict[TileConfig, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for model, proj, op, m, n, k, cfgs in work_items(models, tokens, sweep):
+    for model, proj, op, m, n, k, cfgs in work_items(models, tokens, sweep, projs):
         base, make = make_fns(op, m, n, k)
         gated = op == "gated"
         chosen = choose_config(m, n, k, gated=gated)
@@ -280,6 +283,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--projs", default="", help="comma-separated projections (default: all)")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--warmup-shard", default=None, metavar="I/N")
@@ -292,12 +296,17 @@ def main(argv=None) -> int:
         print(f"error: unknown model(s) {unknown}; known: {list(MODELS)}", file=sys.stderr)
         return 2
     tokens = [int(t) for t in a.tokens.split(",")]
+    projs = [x for x in a.projs.split(",") if x]
+    known = {proj for m in models for proj, *_ in rows_for(m)}
+    if set(projs) - known:
+        print(f"error: unknown projection(s) {sorted(set(projs) - known)}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("error: no CUDA GPU", file=sys.stderr)
         return 1
     if a.warmup_shard:
         i, n = (int(v) for v in a.warmup_shard.split("/"))
-        warmup(models, tokens, a.sweep, i, n)
+        warmup(models, tokens, a.sweep, i, n, projs)
         return 0
     props = torch.cuda.get_device_properties(0)
     print(
@@ -316,7 +325,7 @@ def main(argv=None) -> int:
                     json.dump(obj, f, indent=1)
                 os.replace(path + ".tmp", path)
 
-    rows, records, tuned, bad = bench(models, tokens, a.sweep, a.iters, on_row=save)
+    rows, records, tuned, bad = bench(models, tokens, a.sweep, a.iters, on_row=save, projs=projs)
     print()
     print(format_table(HEADER, rows))
     print("\n".join(summary(records)))

@@ -153,6 +153,10 @@ GEMV_CONFIGS = [
     TileConfig(4, 16, 256, gemv=True),
     TileConfig(1, 4, 2048, gemv=True, latency=4),
     TileConfig(16, 4, 256, gemv=True),
+    # products kept over K steps, reduced once (TM * TN * TK <= GEMV_ACC_ELEMS)
+    TileConfig(1, 4, 1024, gemv=True),
+    TileConfig(1, 2, 512, gemv=True, latency=1),
+    TileConfig(4, 8, 128, gemv=True),
 ]
 
 

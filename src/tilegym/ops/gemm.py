@@ -36,6 +36,12 @@ _COUNTER_SLOTS = 1 << 16
 
 #: W-load latency hint of the GEMV kernel when its config leaves it to the compiler (0)
 GEMV_LATENCY = 10
+#: The GEMV kernel keeps per-element products over K (a (TM, TN, TK) fp32 accumulator) and
+#: reduces once after its K loop when the tile has at most this many elements (32 registers
+#: per thread at 128 threads); bigger tiles reduce every K step. The per-step reduction is a
+#: cross-warp sum through shared memory with barriers (sm_90 SASS: 6 per step), which keeps
+#: the next K step's loads from being issued before it ends.
+GEMV_ACC_ELEMS = 4096
 
 #: SPLIT_MODE of the GEMM kernels: no split, split with last-CTA sum, split writing partials only
 NO_SPLIT, SPLIT_CTA, SPLIT_PARTIAL = 0, 1, 2
@@ -214,13 +220,37 @@ def tilegym_gemv_kernel(
     """
     bn = ct.bid(0)
     bm = ct.bid(1)
+    if TM * TN * TK <= GEMV_ACC_ELEMS:
+        acc = _gemv_sum_last(X, W, bm, bn, TM, TN, TK, LATENCY)
+    else:
+        acc = _gemv_sum_each(X, W, bm, bn, TM, TN, TK, LATENCY)
+    _linear_epilogue(acc, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
+
+
+@ct.function
+def _gemv_products(X, W, bm, bn, k, TM: ConstInt, TN: ConstInt, TK: ConstInt, LATENCY: ConstInt):
+    """fp32 (TM, TN, TK) products of K step ``k``: X rows broadcast over the W tile's rows."""
+    w = ct.load(W, (bn, k), (TN, TK), padding_mode=_ZERO, latency=LATENCY, allow_tma=False)
+    x = ct.load(X, (bm, k), (TM, TK), padding_mode=_ZERO, allow_tma=False)
+    return x.astype(ct.float32).reshape((TM, 1, TK)) * w.astype(ct.float32).reshape((1, TN, TK))
+
+
+@ct.function
+def _gemv_sum_last(X, W, bm, bn, TM: ConstInt, TN: ConstInt, TK: ConstInt, LATENCY: ConstInt):
+    """(TM, TN) dot products: products summed elementwise over K steps, reduced once."""
+    acc = ct.full((TM, TN, TK), 0, dtype=ct.float32)
+    for k in range(ct.num_tiles(W, axis=1, shape=(TN, TK))):
+        acc = acc + _gemv_products(X, W, bm, bn, k, TM, TN, TK, LATENCY)
+    return ct.sum(acc, axis=2)
+
+
+@ct.function
+def _gemv_sum_each(X, W, bm, bn, TM: ConstInt, TN: ConstInt, TK: ConstInt, LATENCY: ConstInt):
+    """(TM, TN) dot products, reduced every K step (tiles too big to keep the products)."""
     acc = ct.full((TM, TN), 0, dtype=ct.float32)
     for k in range(ct.num_tiles(W, axis=1, shape=(TN, TK))):
-        w = ct.load(W, (bn, k), (TN, TK), padding_mode=_ZERO, latency=LATENCY, allow_tma=False)
-        x = ct.load(X, (bm, k), (TM, TK), padding_mode=_ZERO, allow_tma=False)
-        prod = x.astype(ct.float32).reshape((TM, 1, TK)) * w.astype(ct.float32).reshape((1, TN, TK))
-        acc = acc + ct.sum(prod, axis=2)
-    _linear_epilogue(acc, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
+        acc = acc + ct.sum(_gemv_products(X, W, bm, bn, k, TM, TN, TK, LATENCY), axis=2)
+    return acc
 
 
 def _silu_mul_store(gate, up, y, bm, bn):

@@ -151,11 +151,16 @@ def gemv_candidates(m: int, k: int) -> list[TileConfig]:
     """GEMV configs for a decode shape: rows per block up to M (fewer rows re-read W from L2),
     a block's K in one or a few wide plain loads."""
     rows = 1 << (max(1, m) - 1).bit_length()
+    kmax = 1 << (k - 1).bit_length()
     out = []
     for tm in sorted({1, min(rows, 4), min(rows, 16)}):
         for tn, tk in ((8, 1024), (16, 512), (4, 2048), (16, 256)):
             if tm * tn * tk <= 16384:
-                out.append(TileConfig(tm, tn, min(tk, 1 << (k - 1).bit_length()), gemv=True))
+                out.append(TileConfig(tm, tn, min(tk, kmax), gemv=True))
+    if rows == 1:  # tiles that keep the products over K steps and reduce once (GEMV_ACC_ELEMS)
+        for tn, tk in ((4, 1024), (2, 2048), (8, 512), (1, 4096)):
+            for latency in (0, 1):
+                out.append(TileConfig(1, tn, min(tk, kmax), latency=latency, gemv=True))
     return list(dict.fromkeys(out))
 
 
