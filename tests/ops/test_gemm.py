@@ -144,6 +144,9 @@ def test_persistent_odd_and_model_shapes(op, occupancy, gen):
     cfg = TileConfig(128, 128, 64, occupancy=occupancy, persistent=True)
     for m, n, k in ((2049, 1000, 1000), (300, 4096, 1024), (2048, 3072, 1024)):
         _run_case(op, m, n, k, gen, config=cfg, bias=op == "linear")
+    small = TileConfig(16, 128, 128, occupancy=occupancy, persistent=True)  # decode tiles
+    for m, n, k in ((1, 1000, 1000), (9, 151936, 1024), (16, 2048, 8192)):
+        _run_case(op, m, n, k, gen, config=small, bias=op == "linear")
     with pytest.raises(ValueError, match="persistent"):
         _run_case("gated", 64, 256, 256, gen, config=cfg)
 
@@ -253,6 +256,8 @@ def test_tile_config_validation_and_candidates():
     assert gemv and all(c.tm == 1 and c.tk <= 1024 for c in gemv)  # M = 1, K = 1024
     assert {c.tm for c in candidate_configs(16, 1024, 1024) if c.gemv} == {1, 4}
     assert not any(c.gemv for c in candidate_configs(1, 1024, 1024, gated=True))
+    assert any(c.persistent and c.tm == 16 for c in candidate_configs(8, 151936, 1024))
+    assert not any(c.persistent for c in candidate_configs(8, 3072, 1024, gated=True))
     with pytest.raises(ValueError, match="gemv"):
         TileConfig(1, 8, 1024, split=2, gemv=True)
     with pytest.raises(ValueError):

@@ -193,6 +193,11 @@ def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[Ti
         if not gated:
             for cfg in gemv_candidates(m, k):
                 add(cfg)
+            # one wave of blocks looping over N tiles (lm_head at M = 1..16: 101-104% of
+            # cuBLAS vs 99-100% per-tile, docs/results/h200-2026-11-30/ops/gemm_lm_head.txt)
+            for tn, tk in ((64, 128), (128, 128), (128, 256)):
+                for occupancy in (1, 2):
+                    add(TileConfig(16, tn, tk, occupancy=occupancy, persistent=True))
         return out
     if bucket == "small":
         shapes = [(64, 64, 64), (64, 128, 64), (128, 128, 64)]
