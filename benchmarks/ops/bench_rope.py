@@ -78,7 +78,7 @@ def main() -> None:
     print(
         f"defaults: ROPE_VARIANT={rp.ROPE_VARIANT} QK_VARIANT={rp.QK_VARIANT} "
         f"(auto: per-token kernel up to {rp.ROPE_TOKEN_MAX}/{rp.QK_TOKEN_MAX} tokens, else "
-        f"{rp.ROPE_AUTO_LARGE} / {rp.QK_AUTO_LARGE}); "
+        f"the head-loop kernel); "
         f"L2 flush: {flush_mode()}"
     )
     decode = {f"{k} {s}" for k in MODELS for s in ("1x1", "8x1")}

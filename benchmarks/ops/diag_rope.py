@@ -2,10 +2,13 @@
 
 Times, interleaved with the op benchmarks' harness (``_timing``; set ``TILEGYM_BENCH_FLUSH``):
 a contiguous copy of the q/k bytes; torch copies with RoPE's access pattern (strided q/k read
-from the fused QKV output, then written head-major); cuTile kernels with the "heads" kernel's
-exact tiling that only copy, or rotate with constant cos/sin (no cos/sin tile); and the shipped
-``apply_rope`` on the QKV views, separate q/k buffers and head-major inputs. The gap between the
-constant-cos/sin kernel and ``apply_rope`` is what the cos/sin tile costs.
+from the fused QKV output, then written head-major); cuTile kernels with the tiling of the
+former "heads" kernel (8 heads x 4 tokens per block) that only copy, or rotate with constant
+cos/sin (no cos/sin tile); and the shipped ``apply_rope`` on the QKV views, separate q/k
+buffers and head-major inputs. Against the "heads" kernel, the gap to the constant-cos/sin
+kernel was what broadcasting the cos/sin tile over heads cost
+(docs/results/h200-2026-11-29/ops/rope_experiments.txt); ``apply_rope`` now runs the head-loop
+kernel, which has no such broadcast.
 
 Usage (repo root): python3 benchmarks/ops/diag_rope.py [--iters N]
 """
@@ -31,7 +34,7 @@ CASES = (("qwen3", 4, 4096, 16, 8, 128), ("qwen3", 1, 2048, 16, 8, 128))
 
 @ct.function
 def _halves_block(x, out, b, h, sb, TH: ct.Constant[int], TS: ct.Constant[int], TR, rotate):
-    """Load the two halves of a (1, TH, TS) block as the heads kernel does; store them as they
+    """Load the two halves of a (1, TH, TS) block as the "heads" kernel did; store them as they
     are or rotated by constant cos = 0.6, sin = 0.8."""
     shape = (1, TH, TS, TR)
     x1 = ct.load(x, (b, h, sb, 0), shape, padding_mode=PAD_ZERO, latency=10).astype(ct.float32)
@@ -53,7 +56,7 @@ def diag_rope_halves_kernel(
     TR: ct.Constant[int],
     ROTATE: ct.Constant[bool],
 ):
-    """The grid and tiles of ``rope_heads_kernel`` (q head blocks + k head blocks, token
+    """The grid and tiles of the former ``rope_heads_kernel`` (q head blocks + k head blocks, token
     tiles, batch) without the cos/sin tile."""
     h = ct.bid(0)
     sb = ct.bid(1)

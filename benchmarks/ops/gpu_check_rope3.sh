@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check for helper/rope3: the RoPE / q-k-norm+RoPE "heads" kernels and "auto" dispatch.
+# GPU check of the RoPE / q-k-norm+RoPE kernels (every variant) and the "auto" dispatch.
 # GPU tests of every variant + the model patches, then the benchmark tables (all variants
 # interleaved per shape, with torch and a dst.copy_(src) ceiling row).
 # Usage (repo root): OUT=gpu_check_out bash benchmarks/ops/gpu_check_rope3.sh   (< 4 min)

@@ -65,8 +65,6 @@ def test_rope_aot_covers_default_launches(dtype, launches):
         nconst = {
             rp.rope_kernel: 4,
             rp.qk_norm_rope_kernel: 3,
-            rp.qk_norm_rope_heads_kernel: 4,
-            rp.qk_norm_rope_tiled_kernel: 4,
             rp.qk_norm_rope_loop_kernel: 4,
         }.get(kernel, 5)
         key = _launch_key(kernel, args, len(args) - nconst)

@@ -140,60 +140,29 @@ def qk_norm_rope_kernel(
 
 #: Kernel choice of ``apply_rope`` / ``qk_norm_rope`` without a ``variant`` argument:
 #: "auto" = "token" for at most ``*_TOKEN_MAX`` tokens (decode: fewest host-side view ops and
-#: launch arguments) and "loop" above (qwen3 4x4096: RoPE 65 us vs 98 for "heads",
-#: docs/results/h200-2026-11-30/ops/rope_loop.txt; q/k-norm+RoPE 79 us vs 97 for "tiled",
-#: .../qk_norm_loop.txt); or one of "token", "tiled", "heads", "loop" for every size.
+#: launch arguments) and "loop" above; or "token" / "loop" for every size.
 #:
 #: - "token": the first version, one block per token, each half a ``slice`` at a run-time
 #:   offset: sm_90 SASS has only scalar 2-byte loads and stores (LDG.E.U16 / STG.E.U16);
-#:   ~25% of copy bandwidth at 2048 tokens.
-#: - "tiled": ``*_TOKENS`` tokens per block, all q and k heads in one block; q, k and cos/sin
-#:   seen as (..., 2, R/2) views so each half is a tile-aligned load (LDG.E.128). 46-49% of
-#:   copy at 4x4096 tokens (docs/results/h200-2026-11-29/ops/norms_rope_tiled.txt); its
-#:   wrapper makes 6-8 host-side views per call.
-#: - "heads": the tiled layout split over a 3D grid (head block, token tile, batch): each block
-#:   rotates ``*_HEADS`` heads of either q or k for a token tile sized to ``*_ELEMS`` elements,
-#:   so every block moves the same bytes (qwen3: 2 q blocks + 1 k block per token tile) and
-#:   there are 3-5x more, smaller blocks to keep every SM's loads in flight; cos/sin of the token
-#:   tile are loaded once per block and broadcast over its heads (the head blocks of one token
-#:   tile are adjacent in launch order, so the repeats hit L2). 16-byte loads and stores, 128
-#:   threads, no spills (sm_90 SASS); for full rotary with R/2 a power of two (qwen3, llama)
-#:   the wrapper passes the tensors as they are (no views) and the halves are tiles 0 and 1 of
-#:   the last axis.
-#: - "loop": the "heads" grid, but each block loads its token tile's cos/sin once and rotates
-#:   its heads one at a time in a run-time loop (see ``rope_loop_kernel``): cos/sin and q/k
-#:   tiles share one shape, so there is no shared-memory broadcast, and tileiras pipelines
-#:   the loop (three heads' loads in flight, 96 registers, no spills: sm_90 SASS).
+#:   ~25% of copy bandwidth at 2048 tokens, but the fewest host-side ops per call.
+#: - "loop": grid (head groups, token tiles, batch); each block loads its token tile's cos/sin
+#:   once and rotates its heads one at a time in a run-time loop (see ``rope_loop_kernel``):
+#:   16-byte loads and stores, no shared memory, three heads' loads in flight (sm_90 SASS).
+#:   qwen3 4x4096 on the H200: RoPE 64 us (78% of a copy of its bytes), q/k-norm+RoPE 79 us
+#:   (65%): docs/results/h200-2026-11-30/ops/rope_loop.txt, qk_norm_loop.txt.
 #:
-#: Swept on the H200 by benchmarks/ops/bench_rope.py (``ROPE_VARIANTS`` / ``QK_VARIANTS``).
+#: Two earlier large-token kernels lost to "loop" at every measured size and were removed
+#: (code at commit d5c270c): "tiled" (all heads of a few tokens per block; 46-52% of copy)
+#: and "heads" (8 heads x a token tile per block, cos/sin broadcast over the heads through
+#: shared memory; 50-52%): docs/results/h200-2026-11-29/ops/rope_experiments.txt.
 ROPE_VARIANT = "auto"
 QK_VARIANT = "auto"
-ROPE_AUTO_LARGE = "loop"
-QK_AUTO_LARGE = "loop"
-#: "auto" uses the per-token kernel up to this many tokens (batch x seq), "heads" above.
+#: "auto" uses the per-token kernel up to this many tokens (batch x seq), "loop" above.
 ROPE_TOKEN_MAX = 32
 QK_TOKEN_MAX = 32
-#: "tiled": tokens per block and occupancy hint (resident blocks per SM, caps registers per
-#: thread; ``None`` = the compiler's choice).
-ROPE_TOKENS = 4
-ROPE_OCCUPANCY = 3
-QK_TOKENS = 1
-QK_OCCUPANCY = 4
-#: "heads": heads per block, elements (heads x tokens x rotary dim) per block, occupancy hint
-#: and whether loads may use TMA (stores never do: the rms_norm sweep found plain stores
-#: faster). With TMA loads tileiras gives the q/k-norm kernel 256 threads and spills registers
-#: (sm_90 SASS: 1-5 KB stack per thread); without, 128 threads, 121 registers, no spills.
-ROPE_HEADS = 8
-ROPE_ELEMS = 4096
-ROPE_HEADS_OCCUPANCY = 6
-ROPE_TMA = False
-QK_HEADS = 8
-QK_ELEMS = 8192
-QK_HEADS_OCCUPANCY = 4
-QK_TMA = False
 #: "loop": heads per block (looped one at a time), tokens per block, the loads' latency hint
 #: (tileiras software-pipelines the head loop deeper for smaller hints: more loads in flight,
-#: more registers) and occupancy hint.
+#: more registers) and occupancy hint (resident blocks per SM; caps registers per thread).
 ROPE_LOOP_HEADS = 8
 ROPE_LOOP_TOKENS = 16
 ROPE_LOOP_LATENCY = 1
@@ -202,47 +171,26 @@ QK_LOOP_HEADS = 8
 QK_LOOP_TOKENS = 16
 QK_LOOP_LATENCY = 1
 QK_LOOP_OCCUPANCY = 3
-#: Most tokens per block of the "heads" kernels (also caps the AOT signature list).
-MAX_TOKENS = 32
 
 
 #: Variants the benchmark sweeps and the GPU tests check: name -> keyword arguments of
 #: ``apply_rope`` (``ROPE_VARIANTS``) / ``qk_norm_rope`` (``QK_VARIANTS``). "auto" is the
-#: default dispatch; "token" the first version; "t*" the all-heads tiled kernel; "h*" the
-#: heads-split kernel (h = heads per block, e = elements per block in K, o = occupancy, "tma" =
-#: loads may use TMA); "l*" the head-loop kernel (l = heads per block, t = tokens per block,
-#: L = latency hint, o = occupancy; sm_90 SASS: 70-154 registers, no spills, no shared memory).
+#: default dispatch, "token" the per-token kernel, "l*" the head-loop kernel (l = heads per
+#: block, t = tokens per block, L = latency hint, o = occupancy; sm_90 SASS: 70-154
+#: registers, no spills, no shared memory).
 ROPE_VARIANTS = {
     "auto": dict(),
     "token": dict(variant="token"),
-    "t4-o3": dict(variant="tiled", tokens=4, occupancy=3),
-    "t2-o2": dict(variant="tiled", tokens=2, occupancy=2),
-    "h8-e4-o4": dict(variant="heads", heads=8, elems=4096, occupancy=4),
-    "h8-e8-o4": dict(variant="heads", heads=8, elems=8192, occupancy=4),
-    "h8-e8-o2": dict(variant="heads", heads=8, elems=8192, occupancy=2),
-    "h8-e16-o2": dict(variant="heads", heads=8, elems=16384, occupancy=2),
-    "h4-e4-o4": dict(variant="heads", heads=4, elems=4096, occupancy=4),
-    "h8-e4-o6": dict(variant="heads", heads=8, elems=4096, occupancy=6),
-    "h8-e2-o8": dict(variant="heads", heads=8, elems=2048, occupancy=8),
     "l8-t16-L1-o4": dict(variant="loop", heads=8, tokens=16, latency=1, occupancy=4),
     "l8-t16-L1-o5": dict(variant="loop", heads=8, tokens=16, latency=1, occupancy=5),
     "l8-t16-L4-o3": dict(variant="loop", heads=8, tokens=16, latency=4, occupancy=3),
     "l8-t16-L10-o6": dict(variant="loop", heads=8, tokens=16, latency=10, occupancy=6),
-    "l8-t32-L10-o3": dict(variant="loop", heads=8, tokens=32, latency=10, occupancy=3),
     "l8-t8-L1-o6": dict(variant="loop", heads=8, tokens=8, latency=1, occupancy=6),
     "l32-t16-L1-o4": dict(variant="loop", heads=32, tokens=16, latency=1, occupancy=4),
 }
 QK_VARIANTS = {
     "auto": dict(),
     "token": dict(variant="token"),
-    "t1-o4": dict(variant="tiled", tokens=1, occupancy=4),
-    "h8-e4-o4": dict(variant="heads", heads=8, elems=4096, occupancy=4),
-    "h8-e8-o4": dict(variant="heads", heads=8, elems=8192, occupancy=4),
-    "h8-e8-o2": dict(variant="heads", heads=8, elems=8192, occupancy=2),
-    "h8-e16-o2": dict(variant="heads", heads=8, elems=16384, occupancy=2),
-    "h4-e4-o4": dict(variant="heads", heads=4, elems=4096, occupancy=4),
-    "h8-e2-o8": dict(variant="heads", heads=8, elems=2048, occupancy=8),
-    "h8-e8-o4-tma": dict(variant="heads", heads=8, elems=8192, occupancy=4, tma=True),
     "l8-t16-L1-o3": dict(variant="loop", heads=8, tokens=16, latency=1, occupancy=3),
     "l8-t16-L2-o3": dict(variant="loop", heads=8, tokens=16, latency=2, occupancy=3),
     "l8-t16-L2-o4": dict(variant="loop", heads=8, tokens=16, latency=2, occupancy=4),
@@ -251,197 +199,23 @@ QK_VARIANTS = {
 }
 
 
-@ct.function
-def _load_halves(x, idx0, idx1, idx2, shape):
-    """The two halves (index 0 and 1 on axis 3) of a 5D (..., 2, R/2) view, as fp32 tiles."""
-    x1 = ct.load(x, (idx0, idx1, idx2, 0, 0), shape, padding_mode=PAD_ZERO, latency=10)
-    x2 = ct.load(x, (idx0, idx1, idx2, 1, 0), shape, padding_mode=PAD_ZERO, latency=10)
-    return x1.astype(ct.float32), x2.astype(ct.float32)
-
-
-@ct.function
-def _store_rotated(out, b, sb, x1, x2, cs):
-    """``x * cos + rotate_half(x) * sin`` of halves x1, x2 into the (B, H, S, 2, R/2) ``out``."""
-    c1, c2, s1, s2 = cs
-    ct.store(out, (b, 0, sb, 0, 0), (x1 * c1 - x2 * s1).astype(out.dtype))
-    ct.store(out, (b, 0, sb, 1, 0), (x2 * c2 + x1 * s2).astype(out.dtype))
-
-
-@ct.function
-def _rope_heads(
-    x, out, b, sb, cs, TH: ct.Constant[int], TS: ct.Constant[int], TR: ct.Constant[int]
-):
-    x1, x2 = _load_halves(x, b, 0, sb, (1, TH, TS, 1, TR))
-    _store_rotated(out, b, sb, x1, x2, cs)
-
-
-@ct.function
-def _copy_heads(x, out, b, sb, TH: ct.Constant[int], TS: ct.Constant[int], TP: ct.Constant[int]):
-    xp = ct.load(x, (b, 0, sb, 0), (1, TH, TS, TP), padding_mode=PAD_ZERO)
-    ct.store(out, (b, 0, sb, 0), xp)
-
-
-@ct.function
-def _cos_sin_tile(cos, sin, cb, sb, TS: ct.Constant[int], TR: ct.Constant[int]):
-    """(c1, c2, s1, s2): the halves of TS tokens' cos/sin, shaped (1, 1, TS, 1, TR)."""
-    shape = (1, 1, TS, 1, TR)
-    c1 = ct.load(cos, (cb, sb, 0, 0), (1, TS, 1, TR), padding_mode=PAD_ZERO)
-    c2 = ct.load(cos, (cb, sb, 1, 0), (1, TS, 1, TR), padding_mode=PAD_ZERO)
-    s1 = ct.load(sin, (cb, sb, 0, 0), (1, TS, 1, TR), padding_mode=PAD_ZERO)
-    s2 = ct.load(sin, (cb, sb, 1, 0), (1, TS, 1, TR), padding_mode=PAD_ZERO)
-    return (
-        c1.astype(ct.float32).reshape(shape),
-        c2.astype(ct.float32).reshape(shape),
-        s1.astype(ct.float32).reshape(shape),
-        s2.astype(ct.float32).reshape(shape),
-    )
-
-
-@ct.kernel(occupancy=ROPE_OCCUPANCY)
-def rope_tiled_kernel(
-    q,
-    k,
-    q_pass,
-    k_pass,
-    cos,
-    sin,
-    q_out,
-    k_out,
-    q_pass_out,
-    k_pass_out,
-    cos_batched,
-    TQH: ct.Constant[int],
-    TKH: ct.Constant[int],
-    TS: ct.Constant[int],
-    TR: ct.Constant[int],
-    TP: ct.Constant[int],
-):
-    """TS tokens of one sequence per block, all q and k heads.
-
-    q/k (and outputs) are (B, H, S, 2, R/2) views of the rotated part, cos/sin (B or 1, S, 2,
-    R/2); q_pass/k_pass the (B, H, S, D - R) rest, copied when TP > 0.
-    """
-    nsb = ct.cdiv(q.shape[2], TS)
-    b = ct.bid(0) // nsb
-    sb = ct.bid(0) % nsb
-    cs = _cos_sin_tile(cos, sin, b * cos_batched, sb, TS, TR)
-    _rope_heads(q, q_out, b, sb, cs, TQH, TS, TR)
-    _rope_heads(k, k_out, b, sb, cs, TKH, TS, TR)
-    if TP > 0:
-        _copy_heads(q_pass, q_pass_out, b, sb, TQH, TS, TP)
-        _copy_heads(k_pass, k_pass_out, b, sb, TKH, TS, TP)
-
-
-@ct.function
-def _norm_rope_heads(
-    x, w, out, b, sb, cs, eps, TH: ct.Constant[int], TS: ct.Constant[int], TR: ct.Constant[int]
-):
-    """RMSNorm each (token, head) row of a (B, S, H, 2, D/2) array, rotate, store (B, H, S, ...)."""
-    d = 2 * x.shape[4]
-    shape = (1, TH, TS, 1, TR)  # loaded head-major: tile axes 1, 2 are array axes 2, 1
-    order = (0, 2, 1, 3, 4)
-    x1 = ct.load(x, (b, 0, sb, 0, 0), shape, order=order, padding_mode=PAD_ZERO, latency=10)
-    x2 = ct.load(x, (b, 0, sb, 1, 0), shape, order=order, padding_mode=PAD_ZERO, latency=10)
-    x1, x2 = x1.astype(ct.float32), x2.astype(ct.float32)
-    sq = ct.sum(x1 * x1, axis=4, keepdims=True) + ct.sum(x2 * x2, axis=4, keepdims=True)
-    inv = ct.rsqrt(sq / d + eps)
-    w1 = ct.load(w, (0, 0), (1, TR), padding_mode=PAD_ZERO).astype(ct.float32)
-    w2 = ct.load(w, (1, 0), (1, TR), padding_mode=PAD_ZERO).astype(ct.float32)
-    n1 = _norm_half(x1, inv, w1, x.dtype, out.dtype, TR)
-    n2 = _norm_half(x2, inv, w2, x.dtype, out.dtype, TR)
-    _store_rotated(out, b, sb, n1, n2, cs)
-
-
-@ct.function
-def _norm_half(xh, inv, wh, in_dtype, out_dtype, TR: ct.Constant[int]):
-    """One half of the normed rows, with the module's roundings (fp32 tile)."""
-    n = (xh * inv).astype(in_dtype).astype(ct.float32) * wh.reshape((1, 1, 1, 1, TR))
-    return n.astype(out_dtype).astype(ct.float32)
-
-
-@ct.kernel(occupancy=QK_OCCUPANCY)
-def qk_norm_rope_tiled_kernel(
-    q,
-    k,
-    q_weight,
-    k_weight,
-    cos,
-    sin,
-    q_out,
-    k_out,
-    eps,
-    cos_batched,
-    TQH: ct.Constant[int],
-    TKH: ct.Constant[int],
-    TS: ct.Constant[int],
-    TR: ct.Constant[int],
-):
-    """TS tokens per block: per-head RMSNorm of q and k, RoPE, written head-major.
-
-    q/k are (B, S, H, 2, D/2) views, weights (2, D/2), cos/sin (B or 1, S, 2, D/2), outputs
-    (B, H, S, 2, D/2) views of contiguous (B, H, S, D) tensors.
-    """
-    nsb = ct.cdiv(q.shape[1], TS)
-    b = ct.bid(0) // nsb
-    sb = ct.bid(0) % nsb
-    cs = _cos_sin_tile(cos, sin, b * cos_batched, sb, TS, TR)
-    _norm_rope_heads(q, q_weight, q_out, b, sb, cs, eps, TQH, TS, TR)
-    _norm_rope_heads(k, k_weight, k_out, b, sb, cs, eps, TKH, TS, TR)
-
-
-# "heads" kernels. Their arrays come in one of two layouts, fixed per compiled kernel by the
+# The "loop" kernels' arrays come in one of two layouts, fixed per compiled kernel by the
 # arrays' rank: 4D / 3D / 1D arrays exactly as the caller has them (q/k (.., D), cos/sin
 # (B or 1, S, R), weights (D,)) when R/2 is a power of two and the rotary part is the whole head
 # (every real model): half ``i`` is then tile ``i`` of extent TR = R/2 on the last axis, so the
-# host makes no views at all; or (..., 2, R/2) views (one more axis, the halves on their own
-# axis) for any other R and for partial rotary.
+# host makes no views of the inputs; or (..., 2, R/2) views (one more axis, the halves on their
+# own axis) for any other R and for partial rotary.
 
 
 @ct.function
-def _ld(x, idx, TA: ct.Constant[int], TB: ct.Constant[int], i, TR: ct.Constant[int], LT):
-    """Half ``i`` of the (TA, TB) block at ``idx`` (3 leading indices), fp32 (1, TA, TB, 1, TR)."""
-    if x.ndim == 5:
-        t = ct.load(
-            x,
-            (idx[0], idx[1], idx[2], i, 0),
-            (1, TA, TB, 1, TR),
-            padding_mode=PAD_ZERO,
-            latency=10,
-            allow_tma=LT,
-        )
-    else:
-        t = ct.load(
-            x,
-            (idx[0], idx[1], idx[2], i),
-            (1, TA, TB, TR),
-            padding_mode=PAD_ZERO,
-            latency=10,
-            allow_tma=LT,
-        )
-    return t.astype(ct.float32).reshape((1, TA, TB, 1, TR))
-
-
-@ct.function
-def _st(out, idx, i, t, order):
-    """Store the (1, TA, TB, 1, TR) tile ``t`` as half ``i`` at ``idx`` (see ``_ld``)."""
-    if out.ndim == 5:
-        ct.store(
-            out, (idx[0], idx[1], idx[2], i, 0), t.astype(out.dtype), order=order, allow_tma=False
-        )
-    else:
-        t4 = t.reshape((t.shape[0], t.shape[1], t.shape[2], t.shape[4])).astype(out.dtype)
-        ct.store(out, (idx[0], idx[1], idx[2], i), t4, order=order[:4], allow_tma=False)
-
-
-@ct.function
-def _cs_half(t, cb, sb, i, TS: ct.Constant[int], TR: ct.Constant[int], LT: ct.Constant[bool]):
+def _cs_half(t, cb, sb, i, TS: ct.Constant[int], TR: ct.Constant[int]):
     """Half ``i`` of TS tokens' cos or sin ((B or 1, S, R) or (B or 1, S, 2, R/2)), fp32
-    (1, 1, TS, 1, TR)."""
+    (1, TS, TR)."""
     if t.ndim == 4:
-        h = ct.load(t, (cb, sb, i, 0), (1, TS, 1, TR), padding_mode=PAD_ZERO, allow_tma=LT)
+        h = ct.load(t, (cb, sb, i, 0), (1, TS, 1, TR), padding_mode=PAD_ZERO, allow_tma=False)
     else:
-        h = ct.load(t, (cb, sb, i), (1, TS, TR), padding_mode=PAD_ZERO, allow_tma=LT)
-    return h.astype(ct.float32).reshape((1, 1, TS, 1, TR))
+        h = ct.load(t, (cb, sb, i), (1, TS, TR), padding_mode=PAD_ZERO, allow_tma=False)
+    return h.astype(ct.float32).reshape((1, TS, TR))
 
 
 @ct.function
@@ -454,159 +228,13 @@ def _w_half(w, i, TR: ct.Constant[int]):
     return h.astype(ct.float32)
 
 
-@ct.function
-def _rope_block(
-    x,
-    out,
-    x_pass,
-    out_pass,
-    b,
-    h,
-    sb,
-    c1,
-    c2,
-    s1,
-    s2,
-    TH: ct.Constant[int],
-    TS: ct.Constant[int],
-    TR: ct.Constant[int],
-    TP: ct.Constant[int],
-    LT: ct.Constant[bool],
-):
-    """Rotate head block ``h`` (TH heads) of token tile ``sb``; copy the pass-through part."""
-    idx = (b, h, sb)
-    x1 = _ld(x, idx, TH, TS, 0, TR, LT)
-    x2 = _ld(x, idx, TH, TS, 1, TR, LT)
-    order = (0, 1, 2, 3, 4)
-    _st(out, idx, 0, x1 * c1 - x2 * s1, order)
-    _st(out, idx, 1, x2 * c2 + x1 * s2, order)
-    if TP > 0:
-        xp = ct.load(x_pass, (b, h, sb, 0), (1, TH, TS, TP), padding_mode=PAD_ZERO, allow_tma=LT)
-        ct.store(out_pass, (b, h, sb, 0), xp, allow_tma=False)
-
-
-@ct.kernel(occupancy=ROPE_HEADS_OCCUPANCY)
-def rope_heads_kernel(
-    q,
-    k,
-    q_pass,
-    k_pass,
-    cos,
-    sin,
-    q_out,
-    k_out,
-    q_pass_out,
-    k_pass_out,
-    cos_batched,
-    TH: ct.Constant[int],
-    TS: ct.Constant[int],
-    TR: ct.Constant[int],
-    TP: ct.Constant[int],
-    LT: ct.Constant[bool],
-):
-    """Grid (q head blocks + k head blocks, token tiles, batch): TH heads x TS tokens per block.
-
-    q/k/outputs (B, H, S, D) with cos/sin (B or 1, S, D), or (B, H, S, 2, R/2) views of the
-    rotated part with cos/sin (B or 1, S, 2, R/2) and the pass-through parts (B, H, S, D - R)
-    (copied when TP > 0; else placeholders).
-    """
-    h = ct.bid(0)
-    sb = ct.bid(1)
-    b = ct.bid(2)
-    nq = ct.cdiv(q.shape[1], TH)
-    cb = b * cos_batched
-    c1 = _cs_half(cos, cb, sb, 0, TS, TR, LT)
-    c2 = _cs_half(cos, cb, sb, 1, TS, TR, LT)
-    s1 = _cs_half(sin, cb, sb, 0, TS, TR, LT)
-    s2 = _cs_half(sin, cb, sb, 1, TS, TR, LT)
-    if h < nq:
-        _rope_block(q, q_out, q_pass, q_pass_out, b, h, sb, c1, c2, s1, s2, TH, TS, TR, TP, LT)
-    else:
-        _rope_block(k, k_out, k_pass, k_pass_out, b, h - nq, sb, c1, c2, s1, s2, TH, TS, TR, TP, LT)
-
-
-@ct.function
-def _norm_rope_block(
-    x,
-    w,
-    out,
-    b,
-    h,
-    sb,
-    c1,
-    c2,
-    s1,
-    s2,
-    eps,
-    TH: ct.Constant[int],
-    TS: ct.Constant[int],
-    TR: ct.Constant[int],
-    LT: ct.Constant[bool],
-):
-    """RMSNorm head block ``h`` x token tile ``sb`` of a (B, S, H, D) array, rotate, store
-    head-major into the (B, H, S, D) ``out``.
-
-    The tile stays in the input's (token, head) order and the transpose happens in the store
-    (``order``): loading head-major instead (``order`` on the load) made tileiras route the
-    normed tile through shared memory (hundreds of STS per block, 256 threads, spills).
-    """
-    d = 2 * x.shape[4] if x.ndim == 5 else x.shape[3]
-    idx = (b, sb, h)
-    x1 = _ld(x, idx, TS, TH, 0, TR, LT)
-    x2 = _ld(x, idx, TS, TH, 1, TR, LT)
-    sq = ct.sum(x1 * x1, axis=4, keepdims=True) + ct.sum(x2 * x2, axis=4, keepdims=True)
-    inv = ct.rsqrt(sq / d + eps)
-    n1 = _norm_half(x1, inv, _w_half(w, 0, TR), x.dtype, out.dtype, TR)
-    n2 = _norm_half(x2, inv, _w_half(w, 1, TR), x.dtype, out.dtype, TR)
-    # tile axes (b, s, h, half, r) -> out axes (b, h, s, half, r); like ``ct.load``'s, the
-    # store's index is in tile-axis order, so it is the load's index
-    order = (0, 2, 1, 3, 4)
-    _st(out, idx, 0, n1 * c1 - n2 * s1, order)
-    _st(out, idx, 1, n2 * c2 + n1 * s2, order)
-
-
-@ct.kernel(occupancy=QK_HEADS_OCCUPANCY)
-def qk_norm_rope_heads_kernel(
-    q,
-    k,
-    q_weight,
-    k_weight,
-    cos,
-    sin,
-    q_out,
-    k_out,
-    eps,
-    cos_batched,
-    TH: ct.Constant[int],
-    TS: ct.Constant[int],
-    TR: ct.Constant[int],
-    LT: ct.Constant[bool],
-):
-    """Grid (q head blocks + k head blocks, token tiles, batch): per-head RMSNorm + RoPE of TH
-    heads x TS tokens per block. q/k (B, S, H, D), weights (D,), cos/sin (B or 1, S, D), outputs
-    (B, H, S, D); or the (..., 2, D/2) views of all of them."""
-    h = ct.bid(0)
-    sb = ct.bid(1)
-    b = ct.bid(2)
-    nq = ct.cdiv(q.shape[2], TH)
-    cb = b * cos_batched
-    c1 = _cs_half(cos, cb, sb, 0, TS, TR, LT).reshape((1, TS, 1, 1, TR))
-    c2 = _cs_half(cos, cb, sb, 1, TS, TR, LT).reshape((1, TS, 1, 1, TR))
-    s1 = _cs_half(sin, cb, sb, 0, TS, TR, LT).reshape((1, TS, 1, 1, TR))
-    s2 = _cs_half(sin, cb, sb, 1, TS, TR, LT).reshape((1, TS, 1, 1, TR))
-    if h < nq:
-        _norm_rope_block(q, q_weight, q_out, b, h, sb, c1, c2, s1, s2, eps, TH, TS, TR, LT)
-    else:
-        _norm_rope_block(k, k_weight, k_out, b, h - nq, sb, c1, c2, s1, s2, eps, TH, TS, TR, LT)
-
-
 # "loop" kernels: each block loads a token tile's cos/sin once and then rotates its TH heads one
 # at a time in a run-time loop, so every q/k tile has cos/sin's own (TS, R/2) shape: no
-# broadcast over heads, hence no shared-memory relayout (the "heads" kernels' cost: 8 barriers
-# per block in sm_90 SASS). Each half goes to its own output array (``lo``/``hi``: views of the
-# output's halves) so every array is stored once per iteration at the loop index: cuTile then
-# leaves the iterations' stores unordered (its "parallel store" rule); one array stored twice
-# per iteration costs a block-wide barrier per head.
+# broadcast over heads, hence no shared-memory relayout (the removed "heads" kernels' cost:
+# 8 barriers per block in sm_90 SASS). Each half goes to its own output array (``lo``/``hi``:
+# views of the output's halves) so every array is stored once per iteration at the loop index:
+# cuTile then leaves the iterations' stores unordered (its "parallel store" rule); one array
+# stored twice per iteration costs a block-wide barrier per head.
 
 
 @ct.function
@@ -667,10 +295,10 @@ def _rope_loop(
 def _cs_tiles(cos, sin, cb, sb, shape, TS: ct.Constant[int], TR: ct.Constant[int]):
     """(c1, c2, s1, s2) of token tile ``sb``, fp32, reshaped to ``shape``."""
     return (
-        _cs_half(cos, cb, sb, 0, TS, TR, False).reshape(shape),
-        _cs_half(cos, cb, sb, 1, TS, TR, False).reshape(shape),
-        _cs_half(sin, cb, sb, 0, TS, TR, False).reshape(shape),
-        _cs_half(sin, cb, sb, 1, TS, TR, False).reshape(shape),
+        _cs_half(cos, cb, sb, 0, TS, TR).reshape(shape),
+        _cs_half(cos, cb, sb, 1, TS, TR).reshape(shape),
+        _cs_half(sin, cb, sb, 0, TS, TR).reshape(shape),
+        _cs_half(sin, cb, sb, 1, TS, TR).reshape(shape),
     )
 
 
@@ -825,49 +453,36 @@ def _halves(t: torch.Tensor, rot: int) -> torch.Tensor:
     return t.as_strided((*t.shape[:-1], 2, half), (*st[:-1], half * st[-1], st[-1]))
 
 
+def _halves_out(out: torch.Tensor, rot: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (..., R/2) views of the two rotated halves of ``out`` (the "loop" kernels' outputs)."""
+    half = rot // 2
+    return out[..., :half], out[..., half:rot]
+
+
 def _tokens(tokens: int, seq: int) -> int:
     """Tokens per block: at most ``tokens``, no more than the sequence needs (decode: 1)."""
     return min(tokens, next_pow2(seq))
 
 
-def _prev_pow2(n: int) -> int:
-    return 1 << (max(1, n).bit_length() - 1)
-
-
-def heads_tiles(heads: int, elems: int, hq: int, hk: int, rot: int) -> tuple[int, int, int]:
-    """(TH, TS_MAX, TR) of the "heads" kernels: heads per block (no more than the larger head
-    count needs), the most tokens per block (about ``elems`` rotated elements per block, a power
-    of two <= MAX_TOKENS) and the half-rotary tile extent."""
-    th = min(next_pow2(heads), next_pow2(max(hq, hk)))
-    tr = next_pow2(rot // 2)
-    return th, min(MAX_TOKENS, _prev_pow2(elems // (th * 2 * tr))), tr
-
-
 def _flat(rot: int, d: int) -> bool:
-    """Whether the "heads" kernels take the arrays as they are (full rotary, R/2 a power of
+    """Whether the "loop" kernels take the inputs as they are (full rotary, R/2 a power of
     two: the halves are whole tiles of the last axis) instead of (..., 2, R/2) views."""
     return rot == d and next_pow2(rot // 2) == rot // 2
 
 
-VARIANT_NAMES = ("token", "tiled", "heads", "loop")
-
-
-def _halves_out(out: torch.Tensor, rot: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (..., R/2) views of the two rotated halves of ``out`` ("loop" kernels' outputs)."""
-    half = rot // 2
-    return out[..., :half], out[..., half:rot]
-
-
 def _loop_grid(th: int, ts: int, hq: int, hk: int, seq: int, bsz: int) -> tuple[int, int, int]:
-    """(q head groups + k head groups, token tiles, batch) of the "heads" / "loop" kernels."""
+    """(q head groups + k head groups, token tiles, batch) of the "loop" kernels."""
     return ((hq + th - 1) // th + (hk + th - 1) // th, (seq + ts - 1) // ts, bsz)
 
 
-def _pick(variant: str | None, default: str, token_max: int, ntok: int, large: str) -> str:
-    """The variant to launch: "auto" is "token" up to ``token_max`` tokens, ``large`` above."""
+VARIANT_NAMES = ("token", "loop")
+
+
+def _pick(variant: str | None, default: str, token_max: int, ntok: int) -> str:
+    """The variant to launch: "auto" is "token" up to ``token_max`` tokens, "loop" above."""
     v = variant or default
     if v == "auto":
-        return "token" if ntok <= token_max else large
+        return "token" if ntok <= token_max else "loop"
     if v not in VARIANT_NAMES:
         raise ValueError(f"unknown variant {v!r} (auto, {', '.join(VARIANT_NAMES)})")
     return v
@@ -883,16 +498,14 @@ def apply_rope(
     tokens: int | None = None,
     occupancy=DEFAULT,
     heads: int | None = None,
-    elems: int | None = None,
-    tma: bool | None = None,
     latency: int | None = None,
 ):
     """``apply_rotary_pos_emb(q, k, cos, sin)`` for (B, H, S, D) q/k (any strides).
 
     ``cos``/``sin`` are ``(B or 1, S, R)`` with ``R <= D`` (partial rotary: the rest of each
     head passes through). Returns new contiguous (B, H, S, D) tensors. ``variant`` ("auto",
-    "token", "tiled", "heads") and ``tokens`` / ``occupancy`` ("tiled", "heads"), ``heads`` /
-    ``elems`` / ``tma`` ("heads") pick a kernel variant (defaults: the ``ROPE_*`` constants).
+    "token", "loop") and, for "loop", ``heads`` / ``tokens`` per block, ``latency`` and
+    ``occupancy`` hints pick a kernel variant (defaults: the ``ROPE_*`` constants).
     """
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         check_activation(name, t)
@@ -909,64 +522,27 @@ def apply_rope(
     k_out = torch.empty((bsz, hk, seq, d), dtype=k.dtype, device=k.device)
     if not bsz * seq:
         return q_out, k_out
-    v = _pick(variant, ROPE_VARIANT, ROPE_TOKEN_MAX, bsz * seq, ROPE_AUTO_LARGE)
-    if v == "token":
+    if _pick(variant, ROPE_VARIANT, ROPE_TOKEN_MAX, bsz * seq) == "token":
         consts = rope_constants(hq, hk, d, rot)
         args = (q, k, cos, sin, q_out, k_out, batched, *consts)
         ct.launch(stream(), (bsz * seq, 1, 1), rope_kernel, args)
         return q_out, k_out
     tp = next_pow2(d - rot) if rot < d else 0
-    if v == "loop":
-        return _rope_loop_launch(
-            q, k, cos, sin, q_out, k_out, batched, tp, tokens, occupancy, heads, latency
-        )
-    if v == "heads" and _flat(rot, d):  # no views: halves are tiles 0 and 1 of the last axis
-        arrays = (q, k, q, k, cos, sin, q_out, k_out, q_out, k_out)
+    if _flat(rot, d):  # halves are tiles 0 and 1 of the last axis; q/k also stand in for
+        ins = (q, k, q, k, cos, sin)  # the pass-through parts (TP == 0: never read)
     else:
-        if tp:
-            rest = (q[..., rot:], k[..., rot:], q_out[..., rot:], k_out[..., rot:])
-        else:
-            rest = (q, k, q_out, k_out)  # unused placeholders (TP == 0)
-        q5, k5, c4, s4 = _halves(q, rot), _halves(k, rot), _halves(cos, rot), _halves(sin, rot)
-        arrays = (q5, k5, *rest[:2], c4, s4, _halves(q_out, rot), _halves(k_out, rot), *rest[2:])
-    if v == "tiled":
-        ts = _tokens(tokens or ROPE_TOKENS, seq)
-        occ = ROPE_OCCUPANCY if occupancy is DEFAULT else occupancy
-        tq, tk, tr, _ = rope_constants(hq, hk, d, rot)
-        grid = (bsz * ((seq + ts - 1) // ts), 1, 1)
-        kernel = with_occupancy(rope_tiled_kernel, occ, ROPE_OCCUPANCY)
-        ct.launch(stream(), grid, kernel, (*arrays, batched, tq, tk, ts, tr, tp))
-        return q_out, k_out
-    th, ts, tr = heads_tiles(heads or ROPE_HEADS, elems or ROPE_ELEMS, hq, hk, rot)
-    ts = _tokens(tokens or ts, seq)
-    occ = ROPE_HEADS_OCCUPANCY if occupancy is DEFAULT else occupancy
-    lt = ROPE_TMA if tma is None else bool(tma)
-    grid = _loop_grid(th, ts, hq, hk, seq, bsz)
-    kernel = with_occupancy(rope_heads_kernel, occ, ROPE_HEADS_OCCUPANCY)
-    ct.launch(stream(), grid, kernel, (*arrays, batched, th, ts, tr, tp, lt))
-    return q_out, k_out
-
-
-def _rope_loop_launch(q, k, cos, sin, q_out, k_out, batched, tp, tokens, occupancy, heads, latency):
-    """Launch ``rope_loop_kernel`` (see :func:`apply_rope`); returns the outputs."""
-    bsz, hq, seq, d = q.shape
-    hk, rot = k.shape[1], cos.shape[-1]
-    if _flat(rot, d):  # halves are tiles 0 and 1 of the last axis
-        ins = (q, k, q, k, cos, sin)
-    else:
-        ins = (_halves(q, rot), _halves(k, rot), q, k, _halves(cos, rot), _halves(sin, rot))
-        if tp:
-            ins = (*ins[:2], q[..., rot:], k[..., rot:], *ins[4:])
+        rest = (q[..., rot:], k[..., rot:]) if tp else (q, k)
+        ins = (_halves(q, rot), _halves(k, rot), *rest, _halves(cos, rot), _halves(sin, rot))
     outs = (*_halves_out(q_out, rot), *_halves_out(k_out, rot))
     outs += (q_out[..., rot:], k_out[..., rot:]) if tp else (q_out, k_out)
     th = min(heads or ROPE_LOOP_HEADS, max(hq, hk))
     ts = _tokens(tokens or ROPE_LOOP_TOKENS, seq)
-    lat = latency or ROPE_LOOP_LATENCY
     occ = ROPE_LOOP_OCCUPANCY if occupancy is DEFAULT else occupancy
     kernel = with_occupancy(rope_loop_kernel, occ, ROPE_LOOP_OCCUPANCY)
-    tr = next_pow2(rot // 2)
-    args = (*ins, *outs, batched, th, ts, tr, tp, lat)
-    ct.launch(stream(), _loop_grid(th, ts, hq, hk, seq, bsz), kernel, args)
+    consts = (th, ts, next_pow2(rot // 2), tp, latency or ROPE_LOOP_LATENCY)
+    ct.launch(
+        stream(), _loop_grid(th, ts, hq, hk, seq, bsz), kernel, (*ins, *outs, batched, *consts)
+    )
     return q_out, k_out
 
 
@@ -988,8 +564,6 @@ def qk_norm_rope(
     tokens: int | None = None,
     occupancy=DEFAULT,
     heads: int | None = None,
-    elems: int | None = None,
-    tma: bool | None = None,
     latency: int | None = None,
 ):
     """Qwen3's ``q_norm``/``k_norm`` (per head) + transpose + RoPE, q and k in one launch.
@@ -1016,44 +590,22 @@ def qk_norm_rope(
     if not bsz * seq:
         return q_out, k_out
     qw, kw = _last_contiguous(q_weight), _last_contiguous(k_weight)
-    v = _pick(variant, QK_VARIANT, QK_TOKEN_MAX, bsz * seq, QK_AUTO_LARGE)
-    if v == "token":
+    if _pick(variant, QK_VARIANT, QK_TOKEN_MAX, bsz * seq) == "token":
         tq, tk, tr = next_pow2(hq), next_pow2(hk), next_pow2(d // 2)
         args = (q, k, qw, kw, cos, sin, q_out, k_out, float(eps), batched, tq, tk, tr)
         ct.launch(stream(), (bsz * seq, 1, 1), qk_norm_rope_kernel, args)
         return q_out, k_out
-    if v == "tiled":
-        views = [_halves(t, d) for t in (q, k, qw, kw, cos, sin, q_out, k_out)]
-        tq, tk, tr = next_pow2(hq), next_pow2(hk), next_pow2(d // 2)
-        ts = _tokens(tokens or QK_TOKENS, seq)
-        occ = QK_OCCUPANCY if occupancy is DEFAULT else occupancy
-        grid = (bsz * ((seq + ts - 1) // ts), 1, 1)
-        kernel = with_occupancy(qk_norm_rope_tiled_kernel, occ, QK_OCCUPANCY)
-        ct.launch(stream(), grid, kernel, (*views, float(eps), batched, tq, tk, ts, tr))
-        return q_out, k_out
-    if v == "loop":
-        ins = (q, k, qw, kw, cos, sin)
-        if not _flat(d, d):
-            ins = tuple(_halves(t, d) for t in ins)
-        th = min(heads or QK_LOOP_HEADS, max(hq, hk))
-        ts = _tokens(tokens or QK_LOOP_TOKENS, seq)
-        occ = QK_LOOP_OCCUPANCY if occupancy is DEFAULT else occupancy
-        kernel = with_occupancy(qk_norm_rope_loop_kernel, occ, QK_LOOP_OCCUPANCY)
-        outs = (*_halves_out(q_out, d), *_halves_out(k_out, d))
-        consts = (th, ts, next_pow2(d // 2), latency or QK_LOOP_LATENCY)
-        args = (*ins, *outs, float(eps), batched, *consts)
-        ct.launch(stream(), _loop_grid(th, ts, hq, hk, seq, bsz), kernel, args)
-        return q_out, k_out
-    arrays = (q, k, qw, kw, cos, sin, q_out, k_out)
+    ins = (q, k, qw, kw, cos, sin)
     if not _flat(d, d):
-        arrays = tuple(_halves(t, d) for t in arrays)
-    th, ts, tr = heads_tiles(heads or QK_HEADS, elems or QK_ELEMS, hq, hk, d)
-    ts = _tokens(tokens or ts, seq)
-    occ = QK_HEADS_OCCUPANCY if occupancy is DEFAULT else occupancy
-    lt = QK_TMA if tma is None else bool(tma)
-    grid = _loop_grid(th, ts, hq, hk, seq, bsz)
-    kernel = with_occupancy(qk_norm_rope_heads_kernel, occ, QK_HEADS_OCCUPANCY)
-    ct.launch(stream(), grid, kernel, (*arrays, float(eps), batched, th, ts, tr, lt))
+        ins = tuple(_halves(t, d) for t in ins)
+    th = min(heads or QK_LOOP_HEADS, max(hq, hk))
+    ts = _tokens(tokens or QK_LOOP_TOKENS, seq)
+    occ = QK_LOOP_OCCUPANCY if occupancy is DEFAULT else occupancy
+    kernel = with_occupancy(qk_norm_rope_loop_kernel, occ, QK_LOOP_OCCUPANCY)
+    outs = (*_halves_out(q_out, d), *_halves_out(k_out, d))
+    consts = (th, ts, next_pow2(d // 2), latency or QK_LOOP_LATENCY)
+    args = (*ins, *outs, float(eps), batched, *consts)
+    ct.launch(stream(), _loop_grid(th, ts, hq, hk, seq, bsz), kernel, args)
     return q_out, k_out
 
 
@@ -1086,27 +638,13 @@ def qk_norm_rope_reference(q, k, q_weight, k_weight, eps, cos, sin):
 
 
 def _rope_kernels(variant: str) -> list:
-    if variant == "auto":
-        return [rope_kernel, *_rope_kernels(ROPE_AUTO_LARGE)]
-    kernels = {
-        "token": rope_kernel,
-        "tiled": rope_tiled_kernel,
-        "heads": rope_heads_kernel,
-        "loop": rope_loop_kernel,
-    }
-    return [kernels[variant]]
+    kernels = {"token": [rope_kernel], "loop": [rope_loop_kernel]}
+    return kernels["token"] + kernels["loop"] if variant == "auto" else kernels[variant]
 
 
 def _qk_kernels(variant: str) -> list:
-    if variant == "auto":
-        return [qk_norm_rope_kernel, *_qk_kernels(QK_AUTO_LARGE)]
-    kernels = {
-        "token": qk_norm_rope_kernel,
-        "tiled": qk_norm_rope_tiled_kernel,
-        "heads": qk_norm_rope_heads_kernel,
-        "loop": qk_norm_rope_loop_kernel,
-    }
-    return [kernels[variant]]
+    kernels = {"token": [qk_norm_rope_kernel], "loop": [qk_norm_rope_loop_kernel]}
+    return kernels["token"] + kernels["loop"] if variant == "auto" else kernels[variant]
 
 
 def default_rope_kernels() -> list:
@@ -1130,44 +668,28 @@ def _rope_sigs(kernel, dt, hq, hk, d, rot) -> list:
     tq, tk, tr, tp = rope_constants(hq, hk, d, rot)
     if kernel is rope_kernel:
         return [signature(a4, a4, a3, a3, a4, a4, i32, tq, tk, tr, tp)]
-    arrays = (a5, a5, a4, a4, a4, a4, a5, a5, a4, a4)
-    if kernel is rope_tiled_kernel:
-        ts_max = ROPE_TOKENS
-        return [signature(*arrays, i32, tq, tk, ts, tr, tp) for ts in _token_counts(ts_max)]
-    if kernel is rope_loop_kernel:
-        ins = (a4, a4, a4, a4, a3, a3) if _flat(rot, d) else (a5, a5, a4, a4, a4, a4)
-        th = min(ROPE_LOOP_HEADS, max(hq, hk))
-        consts = (th, tr, tp, ROPE_LOOP_LATENCY)
-        return [
-            signature(*ins, *(a4,) * 6, i32, consts[0], ts, *consts[1:])
-            for ts in _token_counts(ROPE_LOOP_TOKENS)
-        ]
-    if _flat(rot, d):
-        arrays = (a4, a4, a4, a4, a3, a3, a4, a4, a4, a4)
-    th, ts_max, tr = heads_tiles(ROPE_HEADS, ROPE_ELEMS, hq, hk, rot)
-    return [signature(*arrays, i32, th, ts, tr, tp, ROPE_TMA) for ts in _token_counts(ts_max)]
+    ins = (a4, a4, a4, a4, a3, a3) if _flat(rot, d) else (a5, a5, a4, a4, a4, a4)
+    th = min(ROPE_LOOP_HEADS, max(hq, hk))
+    return [
+        signature(*ins, *(a4,) * 6, i32, th, ts, tr, tp, ROPE_LOOP_LATENCY)
+        for ts in _token_counts(ROPE_LOOP_TOKENS)
+    ]
 
 
 def _qk_sigs(kernel, dt, hq, hk, d) -> list:
     a5, a4, a3, a2, a1 = (array_sig(dt, n) for n in (5, 4, 3, 2, 1))
     i32, f32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
-    tq, tk, tr = next_pow2(hq), next_pow2(hk), next_pow2(d // 2)
+    tr = next_pow2(d // 2)
     if kernel is qk_norm_rope_kernel:
-        return [signature(a4, a4, a1, a1, a3, a3, a4, a4, f32, i32, tq, tk, tr)]
-    arrays = (a5, a5, a2, a2, a4, a4, a5, a5)
-    if kernel is qk_norm_rope_tiled_kernel:
-        return [signature(*arrays, f32, i32, tq, tk, ts, tr) for ts in _token_counts(QK_TOKENS)]
-    if kernel is qk_norm_rope_loop_kernel:
-        ins = (a4, a4, a1, a1, a3, a3) if _flat(d, d) else (a5, a5, a2, a2, a4, a4)
-        th = min(QK_LOOP_HEADS, max(hq, hk))
         return [
-            signature(*ins, a4, a4, a4, a4, f32, i32, th, ts, tr, QK_LOOP_LATENCY)
-            for ts in _token_counts(QK_LOOP_TOKENS)
+            signature(a4, a4, a1, a1, a3, a3, a4, a4, f32, i32, next_pow2(hq), next_pow2(hk), tr)
         ]
-    if _flat(d, d):
-        arrays = (a4, a4, a1, a1, a3, a3, a4, a4)
-    th, ts_max, tr = heads_tiles(QK_HEADS, QK_ELEMS, hq, hk, d)
-    return [signature(*arrays, f32, i32, th, ts, tr, QK_TMA) for ts in _token_counts(ts_max)]
+    ins = (a4, a4, a1, a1, a3, a3) if _flat(d, d) else (a5, a5, a2, a2, a4, a4)
+    th = min(QK_LOOP_HEADS, max(hq, hk))
+    return [
+        signature(*ins, a4, a4, a4, a4, f32, i32, th, ts, tr, QK_LOOP_LATENCY)
+        for ts in _token_counts(QK_LOOP_TOKENS)
+    ]
 
 
 def aot_signatures(
@@ -1177,7 +699,7 @@ def aot_signatures(
     ops=("rope", "qk"),
 ) -> dict:
     """AOT signatures of the kernels the defaults launch ("auto": the per-token kernel and the
-    ``*_AUTO_LARGE`` one): (q heads, kv heads, head dim) of Qwen3-0.6B and Llama-3.2-1B, plus a
+    "loop" one): (q heads, kv heads, head dim) of Qwen3-0.6B and Llama-3.2-1B, plus a
     partial-rotary layout for RoPE; every tokens-per-block value. ``ops`` picks RoPE ("rope")
     and / or q/k-norm + RoPE ("qk")."""
     out: dict = {}
