@@ -31,5 +31,10 @@ def test_tiny_preset_on_gpu_measures_both_sides_and_coverage(tmp_path):
     assert cov["total_gpu_ms"] > 0 and cov["kernels"]
     attributed = sum(k["gpu_ms"] for k in cov["kernels"] if k["module"] is not None)
     assert attributed >= 0.5 * cov["total_gpu_ms"]  # most GPU time has its launching module
+    # cuTile kernels too (they have no launching op: attributed through their driver call)
+    cutile = [k for k in cov["kernels"] if k["cutile"]]
+    assert cutile and sum(k["gpu_ms"] for k in cutile if k["module"] is not None) >= 0.9 * sum(
+        k["gpu_ms"] for k in cutile
+    )
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(">>> cuTile Kernel Coverage")]
     assert lines == [f">>> cuTile Kernel Coverage (GPU Time):    {cov['gpu_time_pct']:.2f}% <<<"]

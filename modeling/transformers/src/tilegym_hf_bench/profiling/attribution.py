@@ -22,7 +22,7 @@ MODULE_RANGE_PREFIX = "tilegym.module:"
 class KernelEvent:
     name: str
     duration_ns: int
-    link_id: int  # id of the launching host event; 0 when the profiler gave none
+    link_id: int  # id of the launching host event (any sign); 0 when the profiler gave none
 
 
 @dataclass(frozen=True)

@@ -34,24 +34,45 @@ def profile_call(model: torch.nn.Module, call: Callable[[], object]):
     return kernels, hosts, ranges
 
 
+def _activity(event) -> str | None:
+    """Kineto's activity type ("kernel", "cpu_op", "cuda_driver", ...), None on torch builds
+    whose events do not expose it."""
+    activity = getattr(event, "activity_type", None)
+    return activity() if activity is not None else None
+
+
 def _is_kernel(event) -> bool:
     """A kernel, not a memcpy/memset or a GPU-side copy of a user annotation."""
-    activity = getattr(event, "activity_type", None)
+    activity = _activity(event)
     if activity is not None:
-        return activity() == "kernel"
+        return activity == "kernel"
     return not event.name().startswith(("Memcpy", "Memset", MODULE_RANGE_PREFIX))
 
 
+#: Host-side CUDA API calls: kineto records the runtime and the driver API (cuTile, like
+#: Triton, launches through the driver's cuLaunchKernel*).
+LAUNCH_ACTIVITIES = ("cuda_runtime", "cuda_driver")
+
+
 def split_events(events) -> tuple[list[KernelEvent], list[HostEvent], list[ModuleRange]]:
-    """Kineto events -> GPU kernels (each linked to the host op or annotation that was innermost
-    when it launched, as torch.profiler itself links them), host events, and our module ranges."""
+    """Kineto events -> GPU kernels (each linked to the host event that launched it), host
+    events, and our module ranges.
+
+    A kernel launched inside a PyTorch op is linked to that op, as torch.profiler links them.
+    Kineto links kernels only to ops, not to user annotations such as our module ranges, so a
+    kernel launched outside any op (every cuTile launch: ``ct.launch`` is no op) has no linked
+    op; it is linked instead to the runtime/driver call that launched it, which shares the
+    kernel's CUPTI correlation id. Those ids and op ids are separate counters that can collide,
+    so launch calls enter as host events with the id negated.
+    """
     kernels: list[KernelEvent] = []
     hosts: list[HostEvent] = []
     ranges: list[ModuleRange] = []
     for e in events:
         if e.device_type() == DeviceType.CUDA:
             if _is_kernel(e):
-                kernels.append(KernelEvent(e.name(), e.duration_ns(), e.linked_correlation_id()))
+                link = e.linked_correlation_id() or -e.correlation_id()
+                kernels.append(KernelEvent(e.name(), e.duration_ns(), link))
             continue
         name = e.name()
         if name.startswith(MODULE_RANGE_PREFIX):
@@ -60,8 +81,10 @@ def split_events(events) -> tuple[list[KernelEvent], list[HostEvent], list[Modul
                     name[len(MODULE_RANGE_PREFIX) :], e.start_thread_id(), e.start_ns(), e.end_ns()
                 )
             )
+        if _activity(e) in LAUNCH_ACTIVITIES:
+            hosts.append(HostEvent(-e.correlation_id(), e.start_thread_id(), e.start_ns()))
         # host ops and annotations carry their own id and no link; CUDA runtime/driver calls
-        # carry a link to the op that made them (their CUPTI ids could collide with op ids)
-        if e.correlation_id() > 0 and e.linked_correlation_id() == 0:
+        # (when the build does not name activities) carry a link to the op that made them
+        elif e.correlation_id() > 0 and e.linked_correlation_id() == 0:
             hosts.append(HostEvent(e.correlation_id(), e.start_thread_id(), e.start_ns()))
     return kernels, hosts, ranges
