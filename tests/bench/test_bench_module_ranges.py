@@ -2,6 +2,8 @@
 every host op of a forward is attributed to the innermost module that ran it; and kernels are
 linked to their launching op or, without one, to their launch call."""
 
+from types import SimpleNamespace
+
 import torch
 from tilegym_hf_bench.presets import PRESETS, config_dict
 from tilegym_hf_bench.profiling.attribution import (
@@ -67,40 +69,22 @@ def test_hooks_are_removed_and_output_unchanged():
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
-class _Kineto:
-    """One kineto event as torch.profiler reports it on a GPU host (the fields split_events
-    reads); this machine has no GPU, so the CUDA-side records are written out here."""
-
-    def __init__(self, activity, name, corr, linked=0, thread=1, start=0, end=0, dur=0):
-        self._a, self._n, self._c, self._l = activity, name, corr, linked
-        self._t, self._s, self._e, self._d = thread, start, end, dur
-
-    def device_type(self):
-        return DeviceType.CUDA if self._a in ("kernel", "gpu_memcpy") else DeviceType.CPU
-
-    def activity_type(self):
-        return self._a
-
-    def name(self):
-        return self._n
-
-    def correlation_id(self):
-        return self._c
-
-    def linked_correlation_id(self):
-        return self._l
-
-    def start_thread_id(self):
-        return self._t
-
-    def start_ns(self):
-        return self._s
-
-    def end_ns(self):
-        return self._e
-
-    def duration_ns(self):
-        return self._d
+def _kineto(activity, name, corr, linked=0, thread=1, start=0, end=0, dur=0):
+    """One kineto event as torch.profiler reports it on a GPU host (the accessors split_events
+    calls); this machine has no GPU, so the CUDA-side records are written out here."""
+    device = DeviceType.CUDA if activity in ("kernel", "gpu_memcpy") else DeviceType.CPU
+    values = dict(
+        device_type=device,
+        activity_type=activity,
+        name=name,
+        correlation_id=corr,
+        linked_correlation_id=linked,
+        start_thread_id=thread,
+        start_ns=start,
+        end_ns=end,
+        duration_ns=dur,
+    )
+    return SimpleNamespace(**{key: (lambda v=v: v) for key, v in values.items()})
 
 
 def test_kernels_without_a_linked_op_are_attributed_through_their_launch_call():
@@ -110,16 +94,16 @@ def test_kernels_without_a_linked_op_are_attributed_through_their_launch_call():
     mlp = MODULE_RANGE_PREFIX + "model.layers.0.mlp"
     attn = MODULE_RANGE_PREFIX + "model.layers.0.self_attn"
     events = [
-        _Kineto("user_annotation", mlp, 1, start=10, end=50),
-        _Kineto("cpu_op", "aten::linear", 7, start=20, end=25),
-        _Kineto("cuda_runtime", "cudaLaunchKernel", 100, linked=7, start=21),
-        _Kineto("kernel", "sm90_xmma_gemm_bf16", 100, linked=7, dur=3000),
-        _Kineto("cuda_driver", "cuLaunchKernelEx", 101, start=30),
-        _Kineto("kernel", "rms_norm_kernel", 101, dur=2000),
-        _Kineto("user_annotation", attn, 2, start=60, end=90),
-        _Kineto("cpu_op", "aten::add", 101, start=70, end=71),  # op id == the driver call's id
-        _Kineto("gpu_memcpy", "Memcpy DtoD", 102, dur=50),
-        _Kineto("kernel", "orphan_kernel", 103, dur=10),  # no launch call recorded
+        _kineto("user_annotation", mlp, 1, start=10, end=50),
+        _kineto("cpu_op", "aten::linear", 7, start=20, end=25),
+        _kineto("cuda_runtime", "cudaLaunchKernel", 100, linked=7, start=21),
+        _kineto("kernel", "sm90_xmma_gemm_bf16", 100, linked=7, dur=3000),
+        _kineto("cuda_driver", "cuLaunchKernelEx", 101, start=30),
+        _kineto("kernel", "rms_norm_kernel", 101, dur=2000),
+        _kineto("user_annotation", attn, 2, start=60, end=90),
+        _kineto("cpu_op", "aten::add", 101, start=70, end=71),  # op id == the driver call's id
+        _kineto("gpu_memcpy", "Memcpy DtoD", 102, dur=50),
+        _kineto("kernel", "orphan_kernel", 103, dur=10),  # no launch call recorded
     ]
     kernels, hosts, ranges = split_events(events)
     assert [k.name for k in kernels] == ["sm90_xmma_gemm_bf16", "rms_norm_kernel", "orphan_kernel"]
