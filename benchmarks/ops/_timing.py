@@ -88,13 +88,23 @@ def summarize(samples_us: list[float]) -> Stats:
     return Stats(statistics.median(s), _percentile(s, 0.1), _percentile(s, 0.9), len(s))
 
 
-def interleaved(
+def pooled(samples_us: dict[str, list[float]], sep: str = "#") -> dict[str, Stats]:
+    """Stats of samples pooled by the key's part before ``sep``: ``{"a#0": .., "a#1": ..}``
+    -> ``{"a": Stats of both}``. Times of one variant on several input allocations, so that no
+    one allocation's physical placement (DRAM channels, L2 slices) decides its median."""
+    groups: dict[str, list[float]] = {}
+    for key, vals in samples_us.items():
+        groups.setdefault(key.split(sep, 1)[0], []).extend(vals)
+    return {key: summarize(vals) for key, vals in groups.items()}
+
+
+def interleaved_samples(
     fns: dict[str, Callable[[], object]],
     warmup: int = 10,
     iters: int = 50,
     flush_l2: bool = True,
-) -> dict[str, Stats]:
-    """Time several variants taking turns; returns per-variant Stats keyed like ``fns``."""
+) -> dict[str, list[float]]:
+    """Per-call GPU times in microseconds of several variants taking turns, keyed like ``fns``."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -116,7 +126,18 @@ def interleaved(
             fn()
             end.record()
     torch.cuda.synchronize()
-    return {k: summarize([s.elapsed_time(e) * 1000.0 for s, e in evs]) for k, evs in events.items()}
+    return {k: [s.elapsed_time(e) * 1000.0 for s, e in evs] for k, evs in events.items()}
+
+
+def interleaved(
+    fns: dict[str, Callable[[], object]],
+    warmup: int = 10,
+    iters: int = 50,
+    flush_l2: bool = True,
+) -> dict[str, Stats]:
+    """Time several variants taking turns; returns per-variant Stats keyed like ``fns``."""
+    samples = interleaved_samples(fns, warmup=warmup, iters=iters, flush_l2=flush_l2)
+    return {k: summarize(v) for k, v in samples.items()}
 
 
 def time_cuda(

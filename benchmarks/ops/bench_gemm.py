@@ -3,8 +3,11 @@
 Rows: plain projections (`linear` vs `F.linear`), and the fused forms against the PyTorch ops
 they replace: o_proj/down_proj + residual (`linear_residual` vs `r + F.linear`) and
 gate-up + SiLU (`fused_gate_up_silu` vs `F.linear` on the packed weight, then `silu(g) * u`).
-Timing: `_timing.interleaved` (CUDA events per call, L2 flushed before each call so weights
-come from HBM as in a real forward pass, variants interleaved, medians, p10-p90 spread).
+Timing: `_timing.interleaved_samples` (CUDA events per call, L2 flushed before each call so
+weights come from HBM as in a real forward pass, variants interleaved, medians, p10-p90 spread).
+A few-microsecond decode GEMM's median moves by 5-10% between two allocations of the same
+weight shape (seen in the H200 sweeps for cuTile and cuBLAS alike); `--allocs N` times every
+variant on N input allocations and pools the samples.
 
 Modes:
   (default)            the table with the tile table's configs
@@ -27,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import flush_mode, format_table, interleaved  # noqa: E402
+from _timing import flush_mode, format_table, interleaved_samples, pooled  # noqa: E402
 
 from tilegym.ops import gemm  # noqa: E402
 from tilegym.ops.gemm_configs import (  # noqa: E402
@@ -112,6 +115,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _cfg_list(c: TileConfig) -> list:
     vals = [c.tm, c.tn, c.tk, c.split, c.latency, c.transpose_tile]
+    if c.swap:
+        return vals + [c.reduce, c.ctas, c.occupancy, c.persistent, False, True]
     if c.gemv:
         return vals + [c.reduce, c.ctas, c.occupancy, False, True]
     if c.persistent:
@@ -126,7 +131,7 @@ def _cfg_str(c: TileConfig) -> str:
     red = f"-{c.reduce}" if c.split > 1 else ""
     hints = (f"c{c.ctas}" if c.ctas else "") + (f"O{c.occupancy}" if c.occupancy else "")
     hints += "P" if c.persistent else ""
-    kind = "gemv-" if c.gemv else ""
+    kind = "gemv-" if c.gemv else "swap-" if c.swap else ""
     return (
         f"{kind}{c.tm}x{c.tn}x{c.tk}/s{c.split}{red}{lat}{'' if c.transpose_tile else 'o'}{hints}"
     )
@@ -151,7 +156,7 @@ def warmup(models, tokens, sweep: bool, shard: int, nshards: int, projs=None) ->
         for cfg in cfgs:
             c = cfg or choose_config(m, n, k, gated=op == "gated")
             key = (op, c.tm, c.tn, c.tk, c.latency, c.transpose_tile, gemm.split_mode(c))
-            key += (c.ctas, c.occupancy, c.persistent)
+            key += (c.ctas, c.occupancy, c.persistent, c.gemv, c.swap)
             items.append((key, (op, m, n, k, cfg)))
     groups = sorted({g for g, _ in items})
     mine = {g for idx, g in enumerate(groups) if idx % nshards == shard}
@@ -178,11 +183,14 @@ def pick_tuned(scores) -> dict[str, list]:
     return tuned
 
 
-def bench(models, tokens, sweep: bool, iters: int, on_row=None, projs=None):
+def bench(models, tokens, sweep: bool, iters: int, on_row=None, projs=None, allocs: int = 1):
+    """Time every row; with ``allocs`` > 1 each variant runs on that many separately allocated
+    input sets, interleaved, and its samples are pooled (`_timing.pooled`)."""
     rows, records, records_bad = [], [], []
     scores: dict[tuple, dict[TileConfig, list[float]]] = defaultdict(lambda: defaultdict(list))
     for model, proj, op, m, n, k, cfgs in work_items(models, tokens, sweep, projs):
-        base, make = make_fns(op, m, n, k)
+        sets = [make_fns(op, m, n, k) for _ in range(allocs)]
+        base, make = sets[0]
         gated = op == "gated"
         chosen = choose_config(m, n, k, gated=gated)
         cands = cfgs if sweep else [chosen]
@@ -204,8 +212,13 @@ def bench(models, tokens, sweep: bool, iters: int, on_row=None, projs=None):
         if not good:
             continue
         cands = [cfg for cfg, _ in good]
-        fns = {"cublas": base, **{f"c{i}": fn for i, (_, fn) in enumerate(good)}}
-        stats = interleaved(fns, warmup=2, iters=iters)
+        fns = {}
+        for a, (base_a, make_a) in enumerate(sets):
+            fns[f"cublas#{a}"] = base_a
+            for i, (cfg, fn) in enumerate(good):
+                fns[f"c{i}#{a}"] = fn if a == 0 else make_a(cfg)
+        stats = pooled(interleaved_samples(fns, warmup=2, iters=iters))
+        del fns, sets
         for idx, cfg in enumerate(cands):
             ratio = stats[f"c{idx}"].median_us / stats["cublas"].median_us
             scores[(m_bucket(m), n, k, gated)][cfg].append(ratio)
@@ -229,6 +242,11 @@ def bench(models, tokens, sweep: bool, iters: int, on_row=None, projs=None):
             config=_cfg_list(cfg),
             table_config=_cfg_list(chosen),
         )
+        if sweep:  # every correct candidate's time, for reading a sweep beyond its winners
+            rec["candidates"] = [
+                [_cfg_str(c), stats[f"c{i}"].median_us, stats[f"c{i}"].spread_pct]
+                for i, c in enumerate(cands)
+            ]
         records.append(rec)
         rows.append(
             [
@@ -286,6 +304,7 @@ def main(argv=None) -> int:
     p.add_argument("--projs", default="", help="comma-separated projections (default: all)")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--allocs", type=int, default=1, help="input allocations pooled per row")
     p.add_argument("--warmup-shard", default=None, metavar="I/N")
     p.add_argument("--json-out", default=None)
     p.add_argument("--tuned-out", default=None)
@@ -325,7 +344,12 @@ def main(argv=None) -> int:
                     json.dump(obj, f, indent=1)
                 os.replace(path + ".tmp", path)
 
-    rows, records, tuned, bad = bench(models, tokens, a.sweep, a.iters, on_row=save, projs=projs)
+    if a.allocs < 1:
+        print(f"error: --allocs {a.allocs} must be >= 1", file=sys.stderr)
+        return 2
+    rows, records, tuned, bad = bench(
+        models, tokens, a.sweep, a.iters, on_row=save, projs=projs, allocs=a.allocs
+    )
     print()
     print(format_table(HEADER, rows))
     print("\n".join(summary(records)))

@@ -175,6 +175,33 @@ def test_gemv_odd_and_model_shapes(op, cfg, gen):
         _run_case("gated", 1, 256, 256, gen, config=cfg)
 
 
+SWAP_CONFIGS = [
+    TileConfig(8, 64, 128, swap=True),
+    TileConfig(16, 64, 256, swap=True, transpose_tile=False),
+    TileConfig(16, 64, 128, 5, occupancy=2, swap=True),
+    TileConfig(8, 128, 128, 8, reduce="pdl", swap=True),
+    TileConfig(16, 128, 128, occupancy=1, persistent=True, swap=True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["linear", "residual", "gated"])
+@pytest.mark.parametrize("cfg", SWAP_CONFIGS, ids=lambda c: f"{c.tm}x{c.tn}x{c.tk}s{c.split}")
+def test_swapped_operands_odd_and_model_shapes(op, cfg, gen):
+    """W as the mma's A operand (acc transposed into the output): M below, at and above the
+    token tile (several M tiles), N and K off the tiles, uneven split shares, bias, both
+    fused epilogues, decode shapes of both models; outputs poisoned, two calls per shape."""
+    if op == "gated" and cfg.persistent:
+        with pytest.raises(ValueError, match="persistent"):
+            _run_case(op, 1, 256, 256, gen, config=cfg)
+        return
+    shapes = [(1, 1000, 1000), (3, 2048, 1000), (20, 1021, 3000), (16, 2048, 8192)]
+    shapes.append((8, 1024, 3072) if op == "gated" else (9, 151936, 1024))
+    for m, n, k in shapes:
+        for _ in range(2):
+            _run_case(op, m, n, k, gen, config=cfg, bias=op == "linear")
+
+
 @pytest.mark.gpu
 def test_fp16_and_batched_input(gen):
     _run_case("linear", 5, 1024, 2048, gen, dtype=torch.float16, lead=(2,))
@@ -221,7 +248,8 @@ def test_configs_cover_model_shapes(model, m):
         gated = op == "gated"
         cfg = choose_config(m, n, k, gated=gated)
         assert cfg.split == 1 or gemm_configs.m_bucket(m) in ("single", "decode")
-        assert not cfg.gemv or (m == 1 and not gated)
+        assert not cfg.gemv or (m <= gemm_configs.DECODE_MAX_M and not gated)
+        assert not cfg.swap or m <= gemm_configs.DECODE_MAX_M
         bucket = gemm_configs.m_bucket(m)
         if bucket != "small" and gemm_configs.TILE_TABLE.exists():
             assert (bucket, n, k, gated) in gemm_configs.TUNED, (model, op, n, k)
@@ -229,7 +257,7 @@ def test_configs_cover_model_shapes(model, m):
 
 def test_defaults_outside_the_table():
     cfg = choose_config(3, 1000, 1000)
-    assert (cfg.tm, cfg.split) == (16, 1)
+    assert (cfg.tm, cfg.split, cfg.swap) == (8, 1, True)
     assert choose_config(5000, 1000, 1000).tm == 128
     assert choose_config(40, 1000, 1000, gated=True).tm == 64
 
@@ -255,13 +283,29 @@ def test_tile_config_validation_and_candidates():
     gemv = [c for c in cands if c.gemv]
     assert gemv and all(c.tm == 1 and c.tk <= 1024 for c in gemv)  # M = 1, K = 1024
     assert {c.tm for c in candidate_configs(16, 1024, 1024) if c.gemv} == {1, 4}
+    swap = [c for c in candidate_configs(8, 2048, 1024) if c.swap]
+    assert {c.tm for c in swap} == {8, 16} and {c.tn for c in swap} == {32, 64, 128}
+    # split down to one K tile per split; a second wave of blocks gets an occupancy hint
+    assert TileConfig(16, 64, 128, 8, occupancy=2, swap=True) in swap
+    assert TileConfig(16, 64, 256, 4, reduce="pdl", swap=True) in swap
+    assert any(c.persistent for c in swap)
+    assert not any(c.swap for c in candidate_configs(2048, 1024, 1024))
+    assert {c.tn for c in candidate_configs(16, 1024, 1024) if c.swap} == {32, 64, 128}
     assert not any(c.gemv for c in candidate_configs(1, 1024, 1024, gated=True))
     assert any(c.persistent and c.tm == 16 for c in candidate_configs(8, 151936, 1024))
     assert not any(c.persistent for c in candidate_configs(8, 3072, 1024, gated=True))
     with pytest.raises(ValueError, match="gemv"):
         TileConfig(1, 8, 1024, split=2, gemv=True)
     with pytest.raises(ValueError):
-        TileConfig(1, 8, 1024)  # tm < 16 only for gemv
+        TileConfig(1, 8, 1024)  # tm < 16 only for gemv (1..) and swap (8..)
+    with pytest.raises(ValueError):
+        TileConfig(4, 64, 128, swap=True)
+    with pytest.raises(ValueError, match="swap"):
+        TileConfig(1, 8, 1024, gemv=True, swap=True)
+    swapped = [8, 64, 128, 4, 0, True, "pdl", 0, 2, False, False, True]
+    assert gemm_configs.parse_table({"decode|2048|1024|False": swapped})[
+        ("decode", 2048, 1024, False)
+    ] == TileConfig(8, 64, 128, 4, reduce="pdl", occupancy=2, swap=True)
 
 
 def test_hints_compile_variants_and_uneven_grids_fall_back():

@@ -26,6 +26,13 @@ def test_summarize_single_sample_and_empty():
         timing.summarize([])
 
 
+def test_pooled_groups_samples_by_variant():
+    st = timing.pooled({"a#0": [1.0, 2.0], "a#1": [3.0], "b#0": [5.0], "c": [7.0, 9.0]})
+    assert set(st) == {"a", "b", "c"}
+    assert (st["a"].median_us, st["a"].n) == (2.0, 3)
+    assert (st["b"].median_us, st["c"].median_us) == (5.0, 8.0)
+
+
 def test_bandwidth_helpers():
     st = timing.Stats(median_us=100.0, p10_us=90.0, p90_us=110.0, n=3)
     assert timing.gbps(430_000_000, st) == pytest.approx(4300.0)

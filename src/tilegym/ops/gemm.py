@@ -9,6 +9,7 @@ K-major through a transposed tile load, so no per-call copy is made.
 Tile shapes come from `gemm_configs` (an H200-measured table). A one-row GEMM (decode at batch
 1) mostly takes the GEMV kernel (`TileConfig.gemv`): plain 16-byte loads and fp32 multiply-adds,
 without the TMA + mma pipeline whose fixed latency dominates a few-microsecond stream of W.
+Other decode GEMMs mostly swap the mma's operands (`TileConfig.swap`, `_mma_step`).
 Split-K (`TileConfig.split`)
 gives each split a contiguous share of the K tiles and has it store its fp32 partial tile into
 a workspace; the partials are then summed and the epilogue applied either by the last split of
@@ -86,6 +87,41 @@ def _load_wt(w, bn, k, tn, tk, latency, transpose_tile):
     return ct.load(w, index=(k, bn), shape=(tk, tn), order=(1, 0), padding_mode=_ZERO)
 
 
+def _acc_zeros(tm, tn, swap):
+    """fp32 accumulator: (TM, TN), or (TN, TM) when the mma runs with swapped operands."""
+    if swap:
+        return ct.full((tn, tm), 0, dtype=ct.float32)
+    return ct.full((tm, tn), 0, dtype=ct.float32)
+
+
+def _mma_step(x, w, acc, bm, bn, k, tm, tn, tk, latency, transpose_tile, swap):
+    """acc += X tile @ W tile^T for K tile ``k``.
+
+    swap: the (TN, TK) W tile is the mma's A operand and the (TM, TK) X tile, transposed, its B
+    (acc is then (TN, TM)). For a few rows this puts W's rows on the mma's M side, where
+    Hopper's warpgroup mma wants 64 of them, and leaves only the token count (8 or 16) on N;
+    the W tile is then read as stored, K-contiguous, with no transpose. transpose_tile picks
+    how X^T is formed (tile transpose or order view), as it does for W otherwise.
+    """
+    if swap:
+        if transpose_tile:
+            xt = ct.transpose(_load_x(x, bm, k, tm, tk, 0))
+        else:
+            xt = ct.load(x, index=(k, bm), shape=(tk, tm), order=(1, 0), padding_mode=_ZERO)
+        if latency > 0:
+            wt = ct.load(w, index=(bn, k), shape=(tn, tk), padding_mode=_ZERO, latency=latency)
+        else:
+            wt = ct.load(w, index=(bn, k), shape=(tn, tk), padding_mode=_ZERO)
+        return ct.mma(wt, xt, acc)
+    a = _load_x(x, bm, k, tm, tk, latency)
+    return ct.mma(a, _load_wt(w, bn, k, tn, tk, latency, transpose_tile), acc)
+
+
+def _acc_out(acc, swap):
+    """The accumulator as the (TM, TN) output tile."""
+    return ct.transpose(acc) if swap else acc
+
+
 def _sum_partials(ws, base, split, bm, bn, tm, tn):
     acc = ct.full((tm, tn), 0, dtype=ct.float32)
     for s in range(split):
@@ -136,11 +172,12 @@ def tilegym_linear_kernel(
     SPLIT_MODE: ConstInt,
     HAS_BIAS: ConstBool,
     HAS_RES: ConstBool,
+    SWAP: ConstBool,
 ):
     """Y[M, N] = X[M, K] @ W[N, K]^T (+ B[N]) (+ R[M, N]); grid (tiles, split).
 
     SPLIT_MODE (compile-time): NO_SPLIT, SPLIT_CTA or SPLIT_PARTIAL; `split` (runtime) is the
-    split count.
+    split count. SWAP: operands swapped in the mma (`_mma_step`).
     """
     m = X.shape[0]
     n = W.shape[0]
@@ -148,10 +185,10 @@ def tilegym_linear_kernel(
     s = ct.bid(1)
     k_tiles = ct.num_tiles(X, axis=1, shape=(TM, TK))
     k_first, k_last = _k_share(k_tiles, split, s)
-    acc = ct.full((TM, TN), 0, dtype=ct.float32)
+    acc = _acc_zeros(TM, TN, SWAP)
     for k in range(k_first, k_last):
-        a = _load_x(X, bm, k, TM, TK, LATENCY)
-        acc = ct.mma(a, _load_wt(W, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE), acc)
+        acc = _mma_step(X, W, acc, bm, bn, k, TM, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
+    acc = _acc_out(acc, SWAP)
     if SPLIT_MODE == NO_SPLIT:
         _linear_epilogue(acc, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
     elif SPLIT_MODE == SPLIT_PARTIAL:
@@ -181,6 +218,7 @@ def tilegym_linear_persistent_kernel(
     TRANSPOSE_TILE: ConstBool,
     HAS_BIAS: ConstBool,
     HAS_RES: ConstBool,
+    SWAP: ConstBool,
 ):
     """`tilegym_linear_kernel` unsplit, with each block looping over output tiles (grid of
     about one wave): a tile's epilogue store can overlap the next tile's first loads, which
@@ -191,11 +229,10 @@ def tilegym_linear_persistent_kernel(
     k_tiles = ct.num_tiles(X, axis=1, shape=(TM, TK))
     for t in range(ct.bid(0), tiles, ct.num_blocks(0)):
         bm, bn = _tile_coords(m, n, TM, TN, GROUP_M, t)
-        acc = ct.full((TM, TN), 0, dtype=ct.float32)
+        acc = _acc_zeros(TM, TN, SWAP)
         for k in range(k_tiles):
-            a = _load_x(X, bm, k, TM, TK, LATENCY)
-            acc = ct.mma(a, _load_wt(W, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE), acc)
-        _linear_epilogue(acc, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
+            acc = _mma_step(X, W, acc, bm, bn, k, TM, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
+        _linear_epilogue(_acc_out(acc, SWAP), B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
 
 
 @ct.kernel
@@ -274,6 +311,7 @@ def tilegym_gate_up_silu_kernel(
     LATENCY: ConstInt,
     TRANSPOSE_TILE: ConstBool,
     SPLIT_MODE: ConstInt,
+    SWAP: ConstBool,
 ):
     """Y[M, I] = silu(X @ WG^T) * (X @ WU^T); WS holds gate partials at [0, split), up after."""
     m = X.shape[0]
@@ -282,12 +320,13 @@ def tilegym_gate_up_silu_kernel(
     s = ct.bid(1)
     k_tiles = ct.num_tiles(X, axis=1, shape=(TM, TK))
     k_first, k_last = _k_share(k_tiles, split, s)
-    gate = ct.full((TM, TN), 0, dtype=ct.float32)
-    up = ct.full((TM, TN), 0, dtype=ct.float32)
+    gate = _acc_zeros(TM, TN, SWAP)
+    up = _acc_zeros(TM, TN, SWAP)
     for k in range(k_first, k_last):
-        a = _load_x(X, bm, k, TM, TK, LATENCY)
-        gate = ct.mma(a, _load_wt(WG, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE), gate)
-        up = ct.mma(a, _load_wt(WU, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE), up)
+        gate = _mma_step(X, WG, gate, bm, bn, k, TM, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
+        up = _mma_step(X, WU, up, bm, bn, k, TM, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
+    gate = _acc_out(gate, SWAP)
+    up = _acc_out(up, SWAP)
     if SPLIT_MODE == NO_SPLIT:
         _silu_mul_store(gate, up, Y, bm, bn)
     elif SPLIT_MODE == SPLIT_PARTIAL:
@@ -490,6 +529,7 @@ def _launch_persistent(x2, weight, bias, residual2, out2, cfg: TileConfig) -> No
         cfg.transpose_tile,
         bias is not None,
         residual2 is not None,
+        cfg.swap,
     )
     kernel = hinted(tilegym_linear_persistent_kernel, cfg, blocks)
     ct.launch(stream(x2.device), (blocks, 1, 1), kernel, args)
@@ -537,6 +577,7 @@ def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
         mode,
         bias is not None,
         residual2 is not None,
+        cfg.swap,
     )
     ct.launch(stream(device), grid, hinted(tilegym_linear_kernel, cfg, grid[0]), args)
     if mode == SPLIT_PARTIAL:
@@ -636,6 +677,7 @@ def fused_gate_up_silu(
         cfg.latency,
         cfg.transpose_tile,
         mode,
+        cfg.swap,
     )
     kernel = hinted(tilegym_gate_up_silu_kernel, cfg, grid[0])
     ct.launch(stream(device), grid, kernel, args)
@@ -659,7 +701,9 @@ def _aot_cases(ops: tuple[str, ...]) -> list[tuple[str, TileConfig, bool]]:
         wanted += [(TileConfig(16, 64, 128, split=4, reduce=r), False) for r in ("cta", "pdl")]
         wanted.append((TileConfig(128, 64 if gated else 128, 64, occupancy=1), False))
         if not gated:
-            wanted.append((TileConfig(128, 128, 64, occupancy=1, persistent=True), False))
+            for tm, tn, swap in ((128, 128, False), (16, 128, True)):
+                cfg = TileConfig(tm, tn, 64, occupancy=1, persistent=True, swap=swap)
+                wanted.append((cfg, False))
         for cfg, has_bias in wanted:
             if (op, cfg, has_bias) not in cases:
                 cases.append((op, cfg, has_bias))
@@ -707,15 +751,15 @@ def aot_signatures(
             if cfg.persistent:
                 consts = [cfg.tm, cfg.tn, cfg.tk, cfg.group_m, cfg.latency, cfg.transpose_tile]
                 kernel = hinted(tilegym_linear_persistent_kernel, cfg, 1)
-                sig = KernelSignature([*io, *consts, has_bias, has_res], cconv)
+                sig = KernelSignature([*io, *consts, has_bias, has_res, cfg.swap], cconv)
                 sigs.setdefault(kernel, []).append(sig)
                 continue
             if gated:
                 params = [arr(dt, 2), arr(dt, 2, "w"), arr(dt, 2, "w"), arr(dt, 2), *work]
-                kernel, tail = tilegym_gate_up_silu_kernel, []
+                kernel, tail = tilegym_gate_up_silu_kernel, [cfg.swap]
             else:
                 params = [*io, *work]
-                kernel, tail = tilegym_linear_kernel, [has_bias, has_res]
+                kernel, tail = tilegym_linear_kernel, [has_bias, has_res, cfg.swap]
             kernel = hinted(kernel, cfg, max(cfg.ctas, 1))
             sigs.setdefault(kernel, []).append(KernelSignature([*params, *consts, *tail], cconv))
             if mode == SPLIT_PARTIAL:

@@ -9,6 +9,9 @@ Decode shapes (M <= 16) have few output tiles (N / tn), often fewer than the GPU
 so the sweep's decode candidates include narrow tiles (tn = 16, 32) and split-K with both
 reductions (`reduce`: "cta" = last split of a tile sums in the same launch, "pdl" = dependent
 reduction kernel); the table keeps whichever measured fastest with a correct result.
+At M = 2..16 the winners are swapped-operand tiles (`TileConfig.swap`: W's rows on the mma's
+M side, which compiles to Hopper's warpgroup mma at tn = 64/128 where the unswapped 16-row
+tile gets mma.sync), mostly 8 x 64 x 512 unsplit, M = 16 as two 8-row tiles.
 One row (M = 1, bucket "single") is a latency-bound stream of W, where the GEMV kernel (plain
 16-byte loads, multiply-adds, no TMA or mma; `TileConfig.gemv`) won most projections.
 """
@@ -45,15 +48,16 @@ class TileConfig:
     occupancy: int = 0  # blocks per SM hint (0 = the compiler's choice)
     persistent: bool = False  # linear/residual only: one wave of blocks looping over tiles
     gemv: bool = False  # linear/residual only: plain loads and multiply-adds, no TMA, no mma
+    swap: bool = False  # mma operands swapped: W rows on the mma's M side (decode, gemm.py)
 
     def __post_init__(self) -> None:
         for name in ("tm", "tn", "tk"):
             value = getattr(self, name)
-            low = 1 if self.gemv and name != "tk" else 16
+            low = 1 if self.gemv and name != "tk" else 8 if self.swap and name == "tm" else 16
             if value < low or value & (value - 1):
                 raise ValueError(f"{name}={value} must be a power of two >= {low}")
-        if self.gemv and (self.split > 1 or self.persistent or self.tm > 16):
-            raise ValueError("a gemv config has tm <= 16, no split and no persistent loop")
+        if self.gemv and (self.split > 1 or self.persistent or self.tm > 16 or self.swap):
+            raise ValueError("a gemv config has tm <= 16, no split, persistent loop or swap")
         if not 1 <= self.split <= MAX_SPLIT:
             raise ValueError(f"split={self.split} must be in [1, {MAX_SPLIT}]")
         if not 0 <= self.latency <= 10:
@@ -88,7 +92,7 @@ def default_config(bucket: str, gated: bool) -> TileConfig:
     if bucket == "single" and not gated:
         return TileConfig(1, 4, 1024, gemv=True)
     if bucket in ("single", "decode"):
-        return TileConfig(16, 32, 256, transpose_tile=not gated)
+        return TileConfig(8, 64, 256 if gated else 512, swap=True)
     if bucket == "small":
         return TileConfig(64, 64 if gated else 128, 64)
     if gated:
@@ -104,7 +108,7 @@ TILE_TABLE = Path(
 
 def parse_table(doc: dict) -> dict[tuple[str, int, int, bool], TileConfig]:
     """`{"bucket|N|K|gated": [tm, tn, tk, split, latency, transpose_tile(, reduce, ctas,
-    occupancy, persistent, gemv)]}` -> {key: cfg}."""
+    occupancy, persistent, gemv, swap)]}` -> {key: cfg}."""
     table = {}
     for key, vals in doc.items():
         bucket, n, k, gated = key.split("|")
@@ -134,13 +138,13 @@ def choose_config(m: int, n: int, k: int, *, gated: bool = False) -> TileConfig:
     return TUNED.get((bucket, n, k, gated)) or default_config(bucket, gated)
 
 
-def split_factors(n: int, k: int, tn: int, tk: int) -> list[int]:
+def split_factors(n: int, k: int, tn: int, tk: int, min_share: int = 2) -> list[int]:
     """Split-K factors worth trying for a decode shape: enough splits that the output tiles
     times the splits cover about one wave of TARGET_SMS blocks (and twice that), capped so
-    each split keeps at least two K tiles; none when the tiles alone fill the GPU."""
+    each split keeps at least `min_share` K tiles; none when the tiles alone fill the GPU."""
     tiles = -(-n // tn)
     k_tiles = -(-k // tk)
-    top = min(MAX_SPLIT, k_tiles // 2)
+    top = min(MAX_SPLIT, k_tiles // min_share)
     if tiles >= TARGET_SMS or top < 2:
         return []
     wanted = {-(-TARGET_SMS // tiles), -(-2 * TARGET_SMS // tiles)}
@@ -149,7 +153,11 @@ def split_factors(n: int, k: int, tn: int, tk: int) -> list[int]:
 
 def gemv_candidates(m: int, k: int) -> list[TileConfig]:
     """GEMV configs for a decode shape: rows per block up to M (fewer rows re-read W from L2),
-    a block's K in one or a few wide plain loads."""
+    a block's K in one or a few wide plain loads.
+
+    Only M = 1 picks them: at M = 8/16, 8- and 16-row GEMV tiles (8x4x256, 16x2x256, ...) ran
+    1.3-10x slower than the mma kernels on the H200 (fp32 multiply-adds without tensor cores;
+    docs/results/h200-2026-11-30/ops/gemm_swap_sweep.txt)."""
     rows = 1 << (max(1, m) - 1).bit_length()
     kmax = 1 << (k - 1).bit_length()
     out = []
@@ -190,6 +198,20 @@ def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[Ti
             add(TileConfig(16, 32, 256, latency=latency))
         for occupancy in (2, 4):
             add(TileConfig(16, 32, 256, occupancy=occupancy))
+        # swapped operands: W rows on the mma's M side (64/128: Hopper's warpgroup mma; 32:
+        # mma.sync), tokens on N (8 or 16; M = 16 also as two 8-row tiles); split-K down to one
+        # K tile per split to put a block on every SM
+        for tm in (8, 16):
+            for tn, tk in ((32, 256), (64, 128), (64, 256), (64, 512), (128, 128), (128, 256)):
+                add(TileConfig(tm, tn, tk, swap=True))
+                if tn != 64:
+                    continue
+                for split in split_factors(n, k, tn, tk, min_share=1):
+                    waves = -(-split * -(-n // tn) // TARGET_SMS)  # blocks per SM to fit
+                    occ = min(waves, 4) if waves > 1 else 0
+                    for reduce in SPLIT_REDUCTIONS:
+                        cfg = TileConfig(tm, tn, tk, split, reduce=reduce, occupancy=occ, swap=True)
+                        add(cfg)
         if not gated:
             for cfg in gemv_candidates(m, k):
                 add(cfg)
@@ -198,6 +220,7 @@ def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[Ti
             for tn, tk in ((64, 128), (128, 128), (128, 256)):
                 for occupancy in (1, 2):
                     add(TileConfig(16, tn, tk, occupancy=occupancy, persistent=True))
+                    add(TileConfig(16, tn, tk, occupancy=occupancy, persistent=True, swap=True))
         return out
     if bucket == "small":
         shapes = [(64, 64, 64), (64, 128, 64), (128, 128, 64)]
