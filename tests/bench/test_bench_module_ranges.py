@@ -2,8 +2,10 @@
 every host op of a forward is attributed to the innermost module that ran it; and kernels are
 linked to their launching op or, without one, to their launch call."""
 
+import functools
 from types import SimpleNamespace
 
+import pytest
 import torch
 from tilegym_hf_bench.presets import PRESETS, config_dict
 from tilegym_hf_bench.profiling.attribution import (
@@ -69,13 +71,14 @@ def test_hooks_are_removed_and_output_unchanged():
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
-def _kineto(activity, name, corr, linked=0, thread=1, start=0, end=0, dur=0):
+def _kineto(activity, name, corr, linked=0, thread=1, start=0, end=0, dur=0, typed=True):
     """One kineto event as torch.profiler reports it on a GPU host (the accessors split_events
-    calls); this machine has no GPU, so the CUDA-side records are written out here."""
-    device = DeviceType.CUDA if activity in ("kernel", "gpu_memcpy") else DeviceType.CPU
+    calls); this machine has no GPU, so the CUDA-side records are written out here.
+    typed=False: without the ``activity_type`` accessor, as torch 2.11 on the H200 reports them."""
+    gpu_side = ("kernel", "gpu_memcpy", "gpu_user_annotation")
+    device = DeviceType.CUDA if activity in gpu_side else DeviceType.CPU
     values = dict(
         device_type=device,
-        activity_type=activity,
         name=name,
         correlation_id=corr,
         linked_correlation_id=linked,
@@ -84,26 +87,34 @@ def _kineto(activity, name, corr, linked=0, thread=1, start=0, end=0, dur=0):
         end_ns=end,
         duration_ns=dur,
     )
+    if typed:
+        values["activity_type"] = activity
     return SimpleNamespace(**{key: (lambda v=v: v) for key, v in values.items()})
 
 
-def test_kernels_without_a_linked_op_are_attributed_through_their_launch_call():
+@pytest.mark.parametrize("typed", [True, False], ids=["activity-types", "names-only"])
+def test_kernels_without_a_linked_op_are_attributed_through_their_launch_call(typed):
     """A cuTile kernel has no linked op (kineto links kernels to ops, not to annotations): its
     module comes from the driver call that launched it, matched by CUPTI correlation id, even
-    when an op elsewhere has the same (separately counted) id."""
+    when an op elsewhere has the same (separately counted) id. Records shaped as device call 5
+    of session 15 dumped them from a patched tiny-qwen3 forward (names-only: no activity type,
+    one thread id, GPU-side copies of the annotations, API calls whose ids collide with ops')."""
     mlp = MODULE_RANGE_PREFIX + "model.layers.0.mlp"
     attn = MODULE_RANGE_PREFIX + "model.layers.0.self_attn"
+    k = functools.partial(_kineto, typed=typed)
     events = [
-        _kineto("user_annotation", mlp, 1, start=10, end=50),
-        _kineto("cpu_op", "aten::linear", 7, start=20, end=25),
-        _kineto("cuda_runtime", "cudaLaunchKernel", 100, linked=7, start=21),
-        _kineto("kernel", "sm90_xmma_gemm_bf16", 100, linked=7, dur=3000),
-        _kineto("cuda_driver", "cuLaunchKernelEx", 101, start=30),
-        _kineto("kernel", "rms_norm_kernel", 101, dur=2000),
-        _kineto("user_annotation", attn, 2, start=60, end=90),
-        _kineto("cpu_op", "aten::add", 101, start=70, end=71),  # op id == the driver call's id
-        _kineto("gpu_memcpy", "Memcpy DtoD", 102, dur=50),
-        _kineto("kernel", "orphan_kernel", 103, dur=10),  # no launch call recorded
+        k("user_annotation", mlp, 1, start=10, end=50),
+        k("gpu_user_annotation", mlp, 1, start=10, end=50),
+        k("cpu_op", "aten::linear", 7, start=20, end=25),
+        k("cuda_runtime", "cudaLaunchKernel", 100, linked=7, start=21),
+        k("kernel", "sm90_xmma_gemm_bf16", 100, linked=7, dur=3000),
+        k("cuda_driver", "cuLaunchKernelEx", 101, start=30),
+        k("kernel", "rms_norm_kernel", 101, dur=2000),
+        k("user_annotation", attn, 2, start=60, end=90),
+        k("cpu_op", "aten::add", 101, start=70, end=71),  # op id == the driver call's id
+        k("cuda_runtime", "cudaStreamIsCapturing", 7, start=72),  # id == aten::linear's
+        k("gpu_memcpy", "Memcpy DtoD", 102, dur=50),
+        k("kernel", "orphan_kernel", 103, dur=10),  # no launch call recorded
     ]
     kernels, hosts, ranges = split_events(events)
     assert [k.name for k in kernels] == ["sm90_xmma_gemm_bf16", "rms_norm_kernel", "orphan_kernel"]

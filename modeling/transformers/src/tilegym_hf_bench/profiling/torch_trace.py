@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -52,6 +53,17 @@ def _is_kernel(event) -> bool:
 #: Host-side CUDA API calls: kineto records the runtime and the driver API (cuTile, like
 #: Triton, launches through the driver's cuLaunchKernel*).
 LAUNCH_ACTIVITIES = ("cuda_runtime", "cuda_driver")
+#: An API call's name (cudaLaunchKernel, cuLaunchKernelEx, cudaMemsetAsync, ...), for torch
+#: builds whose events do not expose the activity type (torch 2.11 on the H200 does not)
+_API_NAME = re.compile(r"cu(da)?[A-Z]\w*")
+
+
+def _is_api_call(event) -> bool:
+    """A CUDA runtime/driver API call: its correlation id is CUPTI's, not an op's."""
+    activity = _activity(event)
+    if activity is not None:
+        return activity in LAUNCH_ACTIVITIES
+    return _API_NAME.fullmatch(event.name()) is not None
 
 
 def split_events(events) -> tuple[list[KernelEvent], list[HostEvent], list[ModuleRange]]:
@@ -63,7 +75,8 @@ def split_events(events) -> tuple[list[KernelEvent], list[HostEvent], list[Modul
     kernel launched outside any op (every cuTile launch: ``ct.launch`` is no op) has no linked
     op; it is linked instead to the runtime/driver call that launched it, which shares the
     kernel's CUPTI correlation id. Those ids and op ids are separate counters that can collide,
-    so launch calls enter as host events with the id negated.
+    so API calls enter as host events with the id negated. API calls are told apart by kineto's
+    activity type, or by name where the build does not expose it.
     """
     kernels: list[KernelEvent] = []
     hosts: list[HostEvent] = []
@@ -81,10 +94,9 @@ def split_events(events) -> tuple[list[KernelEvent], list[HostEvent], list[Modul
                     name[len(MODULE_RANGE_PREFIX) :], e.start_thread_id(), e.start_ns(), e.end_ns()
                 )
             )
-        if _activity(e) in LAUNCH_ACTIVITIES:
+        if _is_api_call(e):
             hosts.append(HostEvent(-e.correlation_id(), e.start_thread_id(), e.start_ns()))
-        # host ops and annotations carry their own id and no link; CUDA runtime/driver calls
-        # (when the build does not name activities) carry a link to the op that made them
+        # host ops and annotations carry their own id and no link
         elif e.correlation_id() > 0 and e.linked_correlation_id() == 0:
             hosts.append(HostEvent(e.correlation_id(), e.start_thread_id(), e.start_ns()))
     return kernels, hosts, ranges
