@@ -116,7 +116,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def _cfg_list(c: TileConfig) -> list:
     vals = [c.tm, c.tn, c.tk, c.split, c.latency, c.transpose_tile]
     if c.swap:
-        return vals + [c.reduce, c.ctas, c.occupancy, c.persistent, False, True, c.plain]
+        return vals + [c.reduce, c.ctas, c.occupancy, c.persistent, False, True]
     if c.gemv:
         return vals + [c.reduce, c.ctas, c.occupancy, False, True]
     if c.persistent:
@@ -131,7 +131,7 @@ def _cfg_str(c: TileConfig) -> str:
     red = f"-{c.reduce}" if c.split > 1 else ""
     hints = (f"c{c.ctas}" if c.ctas else "") + (f"O{c.occupancy}" if c.occupancy else "")
     hints += "P" if c.persistent else ""
-    kind = "gemv-" if c.gemv else "swapP-" if c.plain else "swap-" if c.swap else ""
+    kind = "gemv-" if c.gemv else "swap-" if c.swap else ""
     return (
         f"{kind}{c.tm}x{c.tn}x{c.tk}/s{c.split}{red}{lat}{'' if c.transpose_tile else 'o'}{hints}"
     )
@@ -156,7 +156,7 @@ def warmup(models, tokens, sweep: bool, shard: int, nshards: int, projs=None) ->
         for cfg in cfgs:
             c = cfg or choose_config(m, n, k, gated=op == "gated")
             key = (op, c.tm, c.tn, c.tk, c.latency, c.transpose_tile, gemm.split_mode(c))
-            key += (c.ctas, c.occupancy, c.persistent, c.gemv, c.swap, c.plain)
+            key += (c.ctas, c.occupancy, c.persistent, c.gemv, c.swap)
             items.append((key, (op, m, n, k, cfg)))
     groups = sorted({g for g, _ in items})
     mine = {g for idx, g in enumerate(groups) if idx % nshards == shard}

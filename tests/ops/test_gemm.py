@@ -181,16 +181,12 @@ SWAP_CONFIGS = [
     TileConfig(16, 64, 128, 5, occupancy=2, swap=True),
     TileConfig(8, 128, 128, 8, reduce="pdl", swap=True),
     TileConfig(16, 128, 128, occupancy=1, persistent=True, swap=True),
-    TileConfig(8, 64, 256, latency=10, swap=True, plain=True),
-    TileConfig(16, 64, 512, swap=True, plain=True),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["linear", "residual", "gated"])
-@pytest.mark.parametrize(
-    "cfg", SWAP_CONFIGS, ids=lambda c: f"{c.tm}x{c.tn}x{c.tk}s{c.split}{'P' if c.plain else ''}"
-)
+@pytest.mark.parametrize("cfg", SWAP_CONFIGS, ids=lambda c: f"{c.tm}x{c.tn}x{c.tk}s{c.split}")
 def test_swapped_operands_odd_and_model_shapes(op, cfg, gen):
     """W as the mma's A operand (acc transposed into the output): M below, at and above the
     token tile (several M tiles), N and K off the tiles, uneven split shares, bias, both
@@ -306,18 +302,10 @@ def test_tile_config_validation_and_candidates():
         TileConfig(4, 64, 128, swap=True)
     with pytest.raises(ValueError, match="swap"):
         TileConfig(1, 8, 1024, gemv=True, swap=True)
-    with pytest.raises(ValueError, match="plain"):
-        TileConfig(16, 64, 128, plain=True)
-    with pytest.raises(ValueError, match="plain"):
-        TileConfig(16, 64, 128, persistent=True, swap=True, plain=True)
     swapped = [8, 64, 128, 4, 0, True, "pdl", 0, 2, False, False, True]
     assert gemm_configs.parse_table({"decode|2048|1024|False": swapped})[
         ("decode", 2048, 1024, False)
     ] == TileConfig(8, 64, 128, 4, reduce="pdl", occupancy=2, swap=True)
-    plain = [8, 64, 256, 1, 10, True, "cta", 0, 0, False, False, True, True]
-    assert gemm_configs.parse_table({"decode|2048|1024|False": plain})[
-        ("decode", 2048, 1024, False)
-    ] == TileConfig(8, 64, 256, latency=10, swap=True, plain=True)
 
 
 def test_hints_compile_variants_and_uneven_grids_fall_back():

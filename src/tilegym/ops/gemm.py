@@ -46,9 +46,6 @@ GEMV_ACC_ELEMS = 4096
 
 #: SPLIT_MODE of the GEMM kernels: no split, split with last-CTA sum, split writing partials only
 NO_SPLIT, SPLIT_CTA, SPLIT_PARTIAL = 0, 1, 2
-#: SWAP of the mma kernels: operands as written, swapped (`_mma_step`), swapped with plain
-#: (non-TMA) tile loads and output store
-SWAP_NONE, SWAP_TMA, SWAP_PLAIN = 0, 1, 2
 
 
 def _tile_coords(m, n, tm, tn, group_m, bid=None):
@@ -105,19 +102,16 @@ def _mma_step(x, w, acc, bm, bn, k, tm, tn, tk, latency, transpose_tile, swap):
     Hopper's warpgroup mma wants 64 of them, and leaves only the token count (8 or 16) on N;
     the W tile is then read as stored, K-contiguous, with no transpose. transpose_tile picks
     how X^T is formed (tile transpose or order view), as it does for W otherwise.
-    SWAP_PLAIN loads both tiles with plain loads instead of TMA.
     """
     if swap:
-        tma = swap != SWAP_PLAIN
         if transpose_tile:
-            xt = ct.load(x, index=(bm, k), shape=(tm, tk), padding_mode=_ZERO, allow_tma=tma)
-            xt = ct.transpose(xt)
+            xt = ct.transpose(_load_x(x, bm, k, tm, tk, 0))
         else:
-            xt = ct.load(x, (k, bm), (tk, tm), order=(1, 0), padding_mode=_ZERO, allow_tma=tma)
+            xt = ct.load(x, index=(k, bm), shape=(tk, tm), order=(1, 0), padding_mode=_ZERO)
         if latency > 0:
-            wt = ct.load(w, (bn, k), (tn, tk), padding_mode=_ZERO, latency=latency, allow_tma=tma)
+            wt = ct.load(w, index=(bn, k), shape=(tn, tk), padding_mode=_ZERO, latency=latency)
         else:
-            wt = ct.load(w, (bn, k), (tn, tk), padding_mode=_ZERO, allow_tma=tma)
+            wt = ct.load(w, index=(bn, k), shape=(tn, tk), padding_mode=_ZERO)
         return ct.mma(wt, xt, acc)
     a = _load_x(x, bm, k, tm, tk, latency)
     return ct.mma(a, _load_wt(w, bn, k, tn, tk, latency, transpose_tile), acc)
@@ -149,14 +143,14 @@ def _store_partial(ws, index, acc, tm, tn):
     ct.store(ws, index=index, tile=ct.reshape(acc, (1, tm, tn)), allow_tma=False)
 
 
-def _linear_epilogue(acc, b, r, y, bm, bn, tm, tn, has_bias, has_res, tma=True):
+def _linear_epilogue(acc, b, r, y, bm, bn, tm, tn, has_bias, has_res):
     if has_bias:
         bias = ct.load(b, index=(bn,), shape=(tn,), padding_mode=_ZERO)
         acc = acc + ct.reshape(ct.astype(bias, ct.float32), (1, tn))
     if has_res:
-        res = ct.load(r, index=(bm, bn), shape=(tm, tn), padding_mode=_ZERO, allow_tma=tma)
+        res = ct.load(r, index=(bm, bn), shape=(tm, tn), padding_mode=_ZERO)
         acc = acc + ct.astype(res, ct.float32)
-    ct.store(y, index=(bm, bn), tile=ct.astype(acc, y.dtype), allow_tma=tma)
+    ct.store(y, index=(bm, bn), tile=ct.astype(acc, y.dtype))
 
 
 @ct.kernel
@@ -178,12 +172,12 @@ def tilegym_linear_kernel(
     SPLIT_MODE: ConstInt,
     HAS_BIAS: ConstBool,
     HAS_RES: ConstBool,
-    SWAP: ConstInt,
+    SWAP: ConstBool,
 ):
     """Y[M, N] = X[M, K] @ W[N, K]^T (+ B[N]) (+ R[M, N]); grid (tiles, split).
 
     SPLIT_MODE (compile-time): NO_SPLIT, SPLIT_CTA or SPLIT_PARTIAL; `split` (runtime) is the
-    split count. SWAP: SWAP_NONE, SWAP_TMA or SWAP_PLAIN (`_mma_step`).
+    split count. SWAP: operands swapped in the mma (`_mma_step`).
     """
     m = X.shape[0]
     n = W.shape[0]
@@ -196,7 +190,7 @@ def tilegym_linear_kernel(
         acc = _mma_step(X, W, acc, bm, bn, k, TM, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
     acc = _acc_out(acc, SWAP)
     if SPLIT_MODE == NO_SPLIT:
-        _linear_epilogue(acc, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES, SWAP != SWAP_PLAIN)
+        _linear_epilogue(acc, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
     elif SPLIT_MODE == SPLIT_PARTIAL:
         _store_partial(WS, (s, bm, bn), acc, TM, TN)
     else:
@@ -224,7 +218,7 @@ def tilegym_linear_persistent_kernel(
     TRANSPOSE_TILE: ConstBool,
     HAS_BIAS: ConstBool,
     HAS_RES: ConstBool,
-    SWAP: ConstInt,
+    SWAP: ConstBool,
 ):
     """`tilegym_linear_kernel` unsplit, with each block looping over output tiles (grid of
     about one wave): a tile's epilogue store can overlap the next tile's first loads, which
@@ -296,9 +290,9 @@ def _gemv_sum_each(X, W, bm, bn, TM: ConstInt, TN: ConstInt, TK: ConstInt, LATEN
     return acc
 
 
-def _silu_mul_store(gate, up, y, bm, bn, tma=True):
+def _silu_mul_store(gate, up, y, bm, bn):
     act = gate / (1.0 + ct.exp(-gate))
-    ct.store(y, index=(bm, bn), tile=ct.astype(act * up, y.dtype), allow_tma=tma)
+    ct.store(y, index=(bm, bn), tile=ct.astype(act * up, y.dtype))
 
 
 @ct.kernel
@@ -317,7 +311,7 @@ def tilegym_gate_up_silu_kernel(
     LATENCY: ConstInt,
     TRANSPOSE_TILE: ConstBool,
     SPLIT_MODE: ConstInt,
-    SWAP: ConstInt,
+    SWAP: ConstBool,
 ):
     """Y[M, I] = silu(X @ WG^T) * (X @ WU^T); WS holds gate partials at [0, split), up after."""
     m = X.shape[0]
@@ -334,7 +328,7 @@ def tilegym_gate_up_silu_kernel(
     gate = _acc_out(gate, SWAP)
     up = _acc_out(up, SWAP)
     if SPLIT_MODE == NO_SPLIT:
-        _silu_mul_store(gate, up, Y, bm, bn, SWAP != SWAP_PLAIN)
+        _silu_mul_store(gate, up, Y, bm, bn)
     elif SPLIT_MODE == SPLIT_PARTIAL:
         _store_partial(WS, (s, bm, bn), gate, TM, TN)
         _store_partial(WS, (split + s, bm, bn), up, TM, TN)
@@ -459,13 +453,6 @@ def hinted(kernel, cfg: TileConfig, blocks: int):
     return with_hints(kernel, num_ctas=ctas or None, occupancy=cfg.occupancy or None)
 
 
-def swap_mode(cfg: TileConfig) -> int:
-    """The kernels' SWAP constant for a configuration."""
-    if not cfg.swap:
-        return SWAP_NONE
-    return SWAP_PLAIN if cfg.plain else SWAP_TMA
-
-
 def split_mode(cfg: TileConfig) -> int:
     """The kernels' SPLIT_MODE constant for a configuration."""
     if cfg.split == 1:
@@ -542,7 +529,7 @@ def _launch_persistent(x2, weight, bias, residual2, out2, cfg: TileConfig) -> No
         cfg.transpose_tile,
         bias is not None,
         residual2 is not None,
-        swap_mode(cfg),
+        cfg.swap,
     )
     kernel = hinted(tilegym_linear_persistent_kernel, cfg, blocks)
     ct.launch(stream(x2.device), (blocks, 1, 1), kernel, args)
@@ -590,7 +577,7 @@ def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
         mode,
         bias is not None,
         residual2 is not None,
-        swap_mode(cfg),
+        cfg.swap,
     )
     ct.launch(stream(device), grid, hinted(tilegym_linear_kernel, cfg, grid[0]), args)
     if mode == SPLIT_PARTIAL:
@@ -690,7 +677,7 @@ def fused_gate_up_silu(
         cfg.latency,
         cfg.transpose_tile,
         mode,
-        swap_mode(cfg),
+        cfg.swap,
     )
     kernel = hinted(tilegym_gate_up_silu_kernel, cfg, grid[0])
     ct.launch(stream(device), grid, kernel, args)
@@ -764,15 +751,15 @@ def aot_signatures(
             if cfg.persistent:
                 consts = [cfg.tm, cfg.tn, cfg.tk, cfg.group_m, cfg.latency, cfg.transpose_tile]
                 kernel = hinted(tilegym_linear_persistent_kernel, cfg, 1)
-                sig = KernelSignature([*io, *consts, has_bias, has_res, swap_mode(cfg)], cconv)
+                sig = KernelSignature([*io, *consts, has_bias, has_res, cfg.swap], cconv)
                 sigs.setdefault(kernel, []).append(sig)
                 continue
             if gated:
                 params = [arr(dt, 2), arr(dt, 2, "w"), arr(dt, 2, "w"), arr(dt, 2), *work]
-                kernel, tail = tilegym_gate_up_silu_kernel, [swap_mode(cfg)]
+                kernel, tail = tilegym_gate_up_silu_kernel, [cfg.swap]
             else:
                 params = [*io, *work]
-                kernel, tail = tilegym_linear_kernel, [has_bias, has_res, swap_mode(cfg)]
+                kernel, tail = tilegym_linear_kernel, [has_bias, has_res, cfg.swap]
             kernel = hinted(kernel, cfg, max(cfg.ctas, 1))
             sigs.setdefault(kernel, []).append(KernelSignature([*params, *consts, *tail], cconv))
             if mode == SPLIT_PARTIAL:

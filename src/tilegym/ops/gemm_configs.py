@@ -49,7 +49,6 @@ class TileConfig:
     persistent: bool = False  # linear/residual only: one wave of blocks looping over tiles
     gemv: bool = False  # linear/residual only: plain loads and multiply-adds, no TMA, no mma
     swap: bool = False  # mma operands swapped: W rows on the mma's M side (decode, gemm.py)
-    plain: bool = False  # swap only: plain (non-TMA) tile loads and output store
 
     def __post_init__(self) -> None:
         for name in ("tm", "tn", "tk"):
@@ -65,8 +64,6 @@ class TileConfig:
             raise ValueError(f"latency={self.latency} must be in [0, 10]")
         if self.ctas not in (0, 1, 2, 4) or not 0 <= self.occupancy <= 4:
             raise ValueError(f"ctas={self.ctas} / occupancy={self.occupancy} out of range")
-        if self.plain and (not self.swap or self.persistent):
-            raise ValueError("plain loads are a variant of unpersistent swapped tiles")
         if self.persistent and self.split > 1:
             raise ValueError("a persistent config cannot split K")
         if self.reduce not in SPLIT_REDUCTIONS:
@@ -111,7 +108,7 @@ TILE_TABLE = Path(
 
 def parse_table(doc: dict) -> dict[tuple[str, int, int, bool], TileConfig]:
     """`{"bucket|N|K|gated": [tm, tn, tk, split, latency, transpose_tile(, reduce, ctas,
-    occupancy, persistent, gemv, swap, plain)]}` -> {key: cfg}."""
+    occupancy, persistent, gemv, swap)]}` -> {key: cfg}."""
     table = {}
     for key, vals in doc.items():
         bucket, n, k, gated = key.split("|")
@@ -207,9 +204,6 @@ def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[Ti
         for tm in (8, 16):
             for tn, tk in ((32, 256), (64, 128), (64, 256), (64, 512), (128, 128), (128, 256)):
                 add(TileConfig(tm, tn, tk, swap=True))
-                if tn == 64 and tk >= 256:  # the same tiles through plain loads
-                    for latency in (0, 4, 10):
-                        add(TileConfig(tm, tn, tk, latency=latency, swap=True, plain=True))
                 if tn != 64:
                     continue
                 for split in split_factors(n, k, tn, tk, min_share=1):
