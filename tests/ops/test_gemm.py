@@ -178,7 +178,7 @@ def test_gemv_odd_and_model_shapes(op, cfg, gen):
 SWAP_CONFIGS = [
     TileConfig(8, 64, 128, swap=True),
     TileConfig(16, 64, 256, swap=True, transpose_tile=False),
-    TileConfig(16, 64, 128, 5, occupancy=2, swap=True),
+    TileConfig(16, 64, 128, 5, reduce="pdl", occupancy=2, swap=True),
     TileConfig(8, 128, 128, 8, reduce="pdl", swap=True),
     TileConfig(16, 128, 128, occupancy=1, persistent=True, swap=True),
 ]
@@ -286,7 +286,8 @@ def test_tile_config_validation_and_candidates():
     swap = [c for c in candidate_configs(8, 2048, 1024) if c.swap]
     assert {c.tm for c in swap} == {8, 16} and {c.tn for c in swap} == {32, 64, 128}
     # split down to one K tile per split; a second wave of blocks gets an occupancy hint
-    assert TileConfig(16, 64, 128, 8, occupancy=2, swap=True) in swap
+    assert TileConfig(16, 64, 128, 8, reduce="pdl", occupancy=2, swap=True) in swap
+    assert not any(c.split > 1 and c.reduce == "cta" for c in swap)
     assert TileConfig(16, 64, 256, 4, reduce="pdl", swap=True) in swap
     assert any(c.persistent for c in swap)
     assert not any(c.swap for c in candidate_configs(2048, 1024, 1024))
@@ -302,6 +303,8 @@ def test_tile_config_validation_and_candidates():
         TileConfig(4, 64, 128, swap=True)
     with pytest.raises(ValueError, match="swap"):
         TileConfig(1, 8, 1024, gemv=True, swap=True)
+    with pytest.raises(ValueError, match="pdl"):
+        TileConfig(16, 64, 128, 4, swap=True)  # the last-CTA sum raced with swapped tiles
     swapped = [8, 64, 128, 4, 0, True, "pdl", 0, 2, False, False, True]
     assert gemm_configs.parse_table({"decode|2048|1024|False": swapped})[
         ("decode", 2048, 1024, False)

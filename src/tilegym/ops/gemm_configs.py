@@ -64,6 +64,10 @@ class TileConfig:
             raise ValueError(f"latency={self.latency} must be in [0, 10]")
         if self.ctas not in (0, 1, 2, 4) or not 0 <= self.occupancy <= 4:
             raise ValueError(f"ctas={self.ctas} / occupancy={self.occupancy} out of range")
+        if self.swap and self.split > 1 and self.reduce == "cta":
+            # the last-CTA sum of swapped tiles read stale partials (H200, session 15: 20 of
+            # ~560 swapped cta configs of one sweep, none of two others); the PDL sum did not
+            raise ValueError("swapped tiles split K only with reduce='pdl'")
         if self.persistent and self.split > 1:
             raise ValueError("a persistent config cannot split K")
         if self.reduce not in SPLIT_REDUCTIONS:
@@ -157,7 +161,7 @@ def gemv_candidates(m: int, k: int) -> list[TileConfig]:
 
     Only M = 1 picks them: at M = 8/16, 8- and 16-row GEMV tiles (8x4x256, 16x2x256, ...) ran
     1.3-10x slower than the mma kernels on the H200 (fp32 multiply-adds without tensor cores;
-    docs/results/h200-2026-11-30/ops/gemm_swap_sweep.txt)."""
+    docs/results/h200-2026-11-30/ops/gemm_swap_probe.txt)."""
     rows = 1 << (max(1, m) - 1).bit_length()
     kmax = 1 << (k - 1).bit_length()
     out = []
@@ -209,9 +213,7 @@ def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[Ti
                 for split in split_factors(n, k, tn, tk, min_share=1):
                     waves = -(-split * -(-n // tn) // TARGET_SMS)  # blocks per SM to fit
                     occ = min(waves, 4) if waves > 1 else 0
-                    for reduce in SPLIT_REDUCTIONS:
-                        cfg = TileConfig(tm, tn, tk, split, reduce=reduce, occupancy=occ, swap=True)
-                        add(cfg)
+                    add(TileConfig(tm, tn, tk, split, reduce="pdl", occupancy=occ, swap=True))
         if not gated:
             for cfg in gemv_candidates(m, k):
                 add(cfg)
