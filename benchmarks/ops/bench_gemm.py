@@ -12,7 +12,8 @@ variant on N input allocations and pools the samples.
 Modes:
   (default)            the table with the tile table's configs
   --sweep              also time every candidate config; the table uses the best one and
-                       --tuned-out writes the winners per (M bucket, N, K, gated) as JSON
+                       --tuned-out writes the tile table in use with the winners per
+                       (M bucket, N, K, gated) in place: a whole table for TILEGYM_GEMM_TILES
   --warmup-shard I/N   run shard I of N of all launches once (JIT compile into the disk cache,
                        so parallel processes compile while the timed run only loads)
 """
@@ -34,6 +35,7 @@ from _timing import flush_mode, format_table, interleaved_samples, pooled  # noq
 
 from tilegym.ops import gemm  # noqa: E402
 from tilegym.ops.gemm_configs import (  # noqa: E402
+    TILE_TABLE,
     TileConfig,
     candidate_configs,
     choose_config,
@@ -181,6 +183,14 @@ def pick_tuned(scores) -> dict[str, list]:
         best = min(full, key=lambda c: math.prod(full[c]) ** (1 / len(full[c])))
         tuned["|".join(map(str, key))] = _cfg_list(best)
     return tuned
+
+
+def merged_table(table: dict[str, list], winners: dict[str, list]) -> dict[str, list]:
+    """The tile table with a sweep's winners in place of (or after) its entries: a whole table
+    that can replace `gemm_tiles.json`, though the sweep covered only some buckets."""
+    out = dict(table)
+    out.update(winners)
+    return out
 
 
 def bench(models, tokens, sweep: bool, iters: int, on_row=None, projs=None, allocs: int = 1):
@@ -334,11 +344,14 @@ def main(argv=None) -> int:
     )
     print(format_table(HEADER, []).splitlines()[0], flush=True)
 
+    shipped = json.loads(TILE_TABLE.read_text()) if TILE_TABLE.exists() else {}
+
     def save(records, tuned):
         """Rewrite the JSON outputs after every row, so a cut-off run keeps what it measured."""
         doc = {"gpu": props.name, "torch": torch.__version__, "flush": flush_mode()}
         doc.update(rows=records, tuned=tuned)
-        for path, obj in ((a.json_out, doc), (a.tuned_out, tuned)):
+        table = merged_table(shipped, tuned)
+        for path, obj in ((a.json_out, doc), (a.tuned_out, table)):
             if path:
                 with open(path + ".tmp", "w") as f:
                     json.dump(obj, f, indent=1)

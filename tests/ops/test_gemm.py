@@ -404,8 +404,8 @@ def test_bad_inputs_raise_one_clear_error():
         gemm.linear_residual(x, w, torch.randn(2, 4))
 
 
-def test_bench_summary_splits_one_row_from_decode():
-    """bench_gemm's summary judges M = 1 (GEMV bucket) and M = 2..16 separately."""
+def _bench_module():
+    """benchmarks/ops/bench_gemm.py as a module (it imports its sibling _timing)."""
     import importlib.util
     import pathlib
     import sys
@@ -418,6 +418,22 @@ def test_bench_summary_splits_one_row_from_decode():
         spec.loader.exec_module(bench)
     finally:
         sys.path.remove(str(bench_dir))
+    return bench
+
+
+def test_bench_tuned_table_is_the_whole_table_with_the_winners():
+    bench = _bench_module()
+    table = {"large|8|8|False": [128, 128, 64, 1, 0, True], "decode|8|8|False": [16, 32, 256]}
+    winners = {"decode|8|8|False": [8, 64, 512, 1, 0, True], "single|8|8|False": [1, 2, 1024]}
+    out = bench.merged_table(table, winners)
+    assert list(out) == ["large|8|8|False", "decode|8|8|False", "single|8|8|False"]
+    assert out["decode|8|8|False"] == [8, 64, 512, 1, 0, True]
+    assert table["decode|8|8|False"] == [16, 32, 256]  # the input is not modified
+
+
+def test_bench_summary_splits_one_row_from_decode():
+    """bench_gemm's summary judges M = 1 (GEMV bucket) and M = 2..16 separately."""
+    bench = _bench_module()
 
     def rec(m, pct, op="linear", proj="q_proj"):
         return dict(model="qwen3", proj=proj, op=op, M=m, pct_of_cublas=pct)
