@@ -35,11 +35,11 @@ from _timing import flush_mode, format_table, interleaved_samples, pooled  # noq
 
 from tilegym.ops import gemm  # noqa: E402
 from tilegym.ops.gemm_configs import (  # noqa: E402
-    TILE_TABLE,
     TileConfig,
     candidate_configs,
     choose_config,
     m_bucket,
+    table_doc,
 )
 
 MODELS = {
@@ -330,6 +330,9 @@ def main(argv=None) -> int:
     if set(projs) - known:
         print(f"error: unknown projection(s) {sorted(set(projs) - known)}", file=sys.stderr)
         return 2
+    if a.allocs < 1:
+        print(f"error: --allocs {a.allocs} must be >= 1", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("error: no CUDA GPU", file=sys.stderr)
         return 1
@@ -344,7 +347,7 @@ def main(argv=None) -> int:
     )
     print(format_table(HEADER, []).splitlines()[0], flush=True)
 
-    shipped = json.loads(TILE_TABLE.read_text()) if TILE_TABLE.exists() else {}
+    shipped = table_doc()
 
     def save(records, tuned):
         """Rewrite the JSON outputs after every row, so a cut-off run keeps what it measured."""
@@ -357,9 +360,6 @@ def main(argv=None) -> int:
                     json.dump(obj, f, indent=1)
                 os.replace(path + ".tmp", path)
 
-    if a.allocs < 1:
-        print(f"error: --allocs {a.allocs} must be >= 1", file=sys.stderr)
-        return 2
     rows, records, tuned, bad = bench(
         models, tokens, a.sweep, a.iters, on_row=save, projs=projs, allocs=a.allocs
     )

@@ -62,10 +62,17 @@ def _tile_coords(m, n, tm, tn, group_m, bid=None):
     return first_m + (bid % rows), (bid % per_group) // rows
 
 
-def _load_x(x, bm, k, tm, tk, latency):
+def _load_tile(a, index, shape, latency, order="C"):
+    """Zero-padded tile load; ``latency`` 0 leaves the hint to the compiler (ct.load: 1..10)."""
     if latency > 0:
-        return ct.load(x, index=(bm, k), shape=(tm, tk), padding_mode=_ZERO, latency=latency)
-    return ct.load(x, index=(bm, k), shape=(tm, tk), padding_mode=_ZERO)
+        return ct.load(
+            a, index=index, shape=shape, order=order, padding_mode=_ZERO, latency=latency
+        )
+    return ct.load(a, index=index, shape=shape, order=order, padding_mode=_ZERO)
+
+
+def _load_x(x, bm, k, tm, tk, latency):
+    return _load_tile(x, (bm, k), (tm, tk), latency)
 
 
 def _load_wt(w, bn, k, tn, tk, latency, transpose_tile):
@@ -75,16 +82,8 @@ def _load_wt(w, bn, k, tn, tk, latency, transpose_tile):
     otherwise load through a transposed (order=(1, 0)) view. Which is faster is measured.
     """
     if transpose_tile:
-        if latency > 0:
-            t = ct.load(w, index=(bn, k), shape=(tn, tk), padding_mode=_ZERO, latency=latency)
-        else:
-            t = ct.load(w, index=(bn, k), shape=(tn, tk), padding_mode=_ZERO)
-        return ct.transpose(t)
-    if latency > 0:
-        return ct.load(
-            w, index=(k, bn), shape=(tk, tn), order=(1, 0), padding_mode=_ZERO, latency=latency
-        )
-    return ct.load(w, index=(k, bn), shape=(tk, tn), order=(1, 0), padding_mode=_ZERO)
+        return ct.transpose(_load_tile(w, (bn, k), (tn, tk), latency))
+    return _load_tile(w, (k, bn), (tk, tn), latency, order=(1, 0))
 
 
 def _acc_zeros(tm, tn, swap):
@@ -107,12 +106,8 @@ def _mma_step(x, w, acc, bm, bn, k, tm, tn, tk, latency, transpose_tile, swap):
         if transpose_tile:
             xt = ct.transpose(_load_x(x, bm, k, tm, tk, 0))
         else:
-            xt = ct.load(x, index=(k, bm), shape=(tk, tm), order=(1, 0), padding_mode=_ZERO)
-        if latency > 0:
-            wt = ct.load(w, index=(bn, k), shape=(tn, tk), padding_mode=_ZERO, latency=latency)
-        else:
-            wt = ct.load(w, index=(bn, k), shape=(tn, tk), padding_mode=_ZERO)
-        return ct.mma(wt, xt, acc)
+            xt = _load_tile(x, (k, bm), (tk, tm), 0, order=(1, 0))
+        return ct.mma(_load_tile(w, (bn, k), (tn, tk), latency), xt, acc)
     a = _load_x(x, bm, k, tm, tk, latency)
     return ct.mma(a, _load_wt(w, bn, k, tn, tk, latency, transpose_tile), acc)
 

@@ -122,10 +122,13 @@ def parse_table(doc: dict) -> dict[tuple[str, int, int, bool], TileConfig]:
     return table
 
 
+def table_doc() -> dict[str, list]:
+    """The tile table's JSON document as stored (empty when there is no table file)."""
+    return json.loads(TILE_TABLE.read_text()) if TILE_TABLE.exists() else {}
+
+
 def _load_table() -> dict[tuple[str, int, int, bool], TileConfig]:
-    if not TILE_TABLE.exists():
-        return {}
-    return parse_table(json.loads(TILE_TABLE.read_text()))
+    return parse_table(table_doc())
 
 
 #: measured on an H200 by `benchmarks/ops/bench_gemm.py --sweep` (its --tuned-out file);
