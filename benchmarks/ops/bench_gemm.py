@@ -40,6 +40,7 @@ from tilegym.ops.gemm_configs import (  # noqa: E402
     choose_config,
     m_bucket,
     table_doc,
+    table_text,
 )
 
 MODELS = {
@@ -353,11 +354,11 @@ def main(argv=None) -> int:
         """Rewrite the JSON outputs after every row, so a cut-off run keeps what it measured."""
         doc = {"gpu": props.name, "torch": torch.__version__, "flush": flush_mode()}
         doc.update(rows=records, tuned=tuned)
-        table = merged_table(shipped, tuned)
-        for path, obj in ((a.json_out, doc), (a.tuned_out, table)):
+        table = table_text(merged_table(shipped, tuned))
+        for path, text in ((a.json_out, json.dumps(doc, indent=1)), (a.tuned_out, table)):
             if path:
                 with open(path + ".tmp", "w") as f:
-                    json.dump(obj, f, indent=1)
+                    f.write(text)
                 os.replace(path + ".tmp", path)
 
     rows, records, tuned, bad = bench(

@@ -8,6 +8,7 @@ outputs. The CPU tests cover the tile-table policy and the AOT signatures.
 from __future__ import annotations
 
 import io
+import json
 import math
 
 import pytest
@@ -247,12 +248,20 @@ def test_configs_cover_model_shapes(model, m):
     for op, n, k in projections(model).values():
         gated = op == "gated"
         cfg = choose_config(m, n, k, gated=gated)
-        assert cfg.split == 1 or gemm_configs.m_bucket(m) in ("single", "decode")
+        assert cfg.split == 1 or gemm_configs.m_bucket(m) in gemm_configs.DECODE_BUCKETS
         assert not cfg.gemv or (m <= gemm_configs.DECODE_MAX_M and not gated)
         assert not cfg.swap or m <= gemm_configs.DECODE_MAX_M
         bucket = gemm_configs.m_bucket(m)
         if bucket != "small" and gemm_configs.TILE_TABLE.exists():
             assert (bucket, n, k, gated) in gemm_configs.TUNED, (model, op, n, k)
+
+
+def test_m_buckets_split_decode_at_eight_tokens():
+    expected = {1: "single", 2: "decode", 8: "decode", 9: "decode16", 16: "decode16"}
+    expected.update({17: "small", 128: "small", 129: "large"})
+    assert {m: gemm_configs.m_bucket(m) for m in expected} == expected
+    with pytest.raises(ValueError):
+        gemm_configs.m_bucket(0)
 
 
 def test_defaults_outside_the_table():
@@ -282,14 +291,18 @@ def test_tile_config_validation_and_candidates():
     assert all(c.split == 1 for c in candidate_configs(1, 151936, 1024)[1:])
     gemv = [c for c in cands if c.gemv]
     assert gemv and all(c.tm == 1 and c.tk <= 1024 for c in gemv)  # M = 1, K = 1024
-    assert {c.tm for c in candidate_configs(16, 1024, 1024) if c.gemv} == {1, 4}
+    assert not any(c.gemv for c in candidate_configs(16, 1024, 1024))  # GEMV only at M = 1
     swap = [c for c in candidate_configs(8, 2048, 1024) if c.swap]
-    assert {c.tm for c in swap} == {8, 16} and {c.tn for c in swap} == {32, 64, 128}
+    assert {c.tm for c in swap} == {8} and {c.tn for c in swap} == {32, 64, 128}
+    assert {c.tm for c in candidate_configs(16, 2048, 1024) if c.swap} == {8, 16}
     # split down to one K tile per split; a second wave of blocks gets an occupancy hint
-    assert TileConfig(16, 64, 128, 8, reduce="pdl", occupancy=2, swap=True) in swap
+    assert TileConfig(8, 64, 128, 8, reduce="pdl", occupancy=2, swap=True) in swap
     assert not any(c.split > 1 and c.reduce == "cta" for c in swap)
-    assert TileConfig(16, 64, 256, 4, reduce="pdl", swap=True) in swap
-    assert any(c.persistent for c in swap)
+    assert TileConfig(8, 64, 256, 4, reduce="pdl", swap=True) in swap
+    assert TileConfig(8, 128, 128, occupancy=2, swap=True) in swap
+    # the persistent loop only where N makes several waves of tiles (lm_head)
+    assert not any(c.persistent for c in candidate_configs(8, 2048, 1024))
+    assert any(c.persistent and c.swap for c in candidate_configs(16, 151936, 1024))
     assert not any(c.swap for c in candidate_configs(2048, 1024, 1024))
     assert {c.tn for c in candidate_configs(16, 1024, 1024) if c.swap} == {32, 64, 128}
     assert not any(c.gemv for c in candidate_configs(1, 1024, 1024, gated=True))
@@ -429,6 +442,13 @@ def test_bench_tuned_table_is_the_whole_table_with_the_winners():
     assert list(out) == ["large|8|8|False", "decode|8|8|False", "single|8|8|False"]
     assert out["decode|8|8|False"] == [8, 64, 512, 1, 0, True]
     assert table["decode|8|8|False"] == [16, 32, 256]  # the input is not modified
+    text = gemm_configs.table_text(out)
+    assert json.loads(text) == out and len(text.splitlines()) == len(out) + 2
+
+
+def test_shipped_tile_table_is_stored_one_entry_per_line():
+    text = gemm_configs.TILE_TABLE.read_text()
+    assert text == gemm_configs.table_text(json.loads(text))
 
 
 def test_bench_summary_splits_one_row_from_decode():

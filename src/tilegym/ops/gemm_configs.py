@@ -5,13 +5,13 @@ by `benchmarks/ops/bench_gemm.py --sweep` for the projection shapes of the suppo
 (keyed by M bucket, N, K and whether the gate-up-SiLU epilogue is fused), with the tiles that
 won most often there for every other shape.
 
-Decode shapes (M <= 16) have few output tiles (N / tn), often fewer than the GPU's 132 SMs,
-so the sweep's decode candidates include narrow tiles (tn = 16, 32) and split-K with both
-reductions (`reduce`: "cta" = last split of a tile sums in the same launch, "pdl" = dependent
-reduction kernel); the table keeps whichever measured fastest with a correct result.
-At M = 2..16 the winners are swapped-operand tiles (`TileConfig.swap`: W's rows on the mma's
-M side, which compiles to Hopper's warpgroup mma at tn = 64/128 where the unswapped 16-row
-tile gets mma.sync), mostly 8 x 64 x 512 unsplit, M = 16 as two 8-row tiles.
+Decode shapes (M <= 16) have few output tiles (N / tn), often fewer than the GPU's 132 SMs.
+Their winners are swapped-operand tiles (`TileConfig.swap`: W's rows on the mma's M side,
+which compiles to Hopper's warpgroup mma at tn = 64/128 where the unswapped 16-row tile gets
+mma.sync), unsplit; M = 8 and M = 16 are tuned apart (buckets "decode" and "decode16") so the
+tile's token width can follow M. The sweep still tries split-K with both reductions
+(`reduce`: "cta" = last split of a tile sums in the same launch, "pdl" = dependent reduction
+kernel) and keeps whichever config measured fastest with a correct result.
 One row (M = 1, bucket "single") is a latency-bound stream of W, where the GEMV kernel (plain
 16-byte loads, multiply-adds, no TMA or mma; `TileConfig.gemv`) won most projections.
 """
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DECODE_MAX_M = 16
+#: decode token counts up to this fit one swapped tile's token columns at tm = 8 (HGMMA n = 8)
+DECODE8_MAX_M = 8
 SMALL_MAX_M = 128
 MAX_SPLIT = 16
 SPLIT_REDUCTIONS = ("cta", "pdl")
@@ -74,18 +76,26 @@ class TileConfig:
             raise ValueError(f"reduce={self.reduce!r} must be one of {SPLIT_REDUCTIONS}")
 
 
-BUCKETS = ("single", "decode", "small", "large")
+BUCKETS = ("single", "decode", "decode16", "small", "large")
+DECODE_BUCKETS = ("single", "decode", "decode16")
 
 
 def m_bucket(m: int) -> str:
     """Bucket of the token count: 'single' (M = 1: one sequence decoding), 'decode'
-    (M <= 16), 'small' (M <= 128) or 'large'."""
+    (M <= 8), 'decode16' (M <= 16), 'small' (M <= 128) or 'large'.
+
+    M = 8 and M = 16 are tuned apart because the best swapped tile's token width follows M:
+    at M = 16 an 8-row tile runs two blocks per W tile (a second wave on wide N: 77-86% of
+    cuBLAS at N = 16384), at M = 8 a 16-row tile pads X (llama packed gate_up: 96% vs 101%,
+    docs/results/h200-2026-11-30/ops/gemm_gate_up_probe.txt)."""
     if m < 1:
         raise ValueError(f"M={m} must be >= 1")
     if m == 1:
         return "single"
-    if m <= DECODE_MAX_M:
+    if m <= DECODE8_MAX_M:
         return "decode"
+    if m <= DECODE_MAX_M:
+        return "decode16"
     if m <= SMALL_MAX_M:
         return "small"
     return "large"
@@ -95,7 +105,7 @@ def default_config(bucket: str, gated: bool) -> TileConfig:
     """The tiles that won most rows of the H200 sweep, for shapes outside the table."""
     if bucket == "single" and not gated:
         return TileConfig(1, 4, 1024, gemv=True)
-    if bucket in ("single", "decode"):
+    if bucket in DECODE_BUCKETS:
         return TileConfig(8, 64, 256 if gated else 512, swap=True)
     if bucket == "small":
         return TileConfig(64, 64 if gated else 128, 64)
@@ -125,6 +135,13 @@ def parse_table(doc: dict) -> dict[tuple[str, int, int, bool], TileConfig]:
 def table_doc() -> dict[str, list]:
     """The tile table's JSON document as stored (empty when there is no table file)."""
     return json.loads(TILE_TABLE.read_text()) if TILE_TABLE.exists() else {}
+
+
+def table_text(doc: dict[str, list]) -> str:
+    """A tile table as `gemm_tiles.json` stores it: one entry per line, so a re-tune's diff
+    shows the keys whose config changed."""
+    lines = [f" {json.dumps(key)}: {json.dumps(vals)}" for key, vals in doc.items()]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def _load_table() -> dict[tuple[str, int, int, bool], TileConfig]:
@@ -188,44 +205,9 @@ def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[Ti
         if cfg not in out:
             out.append(cfg)
 
-    if bucket in ("single", "decode"):
-        shapes = [(16, 16, 256), (16, 16, 512), (16, 32, 256), (16, 64, 128), (16, 64, 256)]
-        shapes += [(16, 128, 128), (16, 128, 256)]
-        for tm, tn, tk in shapes:
-            for trans in (True, False):
-                add(TileConfig(tm, tn, tk, transpose_tile=trans))
-            for split in split_factors(n, k, tn, tk):
-                for reduce in SPLIT_REDUCTIONS:
-                    add(TileConfig(tm, tn, tk, split=split, reduce=reduce))
-        # latency-bound small weights: all of a block's K in one or two loads, deeper
-        # prefetch (latency hint), or more resident blocks per SM
-        for tm, tn, tk in [(16, 16, 1024), (16, 32, 512), (16, 32, 1024)]:
-            add(TileConfig(tm, tn, tk))
-        for latency in (4, 8):
-            add(TileConfig(16, 32, 256, latency=latency))
-        for occupancy in (2, 4):
-            add(TileConfig(16, 32, 256, occupancy=occupancy))
-        # swapped operands: W rows on the mma's M side (64/128: Hopper's warpgroup mma; 32:
-        # mma.sync), tokens on N (8 or 16; M = 16 also as two 8-row tiles); split-K down to one
-        # K tile per split to put a block on every SM
-        for tm in (8, 16):
-            for tn, tk in ((32, 256), (64, 128), (64, 256), (64, 512), (128, 128), (128, 256)):
-                add(TileConfig(tm, tn, tk, swap=True))
-                if tn != 64:
-                    continue
-                for split in split_factors(n, k, tn, tk, min_share=1):
-                    waves = -(-split * -(-n // tn) // TARGET_SMS)  # blocks per SM to fit
-                    occ = min(waves, 4) if waves > 1 else 0
-                    add(TileConfig(tm, tn, tk, split, reduce="pdl", occupancy=occ, swap=True))
-        if not gated:
-            for cfg in gemv_candidates(m, k):
-                add(cfg)
-            # one wave of blocks looping over N tiles (lm_head at M = 1..16: 101-104% of
-            # cuBLAS vs 99-100% per-tile, docs/results/h200-2026-11-30/ops/gemm_lm_head.txt)
-            for tn, tk in ((64, 128), (128, 128), (128, 256)):
-                for occupancy in (1, 2):
-                    add(TileConfig(16, tn, tk, occupancy=occupancy, persistent=True))
-                    add(TileConfig(16, tn, tk, occupancy=occupancy, persistent=True, swap=True))
+    if bucket in DECODE_BUCKETS:
+        for cfg in _decode_candidates(m, n, k, gated):
+            add(cfg)
         return out
     if bucket == "small":
         shapes = [(64, 64, 64), (64, 128, 64), (128, 128, 64)]
@@ -245,4 +227,47 @@ def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[Ti
             for tm, tn, tk in shapes[:3]:
                 for occ in (1, 2):
                     add(TileConfig(tm, tn, tk, occupancy=occ, persistent=True))
+    return out
+
+
+#: swapped (tn, tk) tiles the decode sweep tries; (64, 256) and (128, 128) also at occupancy 2
+SWAP_TILES = ((32, 256), (64, 128), (64, 256), (64, 512), (128, 64), (128, 128), (128, 256))
+
+
+def _decode_candidates(m: int, n: int, k: int, gated: bool) -> list[TileConfig]:
+    """Decode (M <= 16) candidates of `candidate_configs`.
+
+    Swapped-operand tiles won every M = 8/16 key of the H200 sweeps since they were added;
+    the unswapped 16-row tiles are kept at two shapes, with split-K over both reductions, as
+    the measured alternative (and the only users of the last-CTA sum). Token widths: 8 at
+    M <= 8, 8 and 16 above. GEMV tiles only at M = 1: at M = 8/16 they ran 1.3-10x slower
+    (docs/results/h200-2026-11-30/ops/gemm_swap_probe.txt). The persistent loop only where
+    the N tiles make several waves (lm_head: 101-104% of cuBLAS vs 99-100% per-tile,
+    docs/results/h200-2026-11-30/ops/gemm_lm_head.txt).
+    """
+    out: list[TileConfig] = []
+    for tm, tn, tk in ((16, 32, 256), (16, 64, 256)):
+        out.append(TileConfig(tm, tn, tk))
+        for split in split_factors(n, k, tn, tk):
+            out += [TileConfig(tm, tn, tk, split=split, reduce=r) for r in SPLIT_REDUCTIONS]
+    for tm in (8,) if m <= DECODE8_MAX_M else (8, 16):
+        for tn, tk in SWAP_TILES:
+            out.append(TileConfig(tm, tn, tk, swap=True))
+            if (tn, tk) in ((64, 256), (128, 128)):
+                out.append(TileConfig(tm, tn, tk, occupancy=2, swap=True))
+            if tn != 64:
+                continue
+            for split in split_factors(n, k, tn, tk, min_share=1):
+                waves = -(-split * -(-n // tn) // TARGET_SMS)  # blocks per SM to fit
+                occ = min(waves, 4) if waves > 1 else 0
+                out.append(TileConfig(tm, tn, tk, split, reduce="pdl", occupancy=occ, swap=True))
+    if gated:
+        return out
+    if m == 1:
+        out += gemv_candidates(m, k)
+    if -(-n // 128) >= 2 * TARGET_SMS:
+        for tn, tk in ((64, 128), (128, 128), (128, 256)):
+            for occupancy in (1, 2):
+                out.append(TileConfig(16, tn, tk, occupancy=occupancy, persistent=True))
+                out.append(TileConfig(16, tn, tk, occupancy=occupancy, persistent=True, swap=True))
     return out
