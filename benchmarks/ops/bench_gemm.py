@@ -14,6 +14,9 @@ Modes:
   --sweep              also time every candidate config; the table uses the best one and
                        --tuned-out writes the tile table in use with the winners per
                        (M bucket, N, K, gated) in place: a whole table for TILEGYM_GEMM_TILES
+  --confirm SWEEP_JSON re-time the --top (4) best configs per key of an earlier sweep's
+                       --json-out on fresh allocations and pick from this run (the sweep's
+                       own pick favours lucky samples); --tuned-out as for --sweep
   --warmup-shard I/N   run shard I of N of all launches once (JIT compile into the disk cache,
                        so parallel processes compile while the timed run only loads)
 """
@@ -140,22 +143,29 @@ def _cfg_str(c: TileConfig) -> str:
     )
 
 
-def work_items(models, tokens, sweep: bool, projs=None):
-    """(model, proj, op, M, N, K, configs) of every row; ``projs``: only those projections."""
+def sweep_candidates(m: int, n: int, k: int, gated: bool) -> list[TileConfig]:
+    """Every candidate of a shape (``--sweep``)."""
+    return candidate_configs(m, n, k, gated=gated)
+
+
+def work_items(models, tokens, cands_for=None, projs=None):
+    """(model, proj, op, M, N, K, configs) of every row; ``projs``: only those projections.
+
+    ``cands_for(M, N, K, gated)`` lists the configs to time (None or empty: the table's)."""
     for model in models:
         for proj, op, n, k in rows_for(model):
             if projs and proj not in projs:
                 continue
             for m in tokens:
                 gated = op == "gated"
-                cfgs = candidate_configs(m, n, k, gated=gated) if sweep else [None]
-                yield model, proj, op, m, n, k, cfgs
+                cfgs = cands_for(m, n, k, gated) if cands_for else None
+                yield model, proj, op, m, n, k, cfgs or [None]
 
 
-def warmup(models, tokens, sweep: bool, shard: int, nshards: int, projs=None) -> None:
+def warmup(models, tokens, cands_for, shard: int, nshards: int, projs=None) -> None:
     """Launch every (shape, config) of this shard once, grouped so compiles spread evenly."""
     items = []
-    for _model, _proj, op, m, n, k, cfgs in work_items(models, tokens, sweep, projs):
+    for _model, _proj, op, m, n, k, cfgs in work_items(models, tokens, cands_for, projs):
         for cfg in cfgs:
             c = cfg or choose_config(m, n, k, gated=op == "gated")
             key = (op, c.tm, c.tn, c.tk, c.latency, c.transpose_tile, gemm.split_mode(c))
@@ -186,6 +196,36 @@ def pick_tuned(scores) -> dict[str, list]:
     return tuned
 
 
+def shortlist(sweep_doc: dict, top: int) -> dict[tuple, list[TileConfig]]:
+    """Per (M bucket, N, K, gated): the ``top`` configs of a sweep (its ``--json-out``) by
+    geometric-mean time / cuBLAS over the key's rows, among those timed on all of them.
+
+    A sweep's own pick is the best of ~30 noisy medians, which favours a lucky sample (its
+    winners re-measured 2-5% slower in a separate run on the H200); ``--confirm`` re-times
+    these few on fresh allocations and picks from that run instead."""
+    ratios: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    rows_per_key: dict[tuple, int] = defaultdict(int)
+    configs: dict[tuple, dict[str, TileConfig]] = {}
+    for r in sweep_doc["rows"]:
+        gated = r["op"] == "gated"
+        key = (m_bucket(r["M"]), r["N"], r["K"], gated)
+        rows_per_key[key] += 1
+        known = configs.setdefault(key, {})
+        known.update(
+            {_cfg_str(c): c for c in candidate_configs(r["M"], r["N"], r["K"], gated=gated)}
+        )
+        for name, us, *_ in r.get("candidates", []):
+            ratios[key][name].append(us / r["cublas_us"])
+    out = {}
+    for key, per_cfg in ratios.items():
+        full = {
+            c: v for c, v in per_cfg.items() if len(v) == rows_per_key[key] and c in configs[key]
+        }
+        ranked = sorted(full, key=lambda c: math.prod(full[c]) ** (1 / len(full[c])))
+        out[key] = [configs[key][c] for c in ranked[:top]]
+    return out
+
+
 def merged_table(table: dict[str, list], winners: dict[str, list]) -> dict[str, list]:
     """The tile table with a sweep's winners in place of (or after) its entries: a whole table
     that can replace `gemm_tiles.json`, though the sweep covered only some buckets."""
@@ -194,17 +234,18 @@ def merged_table(table: dict[str, list], winners: dict[str, list]) -> dict[str, 
     return out
 
 
-def bench(models, tokens, sweep: bool, iters: int, on_row=None, projs=None, allocs: int = 1):
-    """Time every row; with ``allocs`` > 1 each variant runs on that many separately allocated
-    input sets, interleaved, and its samples are pooled (`_timing.pooled`)."""
+def bench(models, tokens, cands_for, iters: int, on_row=None, projs=None, allocs: int = 1):
+    """Time every row (its configs from ``cands_for``, see `work_items`); with ``allocs`` > 1
+    each variant runs on that many separately allocated input sets, interleaved, and its
+    samples are pooled (`_timing.pooled`)."""
     rows, records, records_bad = [], [], []
     scores: dict[tuple, dict[TileConfig, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for model, proj, op, m, n, k, cfgs in work_items(models, tokens, sweep, projs):
+    for model, proj, op, m, n, k, cfgs in work_items(models, tokens, cands_for, projs):
         sets = [make_fns(op, m, n, k) for _ in range(allocs)]
         base, make = sets[0]
         gated = op == "gated"
         chosen = choose_config(m, n, k, gated=gated)
-        cands = cfgs if sweep else [chosen]
+        cands = [cfg or chosen for cfg in cfgs]
         ref = base().float()
         good = []
         for cfg in cands:
@@ -253,7 +294,7 @@ def bench(models, tokens, sweep: bool, iters: int, on_row=None, projs=None, allo
             config=_cfg_list(cfg),
             table_config=_cfg_list(chosen),
         )
-        if sweep:  # every correct candidate's time, for reading a sweep beyond its winners
+        if cands_for:  # every correct candidate's time, for reading a sweep beyond its winners
             rec["candidates"] = [
                 [_cfg_str(c), stats[f"c{i}"].median_us, stats[f"c{i}"].spread_pct]
                 for i, c in enumerate(cands)
@@ -314,6 +355,13 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--projs", default="", help="comma-separated projections (default: all)")
     p.add_argument("--sweep", action="store_true")
+    p.add_argument(
+        "--confirm",
+        default=None,
+        metavar="SWEEP_JSON",
+        help="re-time the --top best configs per key of that sweep (its --json-out) and pick",
+    )
+    p.add_argument("--top", type=int, default=4, help="configs per key that --confirm re-times")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--allocs", type=int, default=1, help="input allocations pooled per row")
     p.add_argument("--warmup-shard", default=None, metavar="I/N")
@@ -334,12 +382,30 @@ def main(argv=None) -> int:
     if a.allocs < 1:
         print(f"error: --allocs {a.allocs} must be >= 1", file=sys.stderr)
         return 2
+    if a.top < 1:
+        print(f"error: --top {a.top} must be >= 1", file=sys.stderr)
+        return 2
+    if a.sweep and a.confirm:
+        print("error: --sweep and --confirm exclude each other", file=sys.stderr)
+        return 2
+    cands_for = sweep_candidates if a.sweep else None
+    if a.confirm:
+        try:
+            with open(a.confirm) as f:
+                short = shortlist(json.load(f), a.top)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: {a.confirm}: not a bench_gemm sweep JSON ({exc})", file=sys.stderr)
+            return 2
+
+        def cands_for(m, n, k, gated):
+            return short.get((m_bucket(m), n, k, gated))
+
     if not torch.cuda.is_available():
         print("error: no CUDA GPU", file=sys.stderr)
         return 1
     if a.warmup_shard:
         i, n = (int(v) for v in a.warmup_shard.split("/"))
-        warmup(models, tokens, a.sweep, i, n, projs)
+        warmup(models, tokens, cands_for, i, n, projs)
         return 0
     props = torch.cuda.get_device_properties(0)
     print(
@@ -362,7 +428,7 @@ def main(argv=None) -> int:
                 os.replace(path + ".tmp", path)
 
     rows, records, tuned, bad = bench(
-        models, tokens, a.sweep, a.iters, on_row=save, projs=projs, allocs=a.allocs
+        models, tokens, cands_for, a.iters, on_row=save, projs=projs, allocs=a.allocs
     )
     print()
     print(format_table(HEADER, rows))

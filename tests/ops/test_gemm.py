@@ -446,6 +446,41 @@ def test_bench_tuned_table_is_the_whole_table_with_the_winners():
     assert json.loads(text) == out and len(text.splitlines()) == len(out) + 2
 
 
+def test_shortlist_ranks_a_sweeps_configs_per_key_over_all_its_rows():
+    """--confirm's input: per (bucket, N, K, gated) the best configs by geometric-mean ratio,
+    among those timed on every row of the key (q_proj and o_proj share one here)."""
+    bench = _bench_module()
+    names = [bench._cfg_str(c) for c in candidate_configs(8, 2048, 2048)[:4]]
+
+    def row(proj, cublas, times):
+        cands = [[name, us, 1.0] for name, us in zip(names, times, strict=False)]
+        return dict(proj=proj, op="linear", M=8, N=2048, K=2048, cublas_us=cublas, candidates=cands)
+
+    doc = {
+        "rows": [
+            row("q_proj", 10.0, [9.0, 8.0, 12.0, 7.0]),
+            row("o_proj", 10.0, [9.0, 11.0, 12.0]),  # the 4th config not timed on this row
+            dict(proj="x", op="gated", M=1, N=64, K=64, cublas_us=1.0, candidates=[["?", 1.0, 0]]),
+        ]
+    }
+    short = bench.shortlist(doc, top=2)
+    key = ("decode", 2048, 2048, False)
+    assert [bench._cfg_str(c) for c in short[key]] == [names[0], names[1]]  # 0.9 < 0.938 < 1.2
+    assert short[("single", 64, 64, True)] == []  # an unknown config name is dropped
+
+
+def test_bench_confirm_rejects_bad_input(tmp_path, capsys):
+    bench = _bench_module()
+    assert bench.main(["--confirm", str(tmp_path / "missing.json")]) == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert bench.main(["--confirm", str(bad)]) == 2
+    assert bench.main(["--confirm", str(bad), "--sweep"]) == 2
+    assert bench.main(["--top", "0"]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 4 and all(line.startswith("error: ") for line in errors)
+
+
 def test_shipped_tile_table_is_stored_one_entry_per_line():
     text = gemm_configs.TILE_TABLE.read_text()
     assert text == gemm_configs.table_text(json.loads(text))
