@@ -5,9 +5,13 @@ they replace: o_proj/down_proj + residual (`linear_residual` vs `r + F.linear`) 
 gate-up + SiLU (`fused_gate_up_silu` vs `F.linear` on the packed weight, then `silu(g) * u`).
 Timing: `_timing.interleaved_samples` (CUDA events per call, L2 flushed before each call so
 weights come from HBM as in a real forward pass, variants interleaved, medians, p10-p90 spread).
-A few-microsecond decode GEMM's median moves by 5-10% between two allocations of the same
-weight shape (seen in the H200 sweeps for cuTile and cuBLAS alike); `--allocs N` times every
-variant on N input allocations and pools the samples.
+A decode GEMM's median moves by 5-10% with where its weight lands in memory, for cuTile and
+cuBLAS alike but not together (H200: the same pair's ratio ranged 95-118% over 16 placements,
+docs/results/h200-2026-11-30/ops/gemm_gate_up_placements.txt). `--allocs N` times every
+variant on N input sets, each allocated after a pad of random size that stays alive (seeded:
+`--seed`), so the sets land at different addresses, and pools the samples. Without the pads a
+fresh process allocates the same addresses every run: two runs then agree to 0.1 us while
+both measure the same few placements.
 
 Modes:
   (default)            the table with the tile table's configs
@@ -27,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import random
 import sys
 from collections import defaultdict
 
@@ -121,6 +126,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _cfg_list(c: TileConfig) -> list:
     vals = [c.tm, c.tn, c.tk, c.split, c.latency, c.transpose_tile]
+    if c.stagger:
+        return vals + [c.reduce, c.ctas, c.occupancy, c.persistent, False, c.swap, True]
     if c.swap:
         return vals + [c.reduce, c.ctas, c.occupancy, c.persistent, False, True]
     if c.gemv:
@@ -136,7 +143,7 @@ def _cfg_str(c: TileConfig) -> str:
     lat = f"L{c.latency}" if c.latency else ""
     red = f"-{c.reduce}" if c.split > 1 else ""
     hints = (f"c{c.ctas}" if c.ctas else "") + (f"O{c.occupancy}" if c.occupancy else "")
-    hints += "P" if c.persistent else ""
+    hints += ("P" if c.persistent else "") + ("S" if c.stagger else "")
     kind = "gemv-" if c.gemv else "swap-" if c.swap else ""
     return (
         f"{kind}{c.tm}x{c.tn}x{c.tk}/s{c.split}{red}{lat}{'' if c.transpose_tile else 'o'}{hints}"
@@ -234,14 +241,33 @@ def merged_table(table: dict[str, list], winners: dict[str, list]) -> dict[str, 
     return out
 
 
-def bench(models, tokens, cands_for, iters: int, on_row=None, projs=None, allocs: int = 1):
+PAD_STEPS = 32
+"""Input-set pads are 0..PAD_STEPS-1 times 2 MiB (the allocator's large-segment granule)."""
+
+
+def placed_sets(op: str, m: int, n: int, k: int, allocs: int, rng: random.Random):
+    """``allocs`` input sets of `make_fns`, each but the first after a pad of random size, and
+    the pads (keep them alive while the sets are timed): different placements of W."""
+    sets, pads = [], []
+    for a in range(allocs):
+        if a:
+            size = rng.randrange(PAD_STEPS) << 21
+            pads.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+        sets.append(make_fns(op, m, n, k))
+    return sets, pads
+
+
+def bench(
+    models, tokens, cands_for, iters: int, on_row=None, projs=None, allocs: int = 1, seed: int = 0
+):
     """Time every row (its configs from ``cands_for``, see `work_items`); with ``allocs`` > 1
     each variant runs on that many separately allocated input sets, interleaved, and its
-    samples are pooled (`_timing.pooled`)."""
+    samples are pooled (`_timing.pooled`); the sets are placed apart by `placed_sets`."""
+    rng = random.Random(seed)
     rows, records, records_bad = [], [], []
     scores: dict[tuple, dict[TileConfig, list[float]]] = defaultdict(lambda: defaultdict(list))
     for model, proj, op, m, n, k, cfgs in work_items(models, tokens, cands_for, projs):
-        sets = [make_fns(op, m, n, k) for _ in range(allocs)]
+        sets, pads = placed_sets(op, m, n, k, allocs, rng)
         base, make = sets[0]
         gated = op == "gated"
         chosen = choose_config(m, n, k, gated=gated)
@@ -270,7 +296,7 @@ def bench(models, tokens, cands_for, iters: int, on_row=None, projs=None, allocs
             for i, (cfg, fn) in enumerate(good):
                 fns[f"c{i}#{a}"] = fn if a == 0 else make_a(cfg)
         stats = pooled(interleaved_samples(fns, warmup=2, iters=iters))
-        del fns, sets
+        del fns, sets, pads
         for idx, cfg in enumerate(cands):
             ratio = stats[f"c{idx}"].median_us / stats["cublas"].median_us
             scores[(m_bucket(m), n, k, gated)][cfg].append(ratio)
@@ -364,6 +390,7 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=4, help="configs per key that --confirm re-times")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--allocs", type=int, default=1, help="input allocations pooled per row")
+    p.add_argument("--seed", type=int, default=0, help="seed of the pads between allocations")
     p.add_argument("--warmup-shard", default=None, metavar="I/N")
     p.add_argument("--json-out", default=None)
     p.add_argument("--tuned-out", default=None)
@@ -428,7 +455,7 @@ def main(argv=None) -> int:
                 os.replace(path + ".tmp", path)
 
     rows, records, tuned, bad = bench(
-        models, tokens, cands_for, a.iters, on_row=save, projs=projs, allocs=a.allocs
+        models, tokens, cands_for, a.iters, on_row=save, projs=projs, allocs=a.allocs, seed=a.seed
     )
     print()
     print(format_table(HEADER, rows))

@@ -182,12 +182,20 @@ SWAP_CONFIGS = [
     TileConfig(16, 64, 128, 5, reduce="pdl", occupancy=2, swap=True),
     TileConfig(8, 128, 128, 8, reduce="pdl", swap=True),
     TileConfig(16, 128, 128, occupancy=1, persistent=True, swap=True),
+    # K order staggered per N tile (`gemm._k_tile`): unsplit, uneven and empty split shares,
+    # the persistent loop, and an unswapped tile with the last-CTA sum
+    TileConfig(8, 64, 256, swap=True, stagger=True),
+    TileConfig(16, 64, 128, 5, reduce="pdl", swap=True, stagger=True),
+    TileConfig(16, 128, 128, occupancy=1, persistent=True, swap=True, stagger=True),
+    TileConfig(16, 64, 128, 3, reduce="cta", stagger=True),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["linear", "residual", "gated"])
-@pytest.mark.parametrize("cfg", SWAP_CONFIGS, ids=lambda c: f"{c.tm}x{c.tn}x{c.tk}s{c.split}")
+@pytest.mark.parametrize(
+    "cfg", SWAP_CONFIGS, ids=lambda c: f"{c.tm}x{c.tn}x{c.tk}s{c.split}{'S' if c.stagger else ''}"
+)
 def test_swapped_operands_odd_and_model_shapes(op, cfg, gen):
     """W as the mma's A operand (acc transposed into the output): M below, at and above the
     token tile (several M tiles), N and K off the tiles, uneven split shares, bias, both
@@ -322,6 +330,12 @@ def test_tile_config_validation_and_candidates():
     assert gemm_configs.parse_table({"decode|2048|1024|False": swapped})[
         ("decode", 2048, 1024, False)
     ] == TileConfig(8, 64, 128, 4, reduce="pdl", occupancy=2, swap=True)
+    staggered = TileConfig(8, 64, 256, occupancy=2, swap=True, stagger=True)
+    bench = _bench_module()
+    doc = {"decode|8192|2048|False": bench._cfg_list(staggered)}
+    assert gemm_configs.parse_table(doc)[("decode", 8192, 2048, False)] == staggered
+    with pytest.raises(ValueError, match="stagger"):
+        TileConfig(1, 8, 1024, gemv=True, stagger=True)
 
 
 def test_hints_compile_variants_and_uneven_grids_fall_back():

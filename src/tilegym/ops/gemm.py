@@ -127,6 +127,17 @@ def _sum_partials(ws, base, split, bm, bn, tm, tn):
     return acc
 
 
+def _k_tile(k, k_first, k_last, bn, stagger):
+    """The K tile a block loads at step ``k`` of its share ``[k_first, k_last)``: ``k`` itself,
+    or (stagger) the share rotated to start at the block's N tile index mod its length, so that
+    at any moment neighbouring blocks stream different K columns of W rather than the same
+    ones (decode GEMMs on the H200: +1-3.5% over 16 placements of W,
+    docs/results/h200-2026-11-30/ops/gemm_gate_up_placements.txt)."""
+    if stagger:
+        return k_first + (k - k_first + bn) % (k_last - k_first)
+    return k
+
+
 def _k_share(k_tiles, split, s):
     """[first, last) K tiles of split `s`: contiguous, near-equal shares."""
     per = ct.cdiv(k_tiles, split)
@@ -168,11 +179,12 @@ def tilegym_linear_kernel(
     HAS_BIAS: ConstBool,
     HAS_RES: ConstBool,
     SWAP: ConstBool,
+    STAGGER: ConstBool,
 ):
     """Y[M, N] = X[M, K] @ W[N, K]^T (+ B[N]) (+ R[M, N]); grid (tiles, split).
 
     SPLIT_MODE (compile-time): NO_SPLIT, SPLIT_CTA or SPLIT_PARTIAL; `split` (runtime) is the
-    split count. SWAP: operands swapped in the mma (`_mma_step`).
+    split count. SWAP: operands swapped in the mma (`_mma_step`); STAGGER: K order `_k_tile`.
     """
     m = X.shape[0]
     n = W.shape[0]
@@ -181,7 +193,8 @@ def tilegym_linear_kernel(
     k_tiles = ct.num_tiles(X, axis=1, shape=(TM, TK))
     k_first, k_last = _k_share(k_tiles, split, s)
     acc = _acc_zeros(TM, TN, SWAP)
-    for k in range(k_first, k_last):
+    for k0 in range(k_first, k_last):
+        k = _k_tile(k0, k_first, k_last, bn, STAGGER)
         acc = _mma_step(X, W, acc, bm, bn, k, TM, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
     acc = _acc_out(acc, SWAP)
     if SPLIT_MODE == NO_SPLIT:
@@ -214,6 +227,7 @@ def tilegym_linear_persistent_kernel(
     HAS_BIAS: ConstBool,
     HAS_RES: ConstBool,
     SWAP: ConstBool,
+    STAGGER: ConstBool,
 ):
     """`tilegym_linear_kernel` unsplit, with each block looping over output tiles (grid of
     about one wave): a tile's epilogue store can overlap the next tile's first loads, which
@@ -225,7 +239,8 @@ def tilegym_linear_persistent_kernel(
     for t in range(ct.bid(0), tiles, ct.num_blocks(0)):
         bm, bn = _tile_coords(m, n, TM, TN, GROUP_M, t)
         acc = _acc_zeros(TM, TN, SWAP)
-        for k in range(k_tiles):
+        for k0 in range(k_tiles):
+            k = _k_tile(k0, 0, k_tiles, bn, STAGGER)
             acc = _mma_step(X, W, acc, bm, bn, k, TM, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
         _linear_epilogue(_acc_out(acc, SWAP), B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
 
@@ -307,6 +322,7 @@ def tilegym_gate_up_silu_kernel(
     TRANSPOSE_TILE: ConstBool,
     SPLIT_MODE: ConstInt,
     SWAP: ConstBool,
+    STAGGER: ConstBool,
 ):
     """Y[M, I] = silu(X @ WG^T) * (X @ WU^T); WS holds gate partials at [0, split), up after."""
     m = X.shape[0]
@@ -317,7 +333,8 @@ def tilegym_gate_up_silu_kernel(
     k_first, k_last = _k_share(k_tiles, split, s)
     gate = _acc_zeros(TM, TN, SWAP)
     up = _acc_zeros(TM, TN, SWAP)
-    for k in range(k_first, k_last):
+    for k0 in range(k_first, k_last):
+        k = _k_tile(k0, k_first, k_last, bn, STAGGER)
         gate = _mma_step(X, WG, gate, bm, bn, k, TM, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
         up = _mma_step(X, WU, up, bm, bn, k, TM, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
     gate = _acc_out(gate, SWAP)
@@ -525,6 +542,7 @@ def _launch_persistent(x2, weight, bias, residual2, out2, cfg: TileConfig) -> No
         bias is not None,
         residual2 is not None,
         cfg.swap,
+        cfg.stagger,
     )
     kernel = hinted(tilegym_linear_persistent_kernel, cfg, blocks)
     ct.launch(stream(x2.device), (blocks, 1, 1), kernel, args)
@@ -573,6 +591,7 @@ def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
         bias is not None,
         residual2 is not None,
         cfg.swap,
+        cfg.stagger,
     )
     ct.launch(stream(device), grid, hinted(tilegym_linear_kernel, cfg, grid[0]), args)
     if mode == SPLIT_PARTIAL:
@@ -673,6 +692,7 @@ def fused_gate_up_silu(
         cfg.transpose_tile,
         mode,
         cfg.swap,
+        cfg.stagger,
     )
     kernel = hinted(tilegym_gate_up_silu_kernel, cfg, grid[0])
     ct.launch(stream(device), grid, kernel, args)
@@ -695,6 +715,9 @@ def _aot_cases(ops: tuple[str, ...]) -> list[tuple[str, TileConfig, bool]]:
         ]
         wanted += [(TileConfig(16, 64, 128, split=4, reduce=r), False) for r in ("cta", "pdl")]
         wanted.append((TileConfig(128, 64 if gated else 128, 64, occupancy=1), False))
+        wanted.append(
+            (TileConfig(8, 64, 256, split=2, reduce="pdl", swap=True, stagger=True), False)
+        )
         if not gated:
             for tm, tn, swap in ((128, 128, False), (16, 128, True)):
                 cfg = TileConfig(tm, tn, 64, occupancy=1, persistent=True, swap=swap)
@@ -746,15 +769,17 @@ def aot_signatures(
             if cfg.persistent:
                 consts = [cfg.tm, cfg.tn, cfg.tk, cfg.group_m, cfg.latency, cfg.transpose_tile]
                 kernel = hinted(tilegym_linear_persistent_kernel, cfg, 1)
-                sig = KernelSignature([*io, *consts, has_bias, has_res, cfg.swap], cconv)
+                sig = KernelSignature(
+                    [*io, *consts, has_bias, has_res, cfg.swap, cfg.stagger], cconv
+                )
                 sigs.setdefault(kernel, []).append(sig)
                 continue
             if gated:
                 params = [arr(dt, 2), arr(dt, 2, "w"), arr(dt, 2, "w"), arr(dt, 2), *work]
-                kernel, tail = tilegym_gate_up_silu_kernel, [cfg.swap]
+                kernel, tail = tilegym_gate_up_silu_kernel, [cfg.swap, cfg.stagger]
             else:
                 params = [*io, *work]
-                kernel, tail = tilegym_linear_kernel, [has_bias, has_res, cfg.swap]
+                kernel, tail = tilegym_linear_kernel, [has_bias, has_res, cfg.swap, cfg.stagger]
             kernel = hinted(kernel, cfg, max(cfg.ctas, 1))
             sigs.setdefault(kernel, []).append(KernelSignature([*params, *consts, *tail], cconv))
             if mode == SPLIT_PARTIAL:

@@ -51,6 +51,7 @@ class TileConfig:
     persistent: bool = False  # linear/residual only: one wave of blocks looping over tiles
     gemv: bool = False  # linear/residual only: plain loads and multiply-adds, no TMA, no mma
     swap: bool = False  # mma operands swapped: W rows on the mma's M side (decode, gemm.py)
+    stagger: bool = False  # K order rotated per N tile (gemm._k_tile; not with gemv)
 
     def __post_init__(self) -> None:
         for name in ("tm", "tn", "tk"):
@@ -58,8 +59,12 @@ class TileConfig:
             low = 1 if self.gemv and name != "tk" else 8 if self.swap and name == "tm" else 16
             if value < low or value & (value - 1):
                 raise ValueError(f"{name}={value} must be a power of two >= {low}")
-        if self.gemv and (self.split > 1 or self.persistent or self.tm > 16 or self.swap):
-            raise ValueError("a gemv config has tm <= 16, no split, persistent loop or swap")
+        if self.gemv and (
+            self.split > 1 or self.persistent or self.tm > 16 or self.swap or self.stagger
+        ):
+            raise ValueError(
+                "a gemv config has tm <= 16, no split, persistent loop, swap or stagger"
+            )
         if not 1 <= self.split <= MAX_SPLIT:
             raise ValueError(f"split={self.split} must be in [1, {MAX_SPLIT}]")
         if not 0 <= self.latency <= 10:
@@ -122,7 +127,7 @@ TILE_TABLE = Path(
 
 def parse_table(doc: dict) -> dict[tuple[str, int, int, bool], TileConfig]:
     """`{"bucket|N|K|gated": [tm, tn, tk, split, latency, transpose_tile(, reduce, ctas,
-    occupancy, persistent, gemv, swap)]}` -> {key: cfg}."""
+    occupancy, persistent, gemv, swap, stagger)]}` -> {key: cfg}."""
     table = {}
     for key, vals in doc.items():
         bucket, n, k, gated = key.split("|")
@@ -238,7 +243,8 @@ def _decode_candidates(m: int, n: int, k: int, gated: bool) -> list[TileConfig]:
     """Decode (M <= 16) candidates of `candidate_configs`.
 
     Swapped-operand tiles won every M = 8/16 key of the H200 sweeps since they were added;
-    the unswapped 16-row tiles are kept at two shapes, with split-K over both reductions, as
+    each also with its K order staggered per N tile (`TileConfig.stagger`); the unswapped
+    16-row tiles are kept at two shapes, with split-K over both reductions, as
     the measured alternative (and the only users of the last-CTA sum). Token widths: 8 at
     M <= 8, 8 and 16 above. GEMV tiles only at M = 1: at M = 8/16 they ran 1.3-10x slower
     (docs/results/h200-2026-11-30/ops/gemm_swap_probe.txt). The persistent loop only where
@@ -253,6 +259,7 @@ def _decode_candidates(m: int, n: int, k: int, gated: bool) -> list[TileConfig]:
     for tm in (8,) if m <= DECODE8_MAX_M else (8, 16):
         for tn, tk in SWAP_TILES:
             out.append(TileConfig(tm, tn, tk, swap=True))
+            out.append(TileConfig(tm, tn, tk, swap=True, stagger=True))
             if (tn, tk) in ((64, 256), (128, 128)):
                 out.append(TileConfig(tm, tn, tk, occupancy=2, swap=True))
             if tn != 64:
