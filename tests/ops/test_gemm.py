@@ -521,3 +521,54 @@ def test_bench_summary_splits_one_row_from_decode():
     assert lines[1] == "one row (M=1): 1/2 rows >= 100% of cuBLAS; worst 93.0% (qwen3 lm_head M=1)"
     assert lines[2] == "decode (M 2-16): 1/2 rows >= 100% of cuBLAS; worst 88.5% (qwen3 o M=16)"
     assert lines[3] == "fused epilogues faster than the torch pair: 1/1 rows"
+
+
+def _in_model_module():
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = (
+        pathlib.Path(__file__).resolve().parents[2]
+        / "benchmarks"
+        / "ops"
+        / "bench_gemm_in_model.py"
+    )
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_gemm_in_model", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(path.parent))
+    return mod
+
+
+def test_in_model_bench_rows_pair_the_two_sides_per_call():
+    """bench_gemm_in_model: labels round-trip, rows need both sides, medians per call, decode
+    summary over M <= 16 only."""
+    mod = _in_model_module()
+    dec = mod.label("linear", 8, 16384, 2048)
+    pre = mod.label("linear_residual", 256, 2048, 8192)
+    assert (mod.label_rows(dec), mod.label_rows(pre)) == (8, 256)
+    assert mod.label_rows("aten::mm") is None and mod.label_rows("linear M=x 1x1") is None
+    times = {
+        pre: {"cublas": [20.0, 22.0, 21.0], "cutile": [40.0, 42.0, 41.0]},
+        dec: {"cublas": [18.0, 19.0, 18.5], "cutile": [17.0, 18.0, 17.5]},
+        mod.label("linear", 1, 64, 64): {"cutile": [1.0]},  # one side only: no row
+    }
+    rows = mod.table_rows("llama", 8, times)
+    assert [r[2] for r in rows] == [dec, pre]
+    assert rows[0][3:6] == [3, 18.5, 17.5] and abs(rows[0][6] - 100 * 18.5 / 17.5) < 1e-9
+    (line,) = mod.summary(rows)
+    assert line.startswith("decode calls (M <= 16) >= 100% of cuBLAS: 1/1; worst 105.7%")
+    assert mod.summary(rows[1:]) == ["no decode calls timed"]
+
+
+@pytest.mark.parametrize(
+    "argv", [["--models", "gpt2"], ["--batches", "0"], ["--batches", "a"], ["--reps", "0"]]
+)
+def test_in_model_bench_rejects_bad_arguments(argv, capsys):
+    assert _in_model_module().main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: ")

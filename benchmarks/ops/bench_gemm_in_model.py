@@ -1,0 +1,214 @@
+"""cuTile GEMMs vs cuBLAS inside a patched model's generate(), call by call.
+
+The isolated table (`bench_gemm.py`) times one GEMM after an L2 flush and a spin; on the
+bandwidth-bound gate/up shapes its verdict moved by 3-5% with how the timed variants were
+interleaved. This benchmark measures the GEMMs where they run: one patched twin of the model
+(`linear=True`, and by default `swiglu=False`, so the packed QKV and gate_up projections run as
+linears) generates with `tilegym.ops.gemm`'s entry points either as they are (cuTile) or routed
+to their torch equivalents (cuBLAS `F.linear` on the same packed weights; residual add and
+SiLU-and-mul in torch), so both sides see the same weights at the same addresses and the same
+neighbouring kernels. Every GEMM call runs inside a `record_function` named
+"<op> M=<rows> <N>x<K>"; its device time in torch.profiler is the GPU time of the kernels that
+call launched (CUPTI, no event overhead). The two sides alternate, ``--reps`` profiled
+generate()s each after one warm-up; a row reports per-call medians over all of its calls.
+
+Usage (GPU, repo root, modeling/transformers/src and src on PYTHONPATH):
+  python benchmarks/ops/bench_gemm_in_model.py --models llama,qwen3 --batches 1,8,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import format_table  # noqa: E402
+
+OPS = ("linear", "linear_residual", "fused_gate_up_silu")
+SIDES = ("cublas", "cutile")
+HEADER = ["model", "batch", "call", "calls", "cuBLAS_us", "cuTile_us", "%cuBLAS"]
+
+
+def label(op: str, m: int, n: int, k: int) -> str:
+    """The record_function name of one GEMM call."""
+    return f"{op} M={m} {n}x{k}"
+
+
+def label_rows(name: str) -> int | None:
+    """M of a `label`, or None for any other profiler event."""
+    op, _, rest = name.partition(" M=")
+    if op not in OPS or not rest:
+        return None
+    head = rest.split(" ", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def table_rows(model: str, batch: int, times: dict[str, dict[str, list[float]]]) -> list[list]:
+    """Rows (see HEADER) of the calls timed on both sides, decode (fewest rows) first."""
+    rows = []
+    for name in sorted(times, key=lambda s: (label_rows(s) or 0, s)):
+        per = times[name]
+        if not all(per.get(side) for side in SIDES):
+            continue
+        cb, ct = (statistics.median(per[side]) for side in SIDES)
+        rows.append([model, batch, name, len(per["cutile"]), cb, ct, 100.0 * cb / ct])
+    return rows
+
+
+def summary(rows: list[list], decode_max_m: int = 16) -> list[str]:
+    """How many decode calls (M <= decode_max_m) ran at >= 100% of cuBLAS, and the worst."""
+    dec = [r for r in rows if (label_rows(r[2]) or 0) <= decode_max_m]
+    if not dec:
+        return ["no decode calls timed"]
+    worst = min(dec, key=lambda r: r[6])
+    ok = sum(r[6] >= 100.0 for r in dec)
+    return [
+        f"decode calls (M <= {decode_max_m}) >= 100% of cuBLAS: {ok}/{len(dec)}; worst "
+        f"{worst[6]:.1f}% ({worst[0]} batch {worst[1]} {worst[2]})"
+    ]
+
+
+def _torch_gemms() -> dict[str, Callable]:
+    import torch.nn.functional as F
+
+    def linear(x, w, bias=None, *, out=None, config=None):
+        return F.linear(x, w, bias)
+
+    def linear_residual(x, w, residual, *, out=None, config=None):
+        return residual + F.linear(x, w)
+
+    def fused_gate_up_silu(x, w, *, out=None, config=None):
+        gate, up = F.linear(x, w).chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    return dict(
+        linear=linear, linear_residual=linear_residual, fused_gate_up_silu=fused_gate_up_silu
+    )
+
+
+def _labelled(op: str, fn: Callable) -> Callable:
+    from torch.profiler import record_function
+
+    def call(x, w, *args, **kwargs):
+        with record_function(label(op, x.numel() // x.shape[-1], w.shape[0], w.shape[1])):
+            return fn(x, w, *args, **kwargs)
+
+    return call
+
+
+def _route(gemm, impls: dict[str, Callable]) -> None:
+    for op in OPS:
+        setattr(gemm, op, _labelled(op, impls[op]))
+
+
+def _profiled_times(run: Callable[[], object]) -> dict[str, list[float]]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    out: dict[str, list[float]] = defaultdict(list)
+    for e in prof.events():
+        if label_rows(e.name) is not None:
+            out[e.name].append(e.device_time_total)
+    return out
+
+
+def bench_model(key: str, batches: list[int], args) -> list[list]:
+    import torch
+    from tilegym_hf_bench.generation import greedy_config
+    from tilegym_hf_bench.model_factory import random_model, twin_sharing_weights
+
+    import tilegym.ops.gemm as gemm
+    from tilegym.transformers.monkey_patch import apply_tilegym_kernel
+
+    originals = {op: getattr(gemm, op) for op in OPS}
+    impls = {"cutile": originals, "cublas": _torch_gemms()}
+    base = random_model(key, "cuda", args.seed).model
+    twin = twin_sharing_weights(base)
+    handle = apply_tilegym_kernel(twin, swiglu=args.swiglu, linear=True)
+    rows = []
+    try:
+        for batch in batches:
+            gen = torch.Generator(device="cuda").manual_seed(args.seed + batch)
+            ids = torch.randint(
+                0, twin.config.vocab_size, (batch, args.prompt), device="cuda", generator=gen
+            )
+            config = greedy_config(twin, args.new_tokens)
+
+            def run(ids=ids, config=config):
+                with torch.inference_mode():
+                    twin.generate(
+                        input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config
+                    )
+
+            for side in SIDES:  # warm-up: compiles, cuBLAS heuristics, caches
+                _route(gemm, impls[side])
+                run()
+            times: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+            for rep in range(args.reps):
+                for side in SIDES if rep % 2 == 0 else SIDES[::-1]:
+                    _route(gemm, impls[side])
+                    for name, vals in _profiled_times(run).items():
+                        times[name][side].extend(vals)
+            batch_rows = table_rows(key, batch, times)
+            rows += batch_rows
+            print(format_table(HEADER, batch_rows), flush=True)
+    finally:
+        for op, fn in originals.items():
+            setattr(gemm, op, fn)
+        handle.undo()
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="llama,qwen3")
+    p.add_argument("--batches", default="1,8,16")
+    p.add_argument("--prompt", type=int, default=32, help="prompt tokens per sequence")
+    p.add_argument("--new-tokens", type=int, default=24)
+    p.add_argument("--reps", type=int, default=3, help="profiled generate()s per side")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--swiglu", action="store_true", help="fused gate-up+SiLU (default: linear)")
+    p.add_argument("--json-out", default=None)
+    a = p.parse_args(argv)
+    models = [m for m in a.models.split(",") if m]
+    known = ("llama", "qwen3", "tiny-llama", "tiny-qwen3")
+    if not models or set(models) - set(known):
+        print(f"error: --models {a.models!r}: choose from {', '.join(known)}", file=sys.stderr)
+        return 2
+    try:
+        batches = [int(b) for b in a.batches.split(",")]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1 or min(a.prompt, a.new_tokens, a.reps) < 1:
+        print("error: --batches, --prompt, --new-tokens and --reps must be >= 1", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: no CUDA GPU", file=sys.stderr)
+        return 1
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    rows = []
+    for key in models:
+        rows += bench_model(key, batches, a)
+    print()
+    print(format_table(HEADER, rows))
+    print("\n".join(summary(rows)))
+    if a.json_out:
+        with open(a.json_out + ".tmp", "w") as f:
+            json.dump({"header": HEADER, "rows": rows}, f, indent=1)
+        os.replace(a.json_out + ".tmp", a.json_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
