@@ -207,8 +207,8 @@ def shortlist(sweep_doc: dict, top: int) -> dict[tuple, list[TileConfig]]:
     """Per (M bucket, N, K, gated): the ``top`` configs of a sweep (its ``--json-out``) by
     geometric-mean time / cuBLAS over the key's rows, among those timed on all of them.
 
-    A sweep's own pick is the best of ~30 noisy medians, which favours a lucky sample (its
-    winners re-measured 2-5% slower in a separate run on the H200); ``--confirm`` re-times
+    A sweep's own pick is the best of ~40 noisy medians, which favours a lucky sample (H200:
+    one pick went from 119% of cuBLAS in the sweep to 105% re-timed); ``--confirm`` re-times
     these few on fresh allocations and picks from that run instead."""
     ratios: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     rows_per_key: dict[tuple, int] = defaultdict(int)

@@ -8,9 +8,13 @@ linears) generates with `tilegym.ops.gemm`'s entry points either as they are (cu
 to their torch equivalents (cuBLAS `F.linear` on the same packed weights; residual add and
 SiLU-and-mul in torch), so both sides see the same weights at the same addresses and the same
 neighbouring kernels. Every GEMM call runs inside a `record_function` named
-"<op> M=<rows> <N>x<K>"; its device time in torch.profiler is the GPU time of the kernels that
-call launched (CUPTI, no event overhead). The two sides alternate, ``--reps`` profiled
-generate()s each after one warm-up; a row reports per-call medians over all of its calls.
+"<op> M=<rows> <N>x<K>"; a call's time is the summed duration of the GPU kernels (CUPTI, no
+event overhead) inside that range's GPU-side span (kineto's gpu_user_annotation), so the gaps
+between a torch pair's kernels do not count. The CPU-side range's ``device_time_total`` is not
+used: on the H200 with torch 2.11 it misses kernels launched through the driver API (every
+cuTile kernel), which made a first version of this script report half the cuTile time. The two
+sides alternate, ``--reps`` profiled generate()s each after one warm-up; a row reports per-call
+medians over all of its calls.
 
 Usage (GPU, repo root, modeling/transformers/src and src on PYTHONPATH):
   python benchmarks/ops/bench_gemm_in_model.py --models llama,qwen3 --batches 1,8,16
@@ -19,6 +23,7 @@ Usage (GPU, repo root, modeling/transformers/src and src on PYTHONPATH):
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -73,6 +78,36 @@ def summary(rows: list[list], decode_max_m: int = 16) -> list[str]:
     ]
 
 
+def per_call_kernel_us(
+    spans: list[tuple[str, int, float, float]], kernels: list[tuple[int, float, float]]
+) -> tuple[dict[str, list[float]], int]:
+    """({label: [GPU us of each call]}, spans with no kernel) from the labelled calls' GPU-side
+    spans ``(label, stream, start, end)`` and the trace's kernels ``(stream, start, end)``: a
+    call's time is the summed duration of its stream's kernels that ran inside its span."""
+    by_stream: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for stream, start, end in kernels:
+        by_stream[stream].append((start, end))
+    for ks in by_stream.values():
+        ks.sort()
+    starts = {stream: [k[0] for k in ks] for stream, ks in by_stream.items()}
+    out: dict[str, list[float]] = defaultdict(list)
+    empty = 0
+    for name, stream, start, end in spans:
+        ks = by_stream.get(stream, [])
+        i = bisect.bisect_left(starts.get(stream, []), start)
+        total, found = 0.0, False
+        while i < len(ks) and ks[i][0] < end:
+            if ks[i][1] <= end:
+                total += ks[i][1] - ks[i][0]
+                found = True
+            i += 1
+        if found:
+            out[name].append(total)
+        else:
+            empty += 1
+    return out, empty
+
+
 def _torch_gemms() -> dict[str, Callable]:
     import torch.nn.functional as F
 
@@ -107,18 +142,30 @@ def _route(gemm, impls: dict[str, Callable]) -> None:
 
 
 def _profiled_times(run: Callable[[], object]) -> dict[str, list[float]]:
+    """Per-call GPU time of the labelled GEMM calls of one profiled ``run()``."""
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
-    out: dict[str, list[float]] = defaultdict(list)
+    spans, kernels = [], []
     for e in prof.events():
+        if e.device_type != DeviceType.CUDA:
+            continue
+        where = (e.device_resource_id, e.time_range.start, e.time_range.end)
         if label_rows(e.name) is not None:
-            out[e.name].append(e.device_time_total)
-    return out
+            spans.append((e.name, *where))
+        elif not e.is_user_annotation:
+            kernels.append(where)
+    if not spans:
+        raise RuntimeError("no GPU-side spans of the labelled GEMM calls in the profile")
+    times, empty = per_call_kernel_us(spans, kernels)
+    if empty:
+        print(f"# {empty} of {len(spans)} labelled calls had no kernel in their span", flush=True)
+    return times
 
 
 def bench_model(key: str, batches: list[int], args) -> list[list]:

@@ -565,6 +565,24 @@ def test_in_model_bench_rows_pair_the_two_sides_per_call():
     assert mod.summary(rows[1:]) == ["no decode calls timed"]
 
 
+def test_in_model_bench_sums_the_kernels_inside_each_calls_gpu_span():
+    """A call's time is its stream's kernels inside its GPU span: gaps between a torch pair's
+    GEMM and add are not counted, nor kernels of another stream or outside every span."""
+    mod = _in_model_module()
+    a, b = mod.label("linear_residual", 8, 2048, 2048), mod.label("linear", 8, 64, 64)
+    spans = [(a, 7, 100.0, 130.0), (b, 7, 200.0, 205.0), (a, 7, 300.0, 310.0), (b, 7, 400.0, 401.0)]
+    kernels = [
+        (7, 101.0, 111.0),  # GEMM of call 1
+        (7, 125.0, 129.0),  # its add, after 14 us waiting for the host
+        (9, 102.0, 120.0),  # another stream
+        (7, 150.0, 160.0),  # between calls
+        (7, 200.5, 204.5),
+        (7, 300.0, 310.0),
+    ]
+    times, empty = mod.per_call_kernel_us(spans, kernels)
+    assert times == {a: [14.0, 10.0], b: [4.0]} and empty == 1
+
+
 @pytest.mark.parametrize(
     "argv", [["--models", "gpt2"], ["--batches", "0"], ["--batches", "a"], ["--reps", "0"]]
 )
