@@ -65,17 +65,26 @@ def table_rows(model: str, batch: int, times: dict[str, dict[str, list[float]]])
     return rows
 
 
-def summary(rows: list[list], decode_max_m: int = 16) -> list[str]:
-    """How many decode calls (M <= decode_max_m) ran at >= 100% of cuBLAS, and the worst."""
-    dec = [r for r in rows if (label_rows(r[2]) or 0) <= decode_max_m]
-    if not dec:
-        return ["no decode calls timed"]
-    worst = min(dec, key=lambda r: r[6])
-    ok = sum(r[6] >= 100.0 for r in dec)
-    return [
-        f"decode calls (M <= {decode_max_m}) >= 100% of cuBLAS: {ok}/{len(dec)}; worst "
-        f"{worst[6]:.1f}% ({worst[0]} batch {worst[1]} {worst[2]})"
-    ]
+def summary(rows: list[list], decode_max_m: int = 16, prefill_min_m: int = 2048) -> list[str]:
+    """Issue-4 verdicts: decode calls (M <= decode_max_m) at >= 100% of cuBLAS and prefill calls
+    (M >= prefill_min_m; a --prompt of 2048 gives them) at >= 90%, with the worst of each."""
+    lines = []
+    groups = (
+        (f"decode calls (M <= {decode_max_m})", lambda m: m <= decode_max_m, 100.0),
+        (f"prefill calls (M >= {prefill_min_m})", lambda m: m >= prefill_min_m, 90.0),
+    )
+    for name, wanted, target in groups:
+        sel = [r for r in rows if wanted(label_rows(r[2]) or 0)]
+        if not sel:
+            lines.append(f"no {name} timed")
+            continue
+        worst = min(sel, key=lambda r: r[6])
+        ok = sum(r[6] >= target for r in sel)
+        lines.append(
+            f"{name} >= {target:.0f}% of cuBLAS: {ok}/{len(sel)}; worst {worst[6]:.1f}% "
+            f"({worst[0]} batch {worst[1]} {worst[2]})"
+        )
+    return lines
 
 
 def per_call_kernel_us(

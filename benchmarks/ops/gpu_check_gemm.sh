@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# One GPU run for the cuTile GEMMs: GPU tests, then the benchmark table vs cuBLAS.
+# One GPU run for the cuTile GEMMs: GPU tests, the benchmark table vs cuBLAS, then the GEMMs
+# timed call by call inside both patched models' generate() (bench_gemm_in_model.py).
 # Compiles are slow (seconds per tile config), so the tests run as parallel pytest shards and
 # the benchmark's launches are pre-compiled by parallel warm-up shards, all sharing the cuTile
 # disk cache; the timed benchmark then runs alone on the GPU.
 # Usage (repo root): bash benchmarks/ops/gpu_check_gemm.sh [--sweep]
-# Logs: $OUT/{env,tests,bench}.txt and $OUT/bench_gemm.json (default OUT=./gpu_check_out).
+# Logs: $OUT/{env,tests,bench,in_model}.txt, $OUT/bench_gemm.json and $OUT/in_model.json
+# (default OUT=./gpu_check_out).
 set -o pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-gpu_check_out}"
@@ -66,6 +68,8 @@ if [ ${#SWEEP[@]} -gt 0 ] && [ -s "$OUT/tuned.json" ]; then
     timeout "${BENCH2_TIMEOUT:-60}" "$PY" benchmarks/ops/bench_gemm.py \
         --json-out "$OUT/bench_gemm_table.json" 2>&1 | tee -a "$OUT/bench.txt" || status=1
 fi
+timeout "${IN_MODEL_TIMEOUT:-300}" "$PY" benchmarks/ops/bench_gemm_in_model.py \
+    --json-out "$OUT/in_model.json" 2>&1 | tee "$OUT/in_model.txt" || status=1
 echo "total: ${SECONDS}s" | tee -a "$OUT/env.txt"
 rm -rf "$tmp"
 exit $status

@@ -560,9 +560,15 @@ def test_in_model_bench_rows_pair_the_two_sides_per_call():
     rows = mod.table_rows("llama", 8, times)
     assert [r[2] for r in rows] == [dec, pre]
     assert rows[0][3:6] == [3, 18.5, 17.5] and abs(rows[0][6] - 100 * 18.5 / 17.5) < 1e-9
-    (line,) = mod.summary(rows)
-    assert line.startswith("decode calls (M <= 16) >= 100% of cuBLAS: 1/1; worst 105.7%")
-    assert mod.summary(rows[1:]) == ["no decode calls timed"]
+    decode, prefill = mod.summary(rows)
+    assert decode.startswith("decode calls (M <= 16) >= 100% of cuBLAS: 1/1; worst 105.7%")
+    assert prefill == "no prefill calls (M >= 2048) timed"
+    big = mod.label("linear", 2048, 16384, 2048)
+    rows += mod.table_rows("llama", 1, {big: {"cublas": [90.0], "cutile": [100.0]}})
+    assert mod.summary(rows)[1] == (
+        f"prefill calls (M >= 2048) >= 90% of cuBLAS: 1/1; worst 90.0% (llama batch 1 {big})"
+    )
+    assert mod.summary(rows[1:2])[0] == "no decode calls (M <= 16) timed"
 
 
 def test_in_model_bench_sums_the_kernels_inside_each_calls_gpu_span():
