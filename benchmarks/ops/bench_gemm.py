@@ -48,6 +48,7 @@ from tilegym.ops.gemm_configs import (  # noqa: E402
     choose_config,
     m_bucket,
     table_doc,
+    table_entry,
     table_text,
 )
 
@@ -124,21 +125,6 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def _cfg_list(c: TileConfig) -> list:
-    vals = [c.tm, c.tn, c.tk, c.split, c.latency, c.transpose_tile]
-    if c.stagger:
-        return vals + [c.reduce, c.ctas, c.occupancy, c.persistent, False, c.swap, True]
-    if c.swap:
-        return vals + [c.reduce, c.ctas, c.occupancy, c.persistent, False, True]
-    if c.gemv:
-        return vals + [c.reduce, c.ctas, c.occupancy, False, True]
-    if c.persistent:
-        return vals + [c.reduce, c.ctas, c.occupancy, True]
-    if c.ctas or c.occupancy:
-        return vals + [c.reduce, c.ctas, c.occupancy]
-    return vals + [c.reduce] if c.split > 1 else vals
-
-
 def _cfg_str(c: TileConfig) -> str:
     lat = f"L{c.latency}" if c.latency else ""
     red = f"-{c.reduce}" if c.split > 1 else ""
@@ -199,7 +185,7 @@ def pick_tuned(scores) -> dict[str, list]:
     for key, per_cfg in scores.items():
         full = {c: v for c, v in per_cfg.items() if len(v) == max(map(len, per_cfg.values()))}
         best = min(full, key=lambda c: math.prod(full[c]) ** (1 / len(full[c])))
-        tuned["|".join(map(str, key))] = _cfg_list(best)
+        tuned["|".join(map(str, key))] = table_entry(best)
     return tuned
 
 
@@ -317,8 +303,8 @@ def bench(
             cutile_spread_pct=ct_.spread_pct,
             tflops=flops / ct_.median_us / 1e6,
             pct_of_cublas=100 * cb.median_us / ct_.median_us,
-            config=_cfg_list(cfg),
-            table_config=_cfg_list(chosen),
+            config=table_entry(cfg),
+            table_config=table_entry(chosen),
         )
         if cands_for:  # every correct candidate's time, for reading a sweep beyond its winners
             rec["candidates"] = [

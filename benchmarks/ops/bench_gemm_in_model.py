@@ -87,6 +87,10 @@ def summary(rows: list[list], decode_max_m: int = 16, prefill_min_m: int = 2048)
     return lines
 
 
+class NoLabelledSpans(RuntimeError):
+    """The trace cannot time the GEMM calls (reported as one error line by `main`)."""
+
+
 def per_call_kernel_us(
     spans: list[tuple[str, int, float, float]], kernels: list[tuple[int, float, float]]
 ) -> tuple[dict[str, list[float]], int]:
@@ -170,7 +174,10 @@ def _profiled_times(run: Callable[[], object]) -> dict[str, list[float]]:
         elif not e.is_user_annotation:
             kernels.append(where)
     if not spans:
-        raise RuntimeError("no GPU-side spans of the labelled GEMM calls in the profile")
+        raise NoLabelledSpans(
+            "the profile has no GPU-side span of a labelled GEMM call (kineto's "
+            "gpu_user_annotation), so no call can be timed"
+        )
     times, empty = per_call_kernel_us(spans, kernels)
     if empty:
         print(f"# {empty} of {len(spans)} labelled calls had no kernel in their span", flush=True)
@@ -235,10 +242,11 @@ def main(argv=None) -> int:
     p.add_argument("--swiglu", action="store_true", help="fused gate-up+SiLU (default: linear)")
     p.add_argument("--json-out", default=None)
     a = p.parse_args(argv)
+    from tilegym_hf_bench.presets import PRESETS
+
     models = [m for m in a.models.split(",") if m]
-    known = ("llama", "qwen3", "tiny-llama", "tiny-qwen3")
-    if not models or set(models) - set(known):
-        print(f"error: --models {a.models!r}: choose from {', '.join(known)}", file=sys.stderr)
+    if not models or set(models) - set(PRESETS):
+        print(f"error: --models {a.models!r}: choose from {', '.join(PRESETS)}", file=sys.stderr)
         return 2
     try:
         batches = [int(b) for b in a.batches.split(",")]
@@ -254,8 +262,12 @@ def main(argv=None) -> int:
         return 1
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     rows = []
-    for key in models:
-        rows += bench_model(key, batches, a)
+    try:
+        for key in models:
+            rows += bench_model(key, batches, a)
+    except NoLabelledSpans as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print()
     print(format_table(HEADER, rows))
     print("\n".join(summary(rows)))

@@ -331,8 +331,7 @@ def test_tile_config_validation_and_candidates():
         ("decode", 2048, 1024, False)
     ] == TileConfig(8, 64, 128, 4, reduce="pdl", occupancy=2, swap=True)
     staggered = TileConfig(8, 64, 256, occupancy=2, swap=True, stagger=True)
-    bench = _bench_module()
-    doc = {"decode|8192|2048|False": bench._cfg_list(staggered)}
+    doc = {"decode|8192|2048|False": gemm_configs.table_entry(staggered)}
     assert gemm_configs.parse_table(doc)[("decode", 8192, 2048, False)] == staggered
     with pytest.raises(ValueError, match="stagger"):
         TileConfig(1, 8, 1024, gemv=True, stagger=True)
@@ -431,8 +430,8 @@ def test_bad_inputs_raise_one_clear_error():
         gemm.linear_residual(x, w, torch.randn(2, 4))
 
 
-def _bench_module():
-    """benchmarks/ops/bench_gemm.py as a module (it imports its sibling _timing)."""
+def _bench_script(name: str = "bench_gemm"):
+    """benchmarks/ops/<name>.py as a module (the scripts import their sibling _timing)."""
     import importlib.util
     import pathlib
     import sys
@@ -440,16 +439,16 @@ def _bench_module():
     bench_dir = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "ops"
     sys.path.insert(0, str(bench_dir))
     try:
-        spec = importlib.util.spec_from_file_location("bench_gemm", bench_dir / "bench_gemm.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
+        spec = importlib.util.spec_from_file_location(name, bench_dir / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
     finally:
         sys.path.remove(str(bench_dir))
-    return bench
+    return mod
 
 
 def test_bench_tuned_table_is_the_whole_table_with_the_winners():
-    bench = _bench_module()
+    bench = _bench_script()
     table = {"large|8|8|False": [128, 128, 64, 1, 0, True], "decode|8|8|False": [16, 32, 256]}
     winners = {"decode|8|8|False": [8, 64, 512, 1, 0, True], "single|8|8|False": [1, 2, 1024]}
     out = bench.merged_table(table, winners)
@@ -463,7 +462,7 @@ def test_bench_tuned_table_is_the_whole_table_with_the_winners():
 def test_shortlist_ranks_a_sweeps_configs_per_key_over_all_its_rows():
     """--confirm's input: per (bucket, N, K, gated) the best configs by geometric-mean ratio,
     among those timed on every row of the key (q_proj and o_proj share one here)."""
-    bench = _bench_module()
+    bench = _bench_script()
     names = [bench._cfg_str(c) for c in candidate_configs(8, 2048, 2048)[:4]]
 
     def row(proj, cublas, times):
@@ -484,7 +483,7 @@ def test_shortlist_ranks_a_sweeps_configs_per_key_over_all_its_rows():
 
 
 def test_bench_confirm_rejects_bad_input(tmp_path, capsys):
-    bench = _bench_module()
+    bench = _bench_script()
     assert bench.main(["--confirm", str(tmp_path / "missing.json")]) == 2
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
@@ -500,9 +499,16 @@ def test_shipped_tile_table_is_stored_one_entry_per_line():
     assert text == gemm_configs.table_text(json.loads(text))
 
 
+def test_table_entries_round_trip_through_table_entry():
+    """`table_entry` writes what `parse_table` reads: every shipped entry comes back as stored."""
+    doc = gemm_configs.table_doc()
+    for key, cfg in gemm_configs.parse_table(doc).items():
+        assert gemm_configs.table_entry(cfg) == doc["|".join(map(str, key))]
+
+
 def test_bench_summary_splits_one_row_from_decode():
     """bench_gemm's summary judges M = 1 (GEMV bucket) and M = 2..16 separately."""
-    bench = _bench_module()
+    bench = _bench_script()
 
     def rec(m, pct, op="linear", proj="q_proj"):
         return dict(model="qwen3", proj=proj, op=op, M=m, pct_of_cublas=pct)
@@ -523,31 +529,10 @@ def test_bench_summary_splits_one_row_from_decode():
     assert lines[3] == "fused epilogues faster than the torch pair: 1/1 rows"
 
 
-def _in_model_module():
-    import importlib.util
-    import pathlib
-    import sys
-
-    path = (
-        pathlib.Path(__file__).resolve().parents[2]
-        / "benchmarks"
-        / "ops"
-        / "bench_gemm_in_model.py"
-    )
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_gemm_in_model", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(path.parent))
-    return mod
-
-
 def test_in_model_bench_rows_pair_the_two_sides_per_call():
     """bench_gemm_in_model: labels round-trip, rows need both sides, medians per call, decode
     summary over M <= 16 only."""
-    mod = _in_model_module()
+    mod = _bench_script("bench_gemm_in_model")
     dec = mod.label("linear", 8, 16384, 2048)
     pre = mod.label("linear_residual", 256, 2048, 8192)
     assert (mod.label_rows(dec), mod.label_rows(pre)) == (8, 256)
@@ -574,7 +559,7 @@ def test_in_model_bench_rows_pair_the_two_sides_per_call():
 def test_in_model_bench_sums_the_kernels_inside_each_calls_gpu_span():
     """A call's time is its stream's kernels inside its GPU span: gaps between a torch pair's
     GEMM and add are not counted, nor kernels of another stream or outside every span."""
-    mod = _in_model_module()
+    mod = _bench_script("bench_gemm_in_model")
     a, b = mod.label("linear_residual", 8, 2048, 2048), mod.label("linear", 8, 64, 64)
     spans = [(a, 7, 100.0, 130.0), (b, 7, 200.0, 205.0), (a, 7, 300.0, 310.0), (b, 7, 400.0, 401.0)]
     kernels = [
@@ -593,6 +578,6 @@ def test_in_model_bench_sums_the_kernels_inside_each_calls_gpu_span():
     "argv", [["--models", "gpt2"], ["--batches", "0"], ["--batches", "a"], ["--reps", "0"]]
 )
 def test_in_model_bench_rejects_bad_arguments(argv, capsys):
-    assert _in_model_module().main(argv) == 2
+    assert _bench_script("bench_gemm_in_model").main(argv) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: ")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 DECODE_MAX_M = 16
@@ -125,6 +125,21 @@ TILE_TABLE = Path(
 )
 
 
+#: a table entry's fields, in order: TileConfig's without group_m (always its default 8)
+_ENTRY_FIELDS = [f for f in fields(TileConfig) if f.name != "group_m"]
+#: an entry always spells these out: tm, tn, tk, split, latency, transpose_tile
+_ENTRY_MIN = 6
+
+
+def table_entry(cfg: TileConfig) -> list:
+    """The tile-table list of ``cfg`` (what `parse_table` reads back): the fields in order,
+    trailing ones at their defaults left off."""
+    vals = [getattr(cfg, f.name) for f in _ENTRY_FIELDS]
+    while len(vals) > _ENTRY_MIN and vals[-1] == _ENTRY_FIELDS[len(vals) - 1].default:
+        vals.pop()
+    return vals
+
+
 def parse_table(doc: dict) -> dict[tuple[str, int, int, bool], TileConfig]:
     """`{"bucket|N|K|gated": [tm, tn, tk, split, latency, transpose_tile(, reduce, ctas,
     occupancy, persistent, gemv, swap, stagger)]}` -> {key: cfg}."""
@@ -133,7 +148,13 @@ def parse_table(doc: dict) -> dict[tuple[str, int, int, bool], TileConfig]:
         bucket, n, k, gated = key.split("|")
         if bucket not in BUCKETS or gated not in ("True", "False"):
             raise ValueError(f"bad tile-table key {key!r}")
-        table[(bucket, int(n), int(k), gated == "True")] = TileConfig(*vals[:4], 8, *vals[4:])
+        if len(vals) > len(_ENTRY_FIELDS):
+            raise ValueError(
+                f"tile-table entry {key!r} has {len(vals)} fields, at most {len(_ENTRY_FIELDS)}"
+            )
+        names = [f.name for f in _ENTRY_FIELDS[: len(vals)]]
+        cfg = TileConfig(**dict(zip(names, vals, strict=True)))
+        table[(bucket, int(n), int(k), gated == "True")] = cfg
     return table
 
 
