@@ -46,6 +46,7 @@ from tilegym.ops.gemm_configs import (  # noqa: E402
     TileConfig,
     candidate_configs,
     choose_config,
+    config_name,
     m_bucket,
     table_doc,
     table_entry,
@@ -125,17 +126,6 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def _cfg_str(c: TileConfig) -> str:
-    lat = f"L{c.latency}" if c.latency else ""
-    red = f"-{c.reduce}" if c.split > 1 else ""
-    hints = (f"c{c.ctas}" if c.ctas else "") + (f"O{c.occupancy}" if c.occupancy else "")
-    hints += ("P" if c.persistent else "") + ("S" if c.stagger else "")
-    kind = "gemv-" if c.gemv else "swap-" if c.swap else ""
-    return (
-        f"{kind}{c.tm}x{c.tn}x{c.tk}/s{c.split}{red}{lat}{'' if c.transpose_tile else 'o'}{hints}"
-    )
-
-
 def sweep_candidates(m: int, n: int, k: int, gated: bool) -> list[TileConfig]:
     """Every candidate of a shape (``--sweep``)."""
     return candidate_configs(m, n, k, gated=gated)
@@ -205,7 +195,7 @@ def shortlist(sweep_doc: dict, top: int) -> dict[tuple, list[TileConfig]]:
         rows_per_key[key] += 1
         known = configs.setdefault(key, {})
         known.update(
-            {_cfg_str(c): c for c in candidate_configs(r["M"], r["N"], r["K"], gated=gated)}
+            {config_name(c): c for c in candidate_configs(r["M"], r["N"], r["K"], gated=gated)}
         )
         for name, us, *_ in r.get("candidates", []):
             ratios[key][name].append(us / r["cublas_us"])
@@ -308,7 +298,7 @@ def bench(
         )
         if cands_for:  # every correct candidate's time, for reading a sweep beyond its winners
             rec["candidates"] = [
-                [_cfg_str(c), stats[f"c{i}"].median_us, stats[f"c{i}"].spread_pct]
+                [config_name(c), stats[f"c{i}"].median_us, stats[f"c{i}"].spread_pct]
                 for i, c in enumerate(cands)
             ]
         records.append(rec)
@@ -325,7 +315,7 @@ def bench(
                 ct_.spread_pct,
                 rec["tflops"],
                 rec["pct_of_cublas"],
-                _cfg_str(cfg),
+                config_name(cfg),
             ]
         )
         print(format_table(HEADER, [rows[-1]]).splitlines()[-1], flush=True)
@@ -448,7 +438,7 @@ def main(argv=None) -> int:
     print("\n".join(summary(records)))
     print(f"configs with a wrong result (excluded): {len(bad)}")
     for model, proj, m, cfg, err in bad:
-        print(f"  {model} {proj} M={m} {_cfg_str(cfg)}: rel err {err:.2e}")
+        print(f"  {model} {proj} M={m} {config_name(cfg)}: rel err {err:.2e}")
     save(records, tuned)
     return 1 if bad else 0
 

@@ -8,16 +8,25 @@ linears) generates with `tilegym.ops.gemm`'s entry points either as they are (cu
 to their torch equivalents (cuBLAS `F.linear` on the same packed weights; residual add and
 SiLU-and-mul in torch), so both sides see the same weights at the same addresses and the same
 neighbouring kernels. Every GEMM call runs inside a `record_function` named
-"<op> M=<rows> <N>x<K>"; a call's time is the summed duration of the GPU kernels (CUPTI, no
-event overhead) inside that range's GPU-side span (kineto's gpu_user_annotation), so the gaps
-between a torch pair's kernels do not count. The CPU-side range's ``device_time_total`` is not
-used: on the H200 with torch 2.11 it misses kernels launched through the driver API (every
-cuTile kernel), which made a first version of this script report half the cuTile time. The two
-sides alternate, ``--reps`` profiled generate()s each after one warm-up; a row reports per-call
-medians over all of its calls.
+"<op> M=<rows> <N>x<K>"; a call's time is how long the GPU ran its kernels inside that range's
+GPU-side span (kineto's gpu_user_annotation; CUPTI kernel times, no event overhead; the union
+of the kernels' intervals), so the gaps between a torch pair's kernels do not count. The
+CPU-side range's ``device_time_total`` is not used: on the H200 with torch 2.11 it misses
+kernels launched through the driver API (every cuTile kernel), which made a first version of
+this script report half the cuTile time. The sides take turns, ``--reps`` profiled
+generate()s each after one warm-up; a row reports per-call medians over all of its calls.
+
+With ``--candidates SWEEP_JSON`` it also tunes the tile table in this context: each key's
+``--top`` configs of an isolated sweep (`bench_gemm.shortlist`) run as extra sides, side i
+giving every shortlisted key its i-th config, and ``--tuned-out`` writes the table with each
+key's fastest config by geometric-mean time over the key's calls (`pick_in_model`).
+``--candidates all`` instead tries every sweep candidate (`candidate_configs`) of the keys of
+the calls in ``--buckets`` (`all_candidates`): the small/medium buckets' isolated sweep ranked
+configs far from how they ran in the model.
 
 Usage (GPU, repo root, modeling/transformers/src and src on PYTHONPATH):
   python benchmarks/ops/bench_gemm_in_model.py --models llama,qwen3 --batches 1,8,16
+  python benchmarks/ops/bench_gemm_in_model.py --candidates sweep.json --top 3 --tuned-out t.json
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import math
 import os
 import statistics
 import sys
@@ -87,6 +97,45 @@ def summary(rows: list[list], decode_max_m: int = 16, prefill_min_m: int = 2048)
     return lines
 
 
+def label_key(name: str) -> tuple[str, int, int, bool] | None:
+    """The tile-table key (M bucket, N, K, gated) of a `label`; N of the fused gate-up op is
+    the intermediate size (its weight holds 2N rows)."""
+    from tilegym.ops.gemm_configs import m_bucket
+
+    m = label_rows(name)
+    if m is None:
+        return None
+    op, _, rest = name.partition(" M=")
+    n, k = (int(v) for v in rest.split(" ", 1)[1].split("x"))
+    gated = op == "fused_gate_up_silu"
+    return m_bucket(m), n // 2 if gated else n, k, gated
+
+
+def pick_in_model(
+    times: dict[str, dict[str, list[float]]], ranks: dict[tuple, int]
+) -> dict[tuple, tuple[str, dict[str, float]]]:
+    """Per table key timed: (fastest side, {side: % of cuBLAS}) over the sides that ran a
+    config of their own for the key: "cutile" (the table's) and "cand1".."candR" for the
+    key's ``ranks[key]`` shortlisted configs. A side's % is the geometric mean, over the
+    key's calls timed on cuBLAS and all those sides, of median cuBLAS / median side time."""
+    logs: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for name, per in times.items():
+        key = label_key(name)
+        if key is None:
+            continue
+        sides = ["cutile"] + [f"cand{i}" for i in range(1, ranks.get(key, 0) + 1)]
+        if not all(per.get(s) for s in ("cublas", *sides)):
+            continue
+        cb = statistics.median(per["cublas"])
+        for side in sides:
+            logs[key][side].append(math.log(cb / statistics.median(per[side])))
+    out = {}
+    for key, per_side in sorted(logs.items()):
+        pct = {s: 100.0 * math.exp(statistics.fmean(v)) for s, v in per_side.items()}
+        out[key] = (max(pct, key=pct.get), pct)
+    return out
+
+
 class NoLabelledSpans(RuntimeError):
     """The trace cannot time the GEMM calls (reported as one error line by `main`)."""
 
@@ -96,7 +145,9 @@ def per_call_kernel_us(
 ) -> tuple[dict[str, list[float]], int]:
     """({label: [GPU us of each call]}, spans with no kernel) from the labelled calls' GPU-side
     spans ``(label, stream, start, end)`` and the trace's kernels ``(stream, start, end)``: a
-    call's time is the summed duration of its stream's kernels that ran inside its span."""
+    call's time is how long its stream was running one of its kernels inside its span (the
+    union of their intervals: a programmatic-dependent kernel that starts before its primary
+    ends is not counted twice)."""
     by_stream: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for stream, start, end in kernels:
         by_stream[stream].append((start, end))
@@ -108,10 +159,12 @@ def per_call_kernel_us(
     for name, stream, start, end in spans:
         ks = by_stream.get(stream, [])
         i = bisect.bisect_left(starts.get(stream, []), start)
-        total, found = 0.0, False
+        total, reach, found = 0.0, start, False
         while i < len(ks) and ks[i][0] < end:
-            if ks[i][1] <= end:
-                total += ks[i][1] - ks[i][0]
+            k_start, k_end = ks[i]
+            if k_end <= end:
+                total += max(0.0, k_end - max(k_start, reach))
+                reach = max(reach, k_end)
                 found = True
             i += 1
         if found:
@@ -149,6 +202,23 @@ def _labelled(op: str, fn: Callable) -> Callable:
     return call
 
 
+def _with_configs(originals: dict[str, Callable], configs: dict[tuple, object]) -> dict:
+    """The cuTile entry points with ``configs`` ({table key: TileConfig}) in place of the
+    table's choice for the keys it has."""
+
+    def wrap(op: str, fn: Callable) -> Callable:
+        def call(x, w, *args, **kwargs):
+            name = label(op, x.numel() // x.shape[-1], w.shape[0], w.shape[1])
+            cfg = configs.get(label_key(name))
+            if cfg is not None:
+                kwargs["config"] = cfg
+            return fn(x, w, *args, **kwargs)
+
+        return call
+
+    return {op: wrap(op, fn) for op, fn in originals.items()}
+
+
 def _route(gemm, impls: dict[str, Callable]) -> None:
     for op in OPS:
         setattr(gemm, op, _labelled(op, impls[op]))
@@ -184,7 +254,49 @@ def _profiled_times(run: Callable[[], object]) -> dict[str, list[float]]:
     return times
 
 
-def bench_model(key: str, batches: list[int], args) -> list[list]:
+def all_candidates(
+    calls: set[tuple[str, int, int, int]], top: int, buckets: tuple[str, ...]
+) -> dict[tuple, list]:
+    """``--candidates all``: per table key of the calls ``(op, M, N, K)`` whose M bucket is in
+    ``buckets``, up to ``top`` of its sweep candidates (`candidate_configs`, merged over the
+    key's M values in increasing order) other than the table's choice."""
+    from tilegym.ops.gemm_configs import candidate_configs, choose_config
+
+    out: dict[tuple, list] = {}
+    for op, m, n, k in sorted(calls, key=lambda c: (c[1], c)):
+        key = label_key(label(op, m, n, k))
+        bucket, n_key, _, gated = key
+        if bucket not in buckets:
+            continue
+        table = choose_config(m, n_key, k, gated=gated)
+        known = out.setdefault(key, [])
+        for cfg in candidate_configs(m, n_key, k, gated=gated):
+            if cfg != table and cfg not in known:
+                known.append(cfg)
+    return {key: cfgs[:top] for key, cfgs in out.items()}
+
+
+def _recording(originals: dict[str, Callable], calls: set) -> dict[str, Callable]:
+    """The cuTile entry points, adding each call's (op, M, N, K) to ``calls``."""
+
+    def wrap(op: str, fn: Callable) -> Callable:
+        def call(x, w, *args, **kwargs):
+            calls.add((op, x.numel() // x.shape[-1], w.shape[0], w.shape[1]))
+            return fn(x, w, *args, **kwargs)
+
+        return call
+
+    return {op: wrap(op, fn) for op, fn in originals.items()}
+
+
+def bench_model(
+    key: str, batches: list[int], args, shortlist: dict | None = None
+) -> tuple[list[list], dict[str, dict[str, list[float]]], dict]:
+    """(table rows, {label: {side: per-call us}}, shortlist) of one model over ``batches``.
+
+    Sides are cuBLAS, the table's cuTile configs and, with a ``shortlist`` ({table key:
+    [TileConfig]}; ``args.candidates == "all"``: `all_candidates` of this model's calls),
+    one side per rank of it ("cand1", ...)."""
     import torch
     from tilegym_hf_bench.generation import greedy_config
     from tilegym_hf_bench.model_factory import random_model, twin_sharing_weights
@@ -193,34 +305,50 @@ def bench_model(key: str, batches: list[int], args) -> list[list]:
     from tilegym.transformers.monkey_patch import apply_tilegym_kernel
 
     originals = {op: getattr(gemm, op) for op in OPS}
-    impls = {"cutile": originals, "cublas": _torch_gemms()}
     base = random_model(key, "cuda", args.seed).model
     twin = twin_sharing_weights(base)
     handle = apply_tilegym_kernel(twin, swiglu=args.swiglu, linear=True)
     rows = []
+    all_times: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    runs = {}
+    for batch in batches:
+        gen = torch.Generator(device="cuda").manual_seed(args.seed + batch)
+        ids = torch.randint(
+            0, twin.config.vocab_size, (batch, args.prompt), device="cuda", generator=gen
+        )
+        config = greedy_config(twin, args.new_tokens)
+
+        def run(ids=ids, config=config):
+            with torch.inference_mode():
+                twin.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config
+                )
+
+        runs[batch] = run
     try:
-        for batch in batches:
-            gen = torch.Generator(device="cuda").manual_seed(args.seed + batch)
-            ids = torch.randint(
-                0, twin.config.vocab_size, (batch, args.prompt), device="cuda", generator=gen
-            )
-            config = greedy_config(twin, args.new_tokens)
-
-            def run(ids=ids, config=config):
-                with torch.inference_mode():
-                    twin.generate(
-                        input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config
-                    )
-
-            for side in SIDES:  # warm-up: compiles, cuBLAS heuristics, caches
+        if args.candidates == "all":
+            calls: set = set()
+            _route(gemm, _recording(originals, calls))
+            for run in runs.values():
+                run()
+            shortlist = all_candidates(calls, args.top, tuple(args.buckets.split(",")))
+        impls = {"cutile": originals, "cublas": _torch_gemms()}
+        for i in range(max(map(len, (shortlist or {}).values()), default=0)):
+            ranked = {k: cfgs[i] for k, cfgs in shortlist.items() if i < len(cfgs)}
+            impls[f"cand{i + 1}"] = _with_configs(originals, ranked)
+        sides = list(impls)
+        for batch, run in runs.items():
+            for side in sides:  # warm-up: compiles, cuBLAS heuristics, caches
                 _route(gemm, impls[side])
                 run()
             times: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
             for rep in range(args.reps):
-                for side in SIDES if rep % 2 == 0 else SIDES[::-1]:
+                turn = rep % len(sides)  # each rep starts with another side
+                for side in sides[turn:] + sides[:turn]:
                     _route(gemm, impls[side])
                     for name, vals in _profiled_times(run).items():
                         times[name][side].extend(vals)
+                        all_times[name][side].extend(vals)
             batch_rows = table_rows(key, batch, times)
             rows += batch_rows
             print(format_table(HEADER, batch_rows), flush=True)
@@ -228,7 +356,31 @@ def bench_model(key: str, batches: list[int], args) -> list[list]:
         for op, fn in originals.items():
             setattr(gemm, op, fn)
         handle.undo()
-    return rows
+    return rows, all_times, shortlist or {}
+
+
+def tuning_report(
+    picks: dict[tuple, tuple[str, dict[str, float]]], shortlist: dict
+) -> tuple[list[str], dict[str, list]]:
+    """(one report line per key, {table key string: entry} of the keys whose fastest side
+    ran a shortlisted config other than the table's own)."""
+    from tilegym.ops.gemm_configs import config_name, table_entry
+
+    def cfg_of(key, side):
+        return None if side == "cutile" else shortlist[key][int(side[4:]) - 1]
+
+    lines, winners = [], {}
+    for key, (best, pct) in picks.items():
+        name = "|".join(map(str, key))
+        parts = [
+            f"{'table' if side == 'cutile' else config_name(cfg_of(key, side))} {value:.1f}%"
+            for side, value in pct.items()
+        ]
+        won = cfg_of(key, best)
+        lines.append(f"{name}: {', '.join(parts)} -> {config_name(won) if won else 'table'}")
+        if won is not None:
+            winners[name] = table_entry(won)
+    return lines, winners
 
 
 def main(argv=None) -> int:
@@ -241,6 +393,19 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--swiglu", action="store_true", help="fused gate-up+SiLU (default: linear)")
     p.add_argument("--json-out", default=None)
+    p.add_argument(
+        "--candidates",
+        default="",
+        help="comma-separated bench_gemm --sweep JSONs to tune from, or 'all': every sweep "
+        "candidate of the prefill calls' keys",
+    )
+    p.add_argument("--top", type=int, default=3, help="shortlisted configs per key")
+    p.add_argument(
+        "--buckets",
+        default="small,medium",
+        help="M buckets that --candidates all tunes (comma-separated gemm_configs.BUCKETS)",
+    )
+    p.add_argument("--tuned-out", default=None, help="write the in-model tuned tile table")
     a = p.parse_args(argv)
     from tilegym_hf_bench.presets import PRESETS
 
@@ -255,6 +420,20 @@ def main(argv=None) -> int:
     if not batches or min(batches) < 1 or min(a.prompt, a.new_tokens, a.reps) < 1:
         print("error: --batches, --prompt, --new-tokens and --reps must be >= 1", file=sys.stderr)
         return 2
+    if a.top < 1:
+        print("error: --top must be >= 1", file=sys.stderr)
+        return 2
+    from tilegym.ops.gemm_configs import BUCKETS
+
+    if not a.buckets or set(a.buckets.split(",")) - set(BUCKETS):
+        print(f"error: --buckets {a.buckets!r}: choose from {', '.join(BUCKETS)}", file=sys.stderr)
+        return 2
+    try:
+        paths = [] if a.candidates == "all" else [f for f in a.candidates.split(",") if f]
+        short = load_shortlist(paths, a.top)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: --candidates {a.candidates}: {exc}", file=sys.stderr)
+        return 2
     import torch
 
     if not torch.cuda.is_available():
@@ -262,9 +441,14 @@ def main(argv=None) -> int:
         return 1
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     rows = []
+    times: dict[str, dict[str, list[float]]] = {}
+    tuned: dict[tuple, list] = {}
     try:
         for key in models:
-            rows += bench_model(key, batches, a)
+            model_rows, model_times, model_short = bench_model(key, batches, a, short)
+            rows += model_rows
+            times.update(model_times)
+            tuned.update(model_short)
     except NoLabelledSpans as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -272,10 +456,42 @@ def main(argv=None) -> int:
     print(format_table(HEADER, rows))
     print("\n".join(summary(rows)))
     if a.json_out:
-        with open(a.json_out + ".tmp", "w") as f:
-            json.dump({"header": HEADER, "rows": rows}, f, indent=1)
-        os.replace(a.json_out + ".tmp", a.json_out)
+        _write(a.json_out, json.dumps({"header": HEADER, "rows": rows}, indent=1))
+    if tuned:
+        from tilegym.ops.gemm_configs import table_doc, table_text
+
+        lines, winners = tuning_report(
+            pick_in_model(times, {k: len(v) for k, v in tuned.items()}), tuned
+        )
+        print("\n# in-model tuning (% of cuBLAS, geometric mean over the key's calls)")
+        print("\n".join(lines))
+        if a.tuned_out:
+            _write(a.tuned_out, table_text({**table_doc(), **winners}))
+            print(f"# {len(winners)} keys changed -> {a.tuned_out}")
     return 0
+
+
+def _write(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def load_shortlist(paths: list[str], top: int) -> dict[tuple, list]:
+    """{table key: up to ``top`` configs} from isolated sweeps' JSONs (`bench_gemm.shortlist`),
+    without the table's own config (the "cutile" side runs it)."""
+    if not paths:
+        return {}
+    from bench_gemm import shortlist
+
+    from tilegym.ops.gemm_configs import TUNED
+
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            rows += json.load(f)["rows"]
+    ranked = shortlist({"rows": rows}, top + 1)
+    return {k: [c for c in v if c != TUNED.get(k)][:top] for k, v in ranked.items()}
 
 
 if __name__ == "__main__":

@@ -76,8 +76,8 @@ CASES = [
     (model, name, m)
     for model in MODELS
     for name in projections(model)
-    for m in (1, 16, 2048)
-    if not (name == "lm_head" and m == 16)
+    for m in (1, 16, 32, 300, 2048)
+    if not (name == "lm_head" and m in (16, 32, 300))
 ]
 
 
@@ -188,6 +188,9 @@ SWAP_CONFIGS = [
     TileConfig(16, 64, 128, 5, reduce="pdl", swap=True, stagger=True),
     TileConfig(16, 128, 128, occupancy=1, persistent=True, swap=True, stagger=True),
     TileConfig(16, 64, 128, 3, reduce="cta", stagger=True),
+    # the small bucket's swapped tiles: 32/64 token columns (prefill of short prompts)
+    TileConfig(32, 64, 256, swap=True),
+    TileConfig(64, 128, 128, swap=True, transpose_tile=False),
 ]
 
 
@@ -206,6 +209,8 @@ def test_swapped_operands_odd_and_model_shapes(op, cfg, gen):
         return
     shapes = [(1, 1000, 1000), (3, 2048, 1000), (20, 1021, 3000), (16, 2048, 8192)]
     shapes.append((8, 1024, 3072) if op == "gated" else (9, 151936, 1024))
+    if cfg.tm >= 32:
+        shapes += [(100, 1000, 1000), (77, 2048, 2048)]
     for m, n, k in shapes:
         for _ in range(2):
             _run_case(op, m, n, k, gen, config=cfg, bias=op == "linear")
@@ -249,24 +254,28 @@ def test_zero_output_fails_the_check_cpu():
 
 
 @pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("m", [1, 8, 16, 17, 100, 2048, 5000])
+@pytest.mark.parametrize("m", [1, 8, 16, 17, 100, 300, 1024, 2048, 5000])
 def test_configs_cover_model_shapes(model, m):
     """Every model projection has a config (split only at decode); the measured table covers
     the decode and prefill buckets of every projection shape."""
-    for op, n, k in projections(model).values():
+    for name, (op, n, k) in projections(model).items():
         gated = op == "gated"
         cfg = choose_config(m, n, k, gated=gated)
         assert cfg.split == 1 or gemm_configs.m_bucket(m) in gemm_configs.DECODE_BUCKETS
         assert not cfg.gemv or (m <= gemm_configs.DECODE_MAX_M and not gated)
-        assert not cfg.swap or m <= gemm_configs.DECODE_MAX_M
+        assert not cfg.swap or m <= gemm_configs.SMALL_MAX_M
         bucket = gemm_configs.m_bucket(m)
-        if bucket != "small" and gemm_configs.TILE_TABLE.exists():
+        if bucket in gemm_configs.MID_BUCKETS and name in ("q_proj", "k_proj", "gate_proj"):
+            continue  # prefill of the patched model runs them packed (qkv_proj, gate_up)
+        if bucket in gemm_configs.MID_BUCKETS and name == "lm_head":
+            continue  # generate() runs it on the last token only
+        if gemm_configs.TILE_TABLE.exists():
             assert (bucket, n, k, gated) in gemm_configs.TUNED, (model, op, n, k)
 
 
 def test_m_buckets_split_decode_at_eight_tokens():
     expected = {1: "single", 2: "decode", 8: "decode", 9: "decode16", 16: "decode16"}
-    expected.update({17: "small", 128: "small", 129: "large"})
+    expected.update({17: "small", 128: "small", 129: "medium", 1024: "medium", 1025: "large"})
     assert {m: gemm_configs.m_bucket(m) for m in expected} == expected
     with pytest.raises(ValueError):
         gemm_configs.m_bucket(0)
@@ -276,7 +285,11 @@ def test_defaults_outside_the_table():
     cfg = choose_config(3, 1000, 1000)
     assert (cfg.tm, cfg.split, cfg.swap) == (8, 1, True)
     assert choose_config(5000, 1000, 1000).tm == 128
-    assert choose_config(40, 1000, 1000, gated=True).tm == 64
+    assert (choose_config(40, 1000, 1000, gated=True).tm, choose_config(40, 8, 8).swap) == (
+        32,
+        True,
+    )
+    assert choose_config(300, 1000, 1000) == TileConfig(64, 128, 64)
 
 
 def test_tile_config_validation_and_candidates():
@@ -316,6 +329,13 @@ def test_tile_config_validation_and_candidates():
     assert not any(c.gemv for c in candidate_configs(1, 1024, 1024, gated=True))
     assert any(c.persistent and c.tm == 16 for c in candidate_configs(8, 151936, 1024))
     assert not any(c.persistent for c in candidate_configs(8, 3072, 1024, gated=True))
+    # small/medium (batch x short-prompt prefill): small tiles, swapped ones at M <= 128
+    mid = candidate_configs(256, 2048, 8192)
+    assert TileConfig(64, 64, 64, transpose_tile=False) in mid and not any(c.swap for c in mid)
+    assert TileConfig(128, 128, 64, occupancy=1, persistent=True) in mid
+    small = candidate_configs(32, 2048, 8192)
+    assert {c.tm for c in small if c.swap} == {32, 64}
+    assert all(c.split == 1 for c in small + mid + candidate_configs(200, 3072, 1024, gated=True))
     with pytest.raises(ValueError, match="gemv"):
         TileConfig(1, 8, 1024, split=2, gemv=True)
     with pytest.raises(ValueError):
@@ -463,7 +483,7 @@ def test_shortlist_ranks_a_sweeps_configs_per_key_over_all_its_rows():
     """--confirm's input: per (bucket, N, K, gated) the best configs by geometric-mean ratio,
     among those timed on every row of the key (q_proj and o_proj share one here)."""
     bench = _bench_script()
-    names = [bench._cfg_str(c) for c in candidate_configs(8, 2048, 2048)[:4]]
+    names = [gemm_configs.config_name(c) for c in candidate_configs(8, 2048, 2048)[:4]]
 
     def row(proj, cublas, times):
         cands = [[name, us, 1.0] for name, us in zip(names, times, strict=False)]
@@ -478,7 +498,8 @@ def test_shortlist_ranks_a_sweeps_configs_per_key_over_all_its_rows():
     }
     short = bench.shortlist(doc, top=2)
     key = ("decode", 2048, 2048, False)
-    assert [bench._cfg_str(c) for c in short[key]] == [names[0], names[1]]  # 0.9 < 0.938 < 1.2
+    got = [gemm_configs.config_name(c) for c in short[key]]
+    assert got == [names[0], names[1]]  # 0.9 < 0.938 < 1.2
     assert short[("single", 64, 64, True)] == []  # an unknown config name is dropped
 
 
@@ -572,6 +593,98 @@ def test_in_model_bench_sums_the_kernels_inside_each_calls_gpu_span():
     ]
     times, empty = mod.per_call_kernel_us(spans, kernels)
     assert times == {a: [14.0, 10.0], b: [4.0]} and empty == 1
+
+
+def test_in_model_tuning_picks_each_keys_fastest_config_by_geometric_mean():
+    """--candidates: calls map to table keys (gated N = intermediate), a candidate side counts
+    for a key only up to the key's shortlist length, and only calls timed on every side."""
+    mod = _bench_script("bench_gemm_in_model")
+    q8, q4 = mod.label("linear", 8, 4096, 1024), mod.label("linear", 4, 4096, 1024)
+    gate = mod.label("fused_gate_up_silu", 16, 6144, 1024)
+    assert mod.label_key(q8) == mod.label_key(q4) == ("decode", 4096, 1024, False)
+    assert mod.label_key(gate) == ("decode16", 3072, 1024, True)
+    assert mod.label_key("aten::mm") is None
+    times = {
+        q8: {"cublas": [10.0], "cutile": [10.0, 10.0], "cand1": [8.0], "cand2": [12.5]},
+        q4: {"cublas": [10.0], "cutile": [10.0], "cand1": [12.5], "cand2": [8.0]},
+        gate: {"cublas": [10.0], "cutile": [9.0], "cand1": [5.0], "cand2": [1.0]},
+        mod.label("linear", 1, 64, 64): {"cublas": [1.0], "cutile": [1.0]},  # no cand1 run
+    }
+    ranks = {("decode", 4096, 1024, False): 2, ("decode16", 3072, 1024, True): 1}
+    ranks[("single", 64, 64, False)] = 1
+    picks = mod.pick_in_model(times, ranks)
+    assert set(picks) == {("decode", 4096, 1024, False), ("decode16", 3072, 1024, True)}
+    best, pct = picks[("decode", 4096, 1024, False)]
+    assert best == "cutile" and pct["cutile"] == pytest.approx(100.0)
+    assert pct["cand1"] == pytest.approx(100.0) and pct["cand2"] == pytest.approx(100.0)
+    best, pct = picks[("decode16", 3072, 1024, True)]
+    assert best == "cand1" and set(pct) == {"cutile", "cand1"}  # cand2 is not its config
+    assert pct["cand1"] == pytest.approx(200.0)
+    short = {
+        ("decode", 4096, 1024, False): [TileConfig(8, 64, 512, swap=True), TileConfig(16, 64, 64)],
+        ("decode16", 3072, 1024, True): [TileConfig(16, 64, 256, swap=True)],
+    }
+    lines, winners = mod.tuning_report(picks, short)
+    assert winners == {
+        "decode16|3072|1024|True": [16, 64, 256, 1, 0, True, "cta", 0, 0, False] + [False, True]
+    }
+    assert lines[1] == (
+        "decode16|3072|1024|True: table 111.1%, swap-16x64x256/s1 200.0% -> swap-16x64x256/s1"
+    )
+    assert lines[0].endswith("-> table")
+
+
+def test_in_model_all_candidates_cover_the_keys_of_the_chosen_buckets():
+    """--candidates all: one list per key of the calls in the chosen buckets, merged over the
+    key's M values without repeats, without the table's own config."""
+    mod = _bench_script("bench_gemm_in_model")
+    calls = {
+        ("linear", 256, 3072, 2048),
+        ("linear", 512, 3072, 2048),
+        ("linear", 8, 3072, 2048),
+        ("fused_gate_up_silu", 32, 16384, 2048),
+    }
+    short = mod.all_candidates(calls, top=500, buckets=("small", "medium"))
+    assert set(short) == {("medium", 3072, 2048, False), ("small", 8192, 2048, True)}
+    medium = short[("medium", 3072, 2048, False)]
+    table, want = choose_config(256, 3072, 2048), []
+    for m in (256, 512):  # one bucket, one table config
+        want += [c for c in candidate_configs(m, 3072, 2048) if c != table and c not in want]
+    assert medium == want and table not in medium
+    gated = short[("small", 8192, 2048, True)]
+    assert gated == [c for c in candidate_configs(32, 8192, 2048, gated=True)[1:]]
+    assert len(mod.all_candidates(calls, 2, ("medium",))[("medium", 3072, 2048, False)]) == 2
+    assert set(mod.all_candidates(calls, 2, ("decode",))) == {("decode", 3072, 2048, False)}
+
+
+def test_in_model_bench_counts_overlapping_kernels_once():
+    """A dependent kernel launched early (PDL) overlaps its primary: the call is the union."""
+    mod = _bench_script("bench_gemm_in_model")
+    a = mod.label("linear", 1, 4096, 1024)
+    kernels = [(7, 100.0, 104.0), (7, 103.0, 105.0), (7, 108.0, 109.0)]
+    times, empty = mod.per_call_kernel_us([(a, 7, 99.0, 110.0)], kernels)
+    assert times == {a: [6.0]} and empty == 0
+
+
+def test_in_model_shortlist_reads_sweeps_and_skips_the_tables_config(tmp_path, capsys):
+    mod = _bench_script("bench_gemm_in_model")
+    m, n, k = 8, 2048, 2048
+    cands = candidate_configs(m, n, k)
+    table_cfg = choose_config(m, n, k)
+    others = [c for c in cands if c != table_cfg][:3]
+    names = [gemm_configs.config_name(c) for c in [table_cfg, *others]]
+    row = dict(proj="q", op="linear", M=m, N=n, K=k, cublas_us=10.0)
+    row["candidates"] = [[name, 5.0 + i, 1.0] for i, name in enumerate(names)]
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"rows": [row]}))
+    short = mod.load_shortlist([str(path)], top=2)
+    assert short == {("decode", n, k, False): others[:2]}
+    assert mod.load_shortlist([], top=2) == {}
+    assert mod.main(["--candidates", str(tmp_path / "missing.json")]) == 2
+    assert mod.main(["--top", "0"]) == 2
+    assert mod.main(["--candidates", "all", "--buckets", "tiny"]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 3 and all(line.startswith("error: ") for line in errors)
 
 
 @pytest.mark.parametrize(

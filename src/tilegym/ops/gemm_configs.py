@@ -1,9 +1,12 @@
 """Tile configuration per GEMM shape for `tilegym.ops.gemm` (pure logic, no GPU).
 
 A configuration is chosen from a small static table (`gemm_tiles.json`) measured on an H200
-by `benchmarks/ops/bench_gemm.py --sweep` for the projection shapes of the supported models
-(keyed by M bucket, N, K and whether the gate-up-SiLU epilogue is fused), with the tiles that
-won most often there for every other shape.
+for the projection shapes of the supported models (keyed by M bucket, N, K and whether the
+gate-up-SiLU epilogue is fused), with the tiles that won most often there for every other
+shape. Candidates come from `candidate_configs`; `benchmarks/ops/bench_gemm.py --sweep` times
+them alone, `benchmarks/ops/bench_gemm_in_model.py --candidates` inside a patched model's
+generate(), which decided the table where the two disagreed (small/medium prefill keys, and
+the one-row and large keys it re-checked).
 
 Decode shapes (M <= 16) have few output tiles (N / tn), often fewer than the GPU's 132 SMs.
 Their winners are swapped-operand tiles (`TileConfig.swap`: W's rows on the mma's M side,
@@ -14,6 +17,8 @@ tile's token width can follow M. The sweep still tries split-K with both reducti
 kernel) and keeps whichever config measured fastest with a correct result.
 One row (M = 1, bucket "single") is a latency-bound stream of W, where the GEMV kernel (plain
 16-byte loads, multiply-adds, no TMA or mma; `TileConfig.gemv`) won most projections.
+Prefill of short prompts or batches (M = 17-128 "small", 129-1024 "medium") gets smaller
+tiles than the large bucket's: at M <= 128 swapped tiles with 32 token columns won most keys.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ DECODE_MAX_M = 16
 #: decode token counts up to this fit one swapped tile's token columns at tm = 8 (HGMMA n = 8)
 DECODE8_MAX_M = 8
 SMALL_MAX_M = 128
+#: batch x short-prompt prefill (M = 256-512 in a batch-8/16 generate) gets its own tiles: the
+#: "large" ones, tuned at M = 2048, made 16-32 output tiles there and ran at 47-90% of cuBLAS
+#: inside generate() (docs/results/h200-2026-12-01/ops/gemm_in_model_before.txt)
+MEDIUM_MAX_M = 1024
 MAX_SPLIT = 16
 SPLIT_REDUCTIONS = ("cta", "pdl")
 #: SMs of the H200 the table is tuned for: split-K aims to put about one block on each
@@ -81,13 +90,29 @@ class TileConfig:
             raise ValueError(f"reduce={self.reduce!r} must be one of {SPLIT_REDUCTIONS}")
 
 
-BUCKETS = ("single", "decode", "decode16", "small", "large")
+def config_name(c: TileConfig) -> str:
+    """Short name of a config in benchmark tables, e.g. ``swap-8x64x256/s4-pdlO2S``: tiles, split
+    and reduction, latency, ``o`` for the order-view W tile, cluster/occupancy hints, ``P``
+    persistent, ``S`` staggered."""
+    lat = f"L{c.latency}" if c.latency else ""
+    red = f"-{c.reduce}" if c.split > 1 else ""
+    hints = (f"c{c.ctas}" if c.ctas else "") + (f"O{c.occupancy}" if c.occupancy else "")
+    hints += ("P" if c.persistent else "") + ("S" if c.stagger else "")
+    kind = "gemv-" if c.gemv else "swap-" if c.swap else ""
+    return (
+        f"{kind}{c.tm}x{c.tn}x{c.tk}/s{c.split}{red}{lat}{'' if c.transpose_tile else 'o'}{hints}"
+    )
+
+
+BUCKETS = ("single", "decode", "decode16", "small", "medium", "large")
 DECODE_BUCKETS = ("single", "decode", "decode16")
+#: buckets between decode and the large prefill tiles: few output tiles at the large shapes
+MID_BUCKETS = ("small", "medium")
 
 
 def m_bucket(m: int) -> str:
     """Bucket of the token count: 'single' (M = 1: one sequence decoding), 'decode'
-    (M <= 8), 'decode16' (M <= 16), 'small' (M <= 128) or 'large'.
+    (M <= 8), 'decode16' (M <= 16), 'small' (M <= 128), 'medium' (M <= 1024) or 'large'.
 
     M = 8 and M = 16 are tuned apart because the best swapped tile's token width follows M:
     at M = 16 an 8-row tile runs two blocks per W tile (a second wave on wide N: 77-86% of
@@ -103,6 +128,8 @@ def m_bucket(m: int) -> str:
         return "decode16"
     if m <= SMALL_MAX_M:
         return "small"
+    if m <= MEDIUM_MAX_M:
+        return "medium"
     return "large"
 
 
@@ -113,7 +140,9 @@ def default_config(bucket: str, gated: bool) -> TileConfig:
     if bucket in DECODE_BUCKETS:
         return TileConfig(8, 64, 256 if gated else 512, swap=True)
     if bucket == "small":
-        return TileConfig(64, 64 if gated else 128, 64)
+        return TileConfig(32, 64, 128 if gated else 256, swap=True)
+    if bucket == "medium":
+        return TileConfig(64, 128, 64)
     if gated:
         return TileConfig(128, 64, 64, transpose_tile=False)
     return TileConfig(128, 128, 64, occupancy=1, persistent=True)
@@ -235,24 +264,50 @@ def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[Ti
         for cfg in _decode_candidates(m, n, k, gated):
             add(cfg)
         return out
-    if bucket == "small":
-        shapes = [(64, 64, 64), (64, 128, 64), (128, 128, 64)]
-    else:
-        shapes = [(128, 256, 64), (128, 128, 64), (256, 128, 64), (128, 128, 128)]
-        shapes += [(128, 64, 64), (64, 128, 64)]
-        if gated:
-            shapes = [(128, 128, 64), (128, 64, 64), (64, 128, 64), (128, 64, 128), (64, 64, 64)]
+    if bucket in MID_BUCKETS:
+        for cfg in _mid_candidates(m, n, k, gated):
+            add(cfg)
+        return out
+    shapes = [(128, 256, 64), (128, 128, 64), (256, 128, 64), (128, 128, 128)]
+    shapes += [(128, 64, 64), (64, 128, 64)]
+    if gated:
+        shapes = [(128, 128, 64), (128, 64, 64), (64, 128, 64), (128, 64, 128), (64, 64, 64)]
     for tm, tn, tk in shapes:
         for trans in (True, False):
             add(TileConfig(tm, tn, tk, transpose_tile=trans))
-    if bucket == "large":
+    for tm, tn, tk in shapes[:3]:
+        for ctas, occ in ((2, 0), (0, 1), (2, 1)):
+            add(TileConfig(tm, tn, tk, ctas=ctas, occupancy=occ))
+    if not gated:
         for tm, tn, tk in shapes[:3]:
-            for ctas, occ in ((2, 0), (0, 1), (2, 1)):
-                add(TileConfig(tm, tn, tk, ctas=ctas, occupancy=occ))
-        if not gated:
-            for tm, tn, tk in shapes[:3]:
-                for occ in (1, 2):
-                    add(TileConfig(tm, tn, tk, occupancy=occ, persistent=True))
+            for occ in (1, 2):
+                add(TileConfig(tm, tn, tk, occupancy=occ, persistent=True))
+    return out
+
+
+#: unswapped tiles of the small/medium sweep (each with both W-tile layouts)
+MID_TILES = ((64, 64, 64), (64, 128, 64), (128, 64, 64), (128, 128, 64), (64, 64, 128))
+#: swapped (tn, tk) tiles of the small bucket's sweep (token widths 32 and 64)
+MID_SWAP_TILES = ((64, 128), (64, 256), (128, 128))
+
+
+def _mid_candidates(m: int, n: int, k: int, gated: bool) -> list[TileConfig]:
+    """Small/medium (M = 17-1024) candidates of `candidate_configs`: prefill of short prompts
+    or batches, where the large prefill tiles leave most SMs idle (M = 256, N = 2048 at
+    128x128: 32 tiles on 132 SMs). Smaller tiles; at M <= 128 also swapped tiles (W rows on
+    the mma's M side, as at decode) with 32/64 token columns; at medium M the large bucket's
+    persistent tile for reference. No split-K: on the H200 it won no small/medium row, alone
+    or inside generate(), where its fp32 partials ran at 13-77% of cuBLAS
+    (docs/results/h200-2026-12-01/ops/gemm_in_model_tuning.txt)."""
+    out: list[TileConfig] = []
+    for tm, tn, tk in MID_TILES:
+        out += [TileConfig(tm, tn, tk, transpose_tile=t) for t in (True, False)]
+    out += [TileConfig(tm, tn, tk, occupancy=2) for tm, tn, tk in MID_TILES[:2]]
+    if m <= SMALL_MAX_M:
+        for tm in (32, 64):
+            out += [TileConfig(tm, tn, tk, swap=True) for tn, tk in MID_SWAP_TILES]
+    elif not gated:
+        out.append(TileConfig(128, 128, 64, occupancy=1, persistent=True))
     return out
 
 
