@@ -297,7 +297,7 @@ def _mid_candidates(m: int, n: int, k: int, gated: bool) -> list[TileConfig]:
     128x128: 32 tiles on 132 SMs). Smaller tiles; at M <= 128 also swapped tiles (W rows on
     the mma's M side, as at decode) with 32/64 token columns; at medium M the large bucket's
     persistent tile for reference. No split-K: on the H200 it won no small/medium row, alone
-    or inside generate(), where its fp32 partials ran at 13-77% of cuBLAS
+    or inside generate(), where the split configs ran at 11-87% of cuBLAS
     (docs/results/h200-2026-12-01/ops/gemm_in_model_tuning.txt)."""
     out: list[TileConfig] = []
     for tm, tn, tk in MID_TILES:
