@@ -34,8 +34,9 @@ DECODE_MAX_M = 16
 DECODE8_MAX_M = 8
 SMALL_MAX_M = 128
 #: batch x short-prompt prefill (M = 256-512 in a batch-8/16 generate) gets its own tiles: the
-#: "large" ones, tuned at M = 2048, made 16-32 output tiles there and ran at 47-90% of cuBLAS
-#: inside generate() (docs/results/h200-2026-12-01/ops/gemm_in_model_before.txt)
+#: "large" ones, tuned at M = 2048, leave most SMs idle there (M = 256, N = 1024 at 128x128: 16
+#: tiles) and ran at 47-99% of cuBLAS inside generate()
+#: (docs/results/h200-2026-12-01/ops/gemm_in_model_before.txt)
 MEDIUM_MAX_M = 1024
 MAX_SPLIT = 16
 SPLIT_REDUCTIONS = ("cta", "pdl")
