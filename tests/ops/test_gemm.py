@@ -687,6 +687,23 @@ def test_in_model_shortlist_reads_sweeps_and_skips_the_tables_config(tmp_path, c
     assert len(errors) == 3 and all(line.startswith("error: ") for line in errors)
 
 
+def test_gate_up_prefill_bench_variants_and_bad_arguments(capsys):
+    """bench_gate_up_prefill: the table's GEMM and fused configs lead their groups, names are
+    unique; bad arguments give one error line each."""
+    mod = _bench_script("bench_gate_up_prefill")
+    v = mod.variants(2048, 8192, 2048)
+    names = list(v)
+    assert names[0] == "linear " + gemm_configs.config_name(choose_config(2048, 16384, 2048))
+    fused = [n for n in names if v[n][0] == "fused"]
+    table = choose_config(2048, 8192, 2048, gated=True)
+    assert fused[0] == "fused " + gemm_configs.config_name(table) and v[fused[0]][1] is None
+    assert [p for p, _ in v.values()].count("unfused") == 1
+    argvs = [["--models", "gpt2"], ["--tokens", "x"], ["--tokens", "0"], ["--warmup-shard", "1"]]
+    assert [mod.main(a) for a in argvs] == [2, 2, 2, 2]
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 4 and all(line.startswith("error: ") for line in errors)
+
+
 @pytest.mark.parametrize(
     "argv", [["--models", "gpt2"], ["--batches", "0"], ["--batches", "a"], ["--reps", "0"]]
 )

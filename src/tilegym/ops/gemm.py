@@ -93,23 +93,33 @@ def _acc_zeros(tm, tn, swap):
     return ct.full((tm, tn), 0, dtype=ct.float32)
 
 
+def _x_operand(x, bm, k, tm, tk, latency, transpose_tile, swap):
+    """The X tile of K step ``k`` as the mma wants it: (TM, TK), or X^T (TK, TM) when swapped
+    (transpose_tile picks a tile transpose or an order view, as it does for W otherwise)."""
+    if not swap:
+        return _load_x(x, bm, k, tm, tk, latency)
+    if transpose_tile:
+        return ct.transpose(_load_x(x, bm, k, tm, tk, 0))
+    return _load_tile(x, (k, bm), (tk, tm), 0, order=(1, 0))
+
+
+def _mma_with(xop, w, acc, bn, k, tn, tk, latency, transpose_tile, swap):
+    """acc += the X operand (`_x_operand`) times W tile ``(bn, k)``^T."""
+    if swap:
+        return ct.mma(_load_tile(w, (bn, k), (tn, tk), latency), xop, acc)
+    return ct.mma(xop, _load_wt(w, bn, k, tn, tk, latency, transpose_tile), acc)
+
+
 def _mma_step(x, w, acc, bm, bn, k, tm, tn, tk, latency, transpose_tile, swap):
     """acc += X tile @ W tile^T for K tile ``k``.
 
     swap: the (TN, TK) W tile is the mma's A operand and the (TM, TK) X tile, transposed, its B
     (acc is then (TN, TM)). For a few rows this puts W's rows on the mma's M side, where
     Hopper's warpgroup mma wants 64 of them, and leaves only the token count (8 or 16) on N;
-    the W tile is then read as stored, K-contiguous, with no transpose. transpose_tile picks
-    how X^T is formed (tile transpose or order view), as it does for W otherwise.
+    the W tile is then read as stored, K-contiguous, with no transpose.
     """
-    if swap:
-        if transpose_tile:
-            xt = ct.transpose(_load_x(x, bm, k, tm, tk, 0))
-        else:
-            xt = _load_tile(x, (k, bm), (tk, tm), 0, order=(1, 0))
-        return ct.mma(_load_tile(w, (bn, k), (tn, tk), latency), xt, acc)
-    a = _load_x(x, bm, k, tm, tk, latency)
-    return ct.mma(a, _load_wt(w, bn, k, tn, tk, latency, transpose_tile), acc)
+    xop = _x_operand(x, bm, k, tm, tk, latency, transpose_tile, swap)
+    return _mma_with(xop, w, acc, bn, k, tn, tk, latency, transpose_tile, swap)
 
 
 def _acc_out(acc, swap):
@@ -335,8 +345,10 @@ def tilegym_gate_up_silu_kernel(
     up = _acc_zeros(TM, TN, SWAP)
     for k0 in range(k_first, k_last):
         k = _k_tile(k0, k_first, k_last, bn, STAGGER)
-        gate = _mma_step(X, WG, gate, bm, bn, k, TM, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
-        up = _mma_step(X, WU, up, bm, bn, k, TM, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
+        # one X tile feeds both mmas (two loads of it were two TMA copies per K step)
+        xop = _x_operand(X, bm, k, TM, TK, LATENCY, TRANSPOSE_TILE, SWAP)
+        gate = _mma_with(xop, WG, gate, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
+        up = _mma_with(xop, WU, up, bn, k, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
     gate = _acc_out(gate, SWAP)
     up = _acc_out(up, SWAP)
     if SPLIT_MODE == NO_SPLIT:
