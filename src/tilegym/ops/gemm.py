@@ -745,25 +745,38 @@ def aot_signatures(
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16),
 ) -> dict:
     """`{kernel: [KernelSignature, ...]}` for the kernels of `ops` ('linear', 'residual',
-    'gated'); by default every `@ct.kernel` here, in bf16 and fp16."""
+    'gated'); by default every `@ct.kernel` here, in bf16 and fp16.
+
+    Each case compiles twice: for any input, and for 16-byte aligned bases and row strides,
+    which is what the models' tensors are and what the runtime specializes on. Only the
+    aligned variant takes the TMA path (sm_90 SASS: UTMALDG); the other loads element-wise."""
     from cuda.tile.compilation import ArrayConstraint, CallingConvention, KernelSignature
 
-    def arr(dtype, ndim, group=None):
-        return ArrayConstraint(
-            dtype,
-            ndim,
-            index_dtype=ct.int32,
-            stride_lower_bound_incl=0,
-            alias_groups=(group,) if group else (),
-            may_alias_internally=False,
-            stride_constant=(None,) * (ndim - 1) + (1,),
-        )
+    itemsize = {ct.bfloat16: 2, ct.float16: 2, ct.float32: 4, ct.int32: 4}
+
+    def array_constraints(aligned: bool):
+        def arr(dtype, ndim, group=None):
+            step = 16 // itemsize[dtype] if aligned else 1
+            return ArrayConstraint(
+                dtype,
+                ndim,
+                index_dtype=ct.int32,
+                stride_lower_bound_incl=0,
+                alias_groups=(group,) if group else (),
+                may_alias_internally=False,
+                stride_constant=(None,) * (ndim - 1) + (1,),
+                stride_divisible_by=(step,) * (ndim - 1) + (1,),
+                base_addr_divisible_by=16 if aligned else 1,
+            )
+
+        return arr
 
     ct_dtypes = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16}
     cconv = CallingConvention.cutile_python_v1()
     split = ct.compilation.ScalarConstraint(ct.int32)
     sigs: dict = {}
-    for torch_dt in dtypes:
+    for torch_dt, aligned in [(dt, a) for dt in dtypes for a in (False, True)]:
+        arr = array_constraints(aligned)
         dt = ct_dtypes[torch_dt]
         for op, cfg, has_bias in _aot_cases(ops):
             mode = split_mode(cfg)
