@@ -97,18 +97,23 @@ def summary(rows: list[list], decode_max_m: int = 16, prefill_min_m: int = 2048)
     return lines
 
 
-def label_key(name: str) -> tuple[str, int, int, bool] | None:
-    """The tile-table key (M bucket, N, K, gated) of a `label`; N of the fused gate-up op is
-    the intermediate size (its weight holds 2N rows)."""
+def table_key(op: str, m: int, n: int, k: int) -> tuple[str, int, int, bool]:
+    """The tile-table key (M bucket, N, K, gated) of a call with a [n, k] weight; N of the
+    fused gate-up op is the intermediate size (its weight holds 2N rows)."""
     from tilegym.ops.gemm_configs import m_bucket
 
+    gated = op == "fused_gate_up_silu"
+    return m_bucket(m), n // 2 if gated else n, k, gated
+
+
+def label_key(name: str) -> tuple[str, int, int, bool] | None:
+    """`table_key` of a `label`, or None for any other profiler event."""
     m = label_rows(name)
     if m is None:
         return None
     op, _, rest = name.partition(" M=")
     n, k = (int(v) for v in rest.split(" ", 1)[1].split("x"))
-    gated = op == "fused_gate_up_silu"
-    return m_bucket(m), n // 2 if gated else n, k, gated
+    return table_key(op, m, n, k)
 
 
 def pick_in_model(
@@ -192,11 +197,30 @@ def _torch_gemms() -> dict[str, Callable]:
     )
 
 
+def _shape(x, w) -> tuple[int, int, int]:
+    """(M, N, K) of a call on input ``x`` and weight ``w``."""
+    return x.numel() // x.shape[-1], w.shape[0], w.shape[1]
+
+
+def _intercept(impls: dict[str, Callable], hook: Callable) -> dict[str, Callable]:
+    """``impls`` with ``hook(op, (M, N, K), kwargs)`` run before each call (it may set
+    kwargs, e.g. ``config``)."""
+
+    def wrap(op: str, fn: Callable) -> Callable:
+        def call(x, w, *args, **kwargs):
+            hook(op, _shape(x, w), kwargs)
+            return fn(x, w, *args, **kwargs)
+
+        return call
+
+    return {op: wrap(op, fn) for op, fn in impls.items()}
+
+
 def _labelled(op: str, fn: Callable) -> Callable:
     from torch.profiler import record_function
 
     def call(x, w, *args, **kwargs):
-        with record_function(label(op, x.numel() // x.shape[-1], w.shape[0], w.shape[1])):
+        with record_function(label(op, *_shape(x, w))):
             return fn(x, w, *args, **kwargs)
 
     return call
@@ -206,17 +230,12 @@ def _with_configs(originals: dict[str, Callable], configs: dict[tuple, object]) 
     """The cuTile entry points with ``configs`` ({table key: TileConfig}) in place of the
     table's choice for the keys it has."""
 
-    def wrap(op: str, fn: Callable) -> Callable:
-        def call(x, w, *args, **kwargs):
-            name = label(op, x.numel() // x.shape[-1], w.shape[0], w.shape[1])
-            cfg = configs.get(label_key(name))
-            if cfg is not None:
-                kwargs["config"] = cfg
-            return fn(x, w, *args, **kwargs)
+    def pick(op, shape, kwargs):
+        cfg = configs.get(table_key(op, *shape))
+        if cfg is not None:
+            kwargs["config"] = cfg
 
-        return call
-
-    return {op: wrap(op, fn) for op, fn in originals.items()}
+    return _intercept(originals, pick)
 
 
 def _route(gemm, impls: dict[str, Callable]) -> None:
@@ -264,7 +283,7 @@ def all_candidates(
 
     out: dict[tuple, list] = {}
     for op, m, n, k in sorted(calls, key=lambda c: (c[1], c)):
-        key = label_key(label(op, m, n, k))
+        key = table_key(op, m, n, k)
         bucket, n_key, _, gated = key
         if bucket not in buckets:
             continue
@@ -274,19 +293,6 @@ def all_candidates(
             if cfg != table and cfg not in known:
                 known.append(cfg)
     return {key: cfgs[:top] for key, cfgs in out.items()}
-
-
-def _recording(originals: dict[str, Callable], calls: set) -> dict[str, Callable]:
-    """The cuTile entry points, adding each call's (op, M, N, K) to ``calls``."""
-
-    def wrap(op: str, fn: Callable) -> Callable:
-        def call(x, w, *args, **kwargs):
-            calls.add((op, x.numel() // x.shape[-1], w.shape[0], w.shape[1]))
-            return fn(x, w, *args, **kwargs)
-
-        return call
-
-    return {op: wrap(op, fn) for op, fn in originals.items()}
 
 
 def bench_model(
@@ -328,7 +334,7 @@ def bench_model(
     try:
         if args.candidates == "all":
             calls: set = set()
-            _route(gemm, _recording(originals, calls))
+            _route(gemm, _intercept(originals, lambda op, shape, _: calls.add((op, *shape))))
             for run in runs.values():
                 run()
             shortlist = all_candidates(calls, args.top, tuple(args.buckets.split(",")))

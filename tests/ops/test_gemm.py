@@ -666,6 +666,21 @@ def test_in_model_bench_counts_overlapping_kernels_once():
     assert times == {a: [6.0]} and empty == 0
 
 
+def test_in_model_config_override_hits_only_its_key():
+    """A candidate side passes its config to the calls of its key and leaves the rest alone."""
+    mod = _bench_script("bench_gemm_in_model")
+    seen = []
+
+    def linear(x, w, bias=None, *, out=None, config=None):
+        seen.append(config)
+
+    cfg = TileConfig(8, 64, 512, swap=True)
+    impls = mod._with_configs({"linear": linear}, {("decode", 64, 32, False): cfg})
+    impls["linear"](torch.zeros(2, 4, 32), torch.zeros(64, 32))  # M = 8: the key
+    impls["linear"](torch.zeros(1, 32), torch.zeros(64, 32))  # M = 1: another key
+    assert seen == [cfg, None]
+
+
 def test_in_model_shortlist_reads_sweeps_and_skips_the_tables_config(tmp_path, capsys):
     mod = _bench_script("bench_gemm_in_model")
     m, n, k = 8, 2048, 2048

@@ -255,37 +255,32 @@ def gemv_candidates(m: int, k: int) -> list[TileConfig]:
 def candidate_configs(m: int, n: int, k: int, *, gated: bool = False) -> list[TileConfig]:
     """Configurations the benchmark's sweep tries for one shape (the current choice first)."""
     bucket = m_bucket(m)
-    out = [choose_config(m, n, k, gated=gated)]
-
-    def add(cfg: TileConfig) -> None:
-        if cfg not in out:
-            out.append(cfg)
-
     if bucket in DECODE_BUCKETS:
-        for cfg in _decode_candidates(m, n, k, gated):
-            add(cfg)
-        return out
-    if bucket in MID_BUCKETS:
-        for cfg in _mid_candidates(m, n, k, gated):
-            add(cfg)
-        return out
-    # No 128x256 output (linear) or 128x128 gate+up pair (gated): their fp32 accumulators spill
-    # (sm_90 SASS: 659 and 160 local stores); at M = 2048 they ran 14-16x and 3-4x slower than
-    # the table's tiles on the H200 (docs/results/h200-2026-12-01/ops/gemm_gate_up_prefill.txt)
-    # and never won a sweep.
+        more = _decode_candidates(m, n, k, gated)
+    elif bucket in MID_BUCKETS:
+        more = _mid_candidates(m, n, k, gated)
+    else:
+        more = _large_candidates(gated)
+    return list(dict.fromkeys([choose_config(m, n, k, gated=gated), *more]))
+
+
+def _large_candidates(gated: bool) -> list[TileConfig]:
+    """Large (M > 1024) candidates of `candidate_configs`: the tiles with both W-tile layouts,
+    the first two with cluster/occupancy hints and (linear) as a persistent loop.
+
+    No 128x256 output (linear) or 128x128 gate+up pair (gated): their fp32 accumulators spill
+    (sm_90 SASS: 659 and 160 local stores); at M = 2048 they ran 14-16x and 3-4x slower than
+    the table's tiles on the H200 (docs/results/h200-2026-12-01/ops/gemm_gate_up_prefill.txt)
+    and never won a sweep."""
     shapes = [(128, 128, 64), (256, 128, 64), (128, 128, 128), (128, 64, 64), (64, 128, 64)]
     if gated:
         shapes = [(128, 64, 64), (64, 128, 64), (128, 64, 128), (64, 64, 64)]
-    for tm, tn, tk in shapes:
-        for trans in (True, False):
-            add(TileConfig(tm, tn, tk, transpose_tile=trans))
+    out = [TileConfig(tm, tn, tk, transpose_tile=t) for tm, tn, tk in shapes for t in (True, False)]
     for tm, tn, tk in shapes[:2]:
-        for ctas, occ in ((2, 0), (0, 1), (2, 1)):
-            add(TileConfig(tm, tn, tk, ctas=ctas, occupancy=occ))
+        out += [TileConfig(tm, tn, tk, ctas=c, occupancy=o) for c, o in ((2, 0), (0, 1), (2, 1))]
     if not gated:
         for tm, tn, tk in shapes[:2]:
-            for occ in (1, 2):
-                add(TileConfig(tm, tn, tk, occupancy=occ, persistent=True))
+            out += [TileConfig(tm, tn, tk, occupancy=o, persistent=True) for o in (1, 2)]
     return out
 
 
