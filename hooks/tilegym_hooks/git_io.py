@@ -82,14 +82,27 @@ def _resolve(repo: git.Repo, ref: str) -> git.Commit:
 
 def changes_since(repo: git.Repo, base_ref: str, *, against_index: bool) -> list[Change]:
     """Changes from the merge base of ``base_ref`` and HEAD to HEAD (or to the index)."""
-    base = _resolve(repo, base_ref)
     try:
         head = repo.head.commit
     except ValueError:
         raise GitError("HEAD has no commit yet") from None
+    return changes_between(repo, base_ref, head, against_index=against_index)
+
+
+def changes_between(
+    repo: git.Repo, base_ref: str, head: git.Commit | str, *, against_index: bool = False
+) -> list[Change]:
+    """Changes from the merge base of ``base_ref`` and ``head`` to ``head`` (or to the index):
+    what the experiment itself changed, whatever main did since it was cut."""
+    base = _resolve(repo, base_ref)
+    if isinstance(head, str):
+        try:
+            head = repo.commit(head)
+        except (BadName, BadObject, ValueError, git.GitCommandError):
+            raise GitError(f"commit {head!r} does not exist in this repository") from None
     merge_bases = repo.merge_base(base, head)
     if not merge_bases:
-        raise GitError(f"{base_ref!r} and HEAD have no common ancestor")
+        raise GitError(f"{base_ref!r} and {head.hexsha[:8]} have no common ancestor")
     target = git.INDEX if against_index else head
     changes: list[Change] = []
     for diff in merge_bases[0].diff(target):

@@ -1,7 +1,7 @@
 """Prefix guard: every coverage prefix names a cuTile kernel defined under ``src/tilegym``.
 
-The coverage filter counts a profiled kernel as cuTile when its name starts with a listed
-prefix; a prefix that is not a cuTile kernel's name would widen that count to other kernels.
+The rule is ``tilegym_hf_bench.profiling.cutile_names`` (the classifier's own): a prefix that is
+not a cuTile kernel's name would widen the cuTile count to other kernels.
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from tilegym_hf_bench.profiling.cutile_names import prefix_problem, scan_kernel_names
+
 from tilegym.findings import Finding
-from tilegym_hooks.kernel_names import scan_kernel_names
 from tilegym_hooks.paths import KERNEL_SOURCE_ROOT, PREFIXES_YAML
 from tilegym_hooks.prefix_file import parse_prefixes
 
@@ -18,13 +19,12 @@ from tilegym_hooks.prefix_file import parse_prefixes
 def prefix_findings(data: bytes, kernel_names: Iterable[str], path: str) -> list[Finding]:
     """Findings for the prefix file ``data`` given the known kernel names (pure)."""
     parsed = parse_prefixes(data, path)
-    known = set(kernel_names)
+    known = frozenset(kernel_names)
     findings = list(parsed.findings)
     for prefix in parsed.prefixes:
-        if prefix.value not in known:
-            message = (
-                f"prefix {prefix.value!r} names no @ct.kernel function under {KERNEL_SOURCE_ROOT}"
-            )
+        problem = prefix_problem(prefix.value, known)
+        if problem is not None:
+            message = f"prefix {prefix.value!r} {problem} under {KERNEL_SOURCE_ROOT}"
             findings.append(Finding(path, prefix.line, "PREFIX005", message))
     return findings
 

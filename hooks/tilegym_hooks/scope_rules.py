@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from tilegym.findings import Finding
+from tilegym_hooks.code_rules import code_findings
 from tilegym_hooks.paths import (
     BENCH_SCRIPT,
     MAX_PARSED_BYTES,
@@ -178,6 +179,46 @@ def monkey_patch_finding(model_key: str, change: Change) -> Finding | None:
     return Finding(change.path, line, "SCOPE002", message)
 
 
+def monkey_patch_code_findings(model_key: str, change: Change) -> list[Finding]:
+    """The code rules on the head's ``apply_tilegym_kernel_to_<K>`` (when it changed)."""
+    if change.head is None:
+        return []
+    allowed = patch_function_name(model_key)
+
+    def function(module: ast.Module) -> ast.stmt | None:
+        found = [
+            s
+            for s in module.body
+            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == allowed
+        ]
+        return found[-1] if found else None
+
+    head = function(_parse_python(change.head))
+    base = function(_parse_python(change.base))
+    if head is None or (base is not None and ast.dump(base) == ast.dump(head)):
+        return []
+    wrapped = ast.Module(body=[head], type_ignores=[])
+    return _as_findings(change.path, code_findings(wrapped, owned_module(model_key)))
+
+
+def owned_module(model_key: str) -> str:
+    """The module path an experiment for ``model_key`` owns."""
+    return ".".join(PurePosixPath(TRANSFORMERS_DIR, model_key).parts[1:])
+
+
+def _as_findings(path: str, found) -> list[Finding]:
+    return [Finding(path, f.line, f.code, f.message) for f in found]
+
+
+def experiment_code_findings(model_key: str, change: Change) -> list[Finding]:
+    """The code rules on a freely changeable Python file of the experiment (whole file)."""
+    if change.head is None or not change.path.endswith(".py"):
+        return []
+    return _as_findings(
+        change.path, code_findings(_parse_python(change.head), owned_module(model_key))
+    )
+
+
 def _is_patch_kwargs(statement: ast.stmt) -> bool:
     if isinstance(statement, ast.Assign):
         targets = statement.targets
@@ -220,14 +261,35 @@ def _first_changed_entry_line(base: ast.Module, head: ast.Module) -> int | None:
     return next((line for line, dump in entries(tables[1]) if dump not in base_entries), None)
 
 
+def _non_literal_entry(module: ast.Module, model_key: str) -> int | None:
+    """Line of the ``"K"`` entry when its value is not a literal (the harness reads it as data,
+    so an expression there would either be ignored or, if evaluated, run experiment code)."""
+    for statement in module.body:
+        if not _is_patch_kwargs(statement):
+            continue
+        for key, value in zip(statement.value.keys, statement.value.values, strict=True):
+            if isinstance(key, ast.Constant) and key.value == model_key:
+                try:
+                    ast.literal_eval(value)
+                except (ValueError, TypeError, SyntaxError, RecursionError):
+                    return value.lineno
+    return None
+
+
 def patch_kwargs_finding(model_key: str, change: Change) -> Finding | None:
-    """Only the value under key ``"K"`` of the module-level ``MODEL_PATCH_KWARGS`` may change."""
+    """Only the value under key ``"K"`` of the module-level ``MODEL_PATCH_KWARGS`` may change,
+    and only to a literal."""
     where = f'{PATCH_KWARGS_NAME}["{model_key}"]'
     if change.head is None:
         message = f"deleted; an experiment may only change {where}"
         return Finding(change.path, 1, "SCOPE003", message)
+    parsed_head = _parse_python(change.head)
+    line = _non_literal_entry(parsed_head, model_key)
+    if line is not None:
+        message = f"{where} must be a literal (flags as data: no names, calls or expressions)"
+        return Finding(change.path, line, "SCOPE003", message)
     base = _without_model_entry(_parse_python(change.base), model_key)
-    head = _without_model_entry(_parse_python(change.head), model_key)
+    head = _without_model_entry(parsed_head, model_key)
     difference = _top_level_difference(base, head, lambda statement: True)
     if difference is None:
         return None
@@ -268,28 +330,33 @@ CONTENT_RULES: dict[str, Callable[[str, Change], Finding | None]] = {
 }
 
 
-def change_finding(model_key: str, change: Change) -> Finding | None:
-    """The finding for one changed path, or None when the experiment may make that change."""
-    if is_freely_allowed(model_key, change.path):
-        return None
-    rule = CONTENT_RULES.get(change.path)
-    if rule is None:
-        line = first_changed_line(change.base, change.head)
-        message = f"outside the scope of a {model_key!r} experiment"
-        return Finding(change.path, line, "SCOPE001", message)
+def change_findings(model_key: str, change: Change) -> list[Finding]:
+    """The findings for one changed path; empty when the experiment may make that change."""
     try:
-        return rule(model_key, change)
+        if is_freely_allowed(model_key, change.path):
+            return experiment_code_findings(model_key, change)
+        rule = CONTENT_RULES.get(change.path)
+        if rule is None:
+            line = first_changed_line(change.base, change.head)
+            message = f"outside the scope of a {model_key!r} experiment"
+            return [Finding(change.path, line, "SCOPE001", message)]
+        finding = rule(model_key, change)
+        if finding is not None:
+            return [finding]
+        if change.path == MONKEY_PATCH:
+            return monkey_patch_code_findings(model_key, change)
+        return []
     except Unparsable as exc:
-        return Finding(change.path, exc.line, "SCOPE005", f"cannot check scope: {exc.message}")
+        return [Finding(change.path, exc.line, "SCOPE005", f"cannot check scope: {exc.message}")]
 
 
 def scope_findings(model_key: str, changes: Iterable[Change]) -> list[Finding]:
-    """At most one finding per changed path (a path may appear in several changes)."""
-    by_path: dict[str, Finding] = {}
+    """The findings of every changed path (a path that appears in several changes counts once)."""
+    seen: set[str] = set()
+    found: list[Finding] = []
     for change in changes:
-        if change.path in by_path:
+        if change.path in seen:
             continue
-        finding = change_finding(model_key, change)
-        if finding is not None:
-            by_path[change.path] = finding
-    return sorted(by_path.values())
+        seen.add(change.path)
+        found.extend(change_findings(model_key, change))
+    return sorted(found)

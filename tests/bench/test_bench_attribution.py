@@ -18,6 +18,7 @@ from tilegym_hf_bench.profiling.attribution import (
     coverage_block,
     enclosing_modules,
     normalize_module,
+    recount,
 )
 from tilegym_hf_bench.profiling.classify import (
     KernelClassifier,
@@ -97,7 +98,7 @@ def test_aggregate_sums_time_per_kernel_and_module_and_classifies():
         KernelEvent("at::native::argmax_kernel", 4000, 14),
         KernelEvent("at::native::copy_kernel", 500, 0),
     ]
-    cov = aggregate(kernels, hosts, ranges, KernelClassifier().is_cutile)
+    cov = aggregate(kernels, hosts, ranges, KernelClassifier({"rms_norm_kernel"}).is_cutile)
     rows = {(r.name, r.module): (r.calls, r.gpu_ns, r.cutile) for r in cov.rows}
     assert rows == {
         ("sm90_xmma_gemm_bf16", "model.layers.*.mlp"): (2, 4000, False),
@@ -118,25 +119,58 @@ def test_coverage_block_matches_the_schema_coverage_object():
         [KernelEvent(cutile_symbol("silu_and_mul"), 10, 1), KernelEvent("gemm", 30, 1)],
         [HostEvent(1, 1, 5)],
         [ModuleRange("model.layers.0.mlp", 1, 0, 10)],
-        KernelClassifier().is_cutile,
+        KernelClassifier({"silu_and_mul"}).is_cutile,
     )
     block = coverage_block(cov, "torch")
     assert block["gpu_time_pct"] == 25.0 and block["launch_pct"] == 50.0
+    assert recount(block, KernelClassifier({"silu_and_mul"}).is_cutile) == block
+    lied = {
+        **block,
+        "gpu_time_pct": 99.0,
+        "kernels": [dict(k, cutile=True) for k in block["kernels"]],
+    }
+    assert recount(lied, KernelClassifier({"silu_and_mul"}).is_cutile) == block
+    assert recount(block, KernelClassifier().is_cutile)["gpu_time_pct"] == 0.0
     schema = load_schema()
     sub = {"$defs": schema["$defs"], **schema["properties"]["coverage"]}
     jsonschema.Draft202012Validator(sub).validate(block)
 
 
-def test_classifier_demangles_cutile_symbols_and_matches_prefixes():
-    plain = KernelClassifier()
+def test_classifier_demangles_cutile_symbols_of_the_measured_tree_only():
+    plain = KernelClassifier({"rope_kernel"})
     assert plain.can_demangle
     assert plain.is_cutile(cutile_symbol("rope_kernel"))
     assert plain.cutile_function(cutile_symbol("rope_kernel")) == "rope_kernel"
     assert not plain.is_cutile("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_tn")
     assert not plain.is_cutile("void at::native::vectorized_elementwise_kernel<4>")
-    with_prefix = KernelClassifier(["fused_attention"])
-    assert with_prefix.is_cutile("fused_attention_shortened_by_profiler")
+    # a well-formed cuTile symbol of a function the measured tree does not define
+    assert not plain.is_cutile(cutile_symbol("elsewhere_kernel"))
+    assert plain.cutile_function(cutile_symbol("elsewhere_kernel")) is None
+
+
+def test_a_foreign_kernel_with_a_cutile_like_name_is_not_cutile():
+    """A @triton.jit kernel named like a mangled cuTile symbol (the demangler reads
+    ``fused_rmsnorm_Kt2`` as function ``fused_rmsnorm`` with no parameters)."""
+    assert not KernelClassifier().is_cutile("fused_rmsnorm_Kt2")
+    assert not KernelClassifier({"fused_rmsnorm"}).is_cutile("fused_rmsnorm_Kt2")
+    assert not KernelClassifier({"other"}).is_cutile(cutile_symbol("fused_rmsnorm"))
+
+
+def test_prefixes_match_a_kernel_name_or_its_mangling_only():
+    with_prefix = KernelClassifier({"fused_attention"}, ["fused_attention"])
+    assert with_prefix.is_cutile("fused_attention")
+    assert with_prefix.is_cutile("fused_attention_Kt2_shortened")
+    assert not with_prefix.is_cutile("fused_attention_v2")
     assert not with_prefix.is_cutile("flash_fwd_kernel")
+
+
+def test_a_prefix_that_is_no_kernel_of_the_tree_widens_nothing():
+    """A kernel called ``void`` with the prefix ``void`` must not claim every ATen kernel."""
+    widened = KernelClassifier({"void"}, ["void", "at", "sm90"])
+    assert not widened.is_cutile("void at::native::vectorized_elementwise_kernel<4>(int)")
+    assert not widened.is_cutile("at::native::copy_kernel")
+    assert not widened.is_cutile("sm90_xmma_gemm_bf16")
+    assert widened.prefixes == frozenset({"void"})
 
 
 def test_prefix_file_format():

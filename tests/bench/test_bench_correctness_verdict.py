@@ -2,7 +2,7 @@
 
 import math
 
-from tilegym_hf_bench.correctness import REL_ERR_FLOOR, verdict
+from tilegym_hf_bench.tolerance import REL_ERR_FLOOR, verdict
 
 
 def test_kernelized_within_tolerance_passes():

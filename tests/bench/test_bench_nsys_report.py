@@ -58,7 +58,7 @@ def test_kernels_link_to_nvtx_module_ranges(tmp_path):
     make_report(path)
     kernels, hosts, ranges = read_sqlite(path)
     assert {r.module for r in ranges} == {"model.layers.0.mlp", "lm_head"}
-    cov = aggregate(kernels, hosts, ranges, KernelClassifier().is_cutile)
+    cov = aggregate(kernels, hosts, ranges, KernelClassifier({"rms_norm_kernel"}).is_cutile)
     rows = {(r.name, r.module): (r.calls, r.gpu_ns) for r in cov.rows}
     assert rows == {
         ("sm90_gemm_bf16", "model.layers.*.mlp"): (1, 3000),

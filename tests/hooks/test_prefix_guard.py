@@ -5,7 +5,7 @@ from __future__ import annotations
 from hookrepo_helpers import PREFIXES, run_hooks
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tilegym_hooks.kernel_names import kernel_functions
+from tilegym_hf_bench.profiling.cutile_names import kernel_functions
 from tilegym_hooks.prefix_file import parse_prefixes
 from tilegym_hooks.prefix_guard import prefix_findings
 

@@ -9,6 +9,7 @@ import torch
 from tilegym_hf_bench import correctness as corr
 from tilegym_hf_bench.envinfo import gpu_env
 from tilegym_hf_bench.errors import BenchError
+from tilegym_hf_bench.experiment_tree import measured_tree
 from tilegym_hf_bench.generation import Generator, make_input_ids
 from tilegym_hf_bench.metrics import throughput_block
 from tilegym_hf_bench.model_factory import (
@@ -21,10 +22,10 @@ from tilegym_hf_bench.model_factory import (
 )
 from tilegym_hf_bench.options import BenchOptions
 from tilegym_hf_bench.profiling.attribution import aggregate, coverage_block
-from tilegym_hf_bench.profiling.classify import KernelClassifier, load_prefixes
 from tilegym_hf_bench.progress import Progress
 from tilegym_hf_bench.report import coverage_table_lines
 from tilegym_hf_bench.tilegym_patch import apply_patch
+from tilegym_hf_bench.tolerance import verdict
 
 BASELINE, CUTILE = "baseline", "cutile"
 
@@ -55,10 +56,11 @@ def run(options: BenchOptions, progress: Progress) -> None:
 
     cutile_reason = _cutile_unmeasured_reason(options, device)
     cutile_model = None
+    tree = measured_tree()
     if cutile_reason is None:
         cutile_model = twin_sharing_weights(baseline)
         before = weight_fingerprint(baseline)
-        report = apply_patch(cutile_model, loaded.model_type)
+        report = apply_patch(cutile_model, loaded.model_type, tree.patch_table())
         for line in report.lines():
             log(line)
         if not torch.equal(before, weight_fingerprint(baseline)):
@@ -106,7 +108,7 @@ def run(options: BenchOptions, progress: Progress) -> None:
 
     coverage_reason = _coverage_unmeasured_reason(options, device, cutile_reason)
     if coverage_reason is None:
-        block = _coverage(options, cutile_model, ids, device, wl.output_length)
+        block = _coverage(options, cutile_model, ids, device, wl.output_length, tree)
         if block is None:
             progress.update(coverage_pending="nsys")
         else:
@@ -152,7 +154,7 @@ def check_correctness(baseline, cutile_model, sequence, wl) -> dict:
         kernel_err = corr.rel_err(kernel_logits, reference)
         top1 = corr.top1_agreement(kernel_logits, reference)
         del kernel_logits
-    v = corr.verdict(kernel_err, base_err, finite)
+    v = verdict(kernel_err, base_err, finite)
     log(
         f"correctness: {'PASS' if v.passed else 'FAIL'}: {v.reason}; bf16 baseline rel err "
         f"{base_err:.3e} vs fp32" + (f"; top-1 agreement {top1:.4f}" if top1 is not None else "")
@@ -170,9 +172,9 @@ def _finite(x: float) -> bool:
     return x == x and x not in (float("inf"), float("-inf"))
 
 
-def _coverage(options: BenchOptions, model, ids, device: str, tokens: int) -> dict | None:
+def _coverage(options: BenchOptions, model, ids, device: str, tokens: int, tree) -> dict | None:
     gen = Generator(model, ids, device)
-    classifier = KernelClassifier(load_prefixes())
+    classifier = tree.classifier()
     if not classifier.can_demangle:
         log("warning: cuda.tile.compilation is not importable; classifying by prefixes only")
     if options.profiler == "nsys":

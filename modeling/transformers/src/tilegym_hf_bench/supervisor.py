@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tilegym_hf_bench.experiment_tree import ExperimentTreeError, measured_tree
 from tilegym_hf_bench.metrics import assemble, write_atomic
 from tilegym_hf_bench.options import BenchOptions
-from tilegym_hf_bench.profiling.attribution import aggregate, coverage_block
-from tilegym_hf_bench.profiling.classify import KernelClassifier, load_prefixes
+from tilegym_hf_bench.profiling.attribution import aggregate, coverage_block, recount
 from tilegym_hf_bench.profiling.nsys_trace import NsysError, nsys_command, read_sqlite
 from tilegym_hf_bench.progress import read_progress
 from tilegym_hf_bench.report import coverage_table_lines
@@ -113,6 +113,9 @@ def run_worker(options: BenchOptions, nsys: str | None = None) -> Outcome:
             nsys_failure = _finish_nsys_coverage(progress, report_base.with_suffix(".sqlite"))
     if nsys_failure is not None:
         return Outcome("crash", nsys_failure, progress)
+    recount_failure = _recount_coverage(progress)
+    if recount_failure is not None:
+        return Outcome("crash", recount_failure, progress)
     if timed_out:
         return Outcome(
             "timeout",
@@ -135,11 +138,29 @@ def _finish_nsys_coverage(progress: dict, sqlite_path: Path) -> str | None:
         kernels, hosts, ranges = read_sqlite(sqlite_path)
     except (NsysError, sqlite3.Error) as exc:
         return f"--profiler nsys: {exc}"
-    classifier = KernelClassifier(load_prefixes())
+    try:
+        classifier = measured_tree().classifier()
+    except ExperimentTreeError as exc:
+        return str(exc)
     cov = aggregate(kernels, hosts, ranges, classifier.is_cutile)
     for line in coverage_table_lines(cov):
         print(line)
     progress["parts"]["coverage"] = coverage_block(cov, "nsys")
+    return None
+
+
+def _recount_coverage(progress: dict) -> str | None:
+    """Classify the worker's kernel list again here: the worker runs the experiment's code, the
+    supervisor only the harness's, so the stored cuTile flags and shares are this process's."""
+    block = (progress.get("parts") or {}).get("coverage")
+    if not isinstance(block, dict) or not isinstance(block.get("kernels"), list):
+        return None
+    try:
+        progress["parts"]["coverage"] = recount(block, measured_tree().classifier().is_cutile)
+    except ExperimentTreeError as exc:
+        return str(exc)
+    except (KeyError, TypeError) as exc:
+        return f"the worker's coverage block is malformed: {type(exc).__name__}: {exc}"
     return None
 
 

@@ -1,7 +1,8 @@
 """The cuTile side of the benchmark: which patch flags each model gets, and applying them.
 
-``MODEL_PATCH_KWARGS`` stays a plain dict literal: the experiment-scope hook lets an experiment
-change only its own model key's value.
+``MODEL_PATCH_KWARGS`` stays a plain dict of literals: the experiment-scope hook lets an
+experiment change only its own model key's value, and the trusted harness reads the measured
+tree's copy of this table as data (``experiment_tree``), never by importing it.
 """
 
 from __future__ import annotations
@@ -36,19 +37,21 @@ class PatchReport:
         return out
 
 
-def patch_flags(model_type: str) -> dict[str, Any]:
+def patch_flags(model_type: str, table: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The flags of ``model_type`` in ``table`` (the measured tree's; this file's when None)."""
+    table = MODEL_PATCH_KWARGS if table is None else table
     try:
-        return dict(MODEL_PATCH_KWARGS[model_type])
+        return dict(table[model_type])
     except KeyError:
         raise PatchUnavailable(
             f"no cuTile patch flags for model type {model_type!r} "
-            f"(MODEL_PATCH_KWARGS has {', '.join(MODEL_PATCH_KWARGS)})"
+            f"(MODEL_PATCH_KWARGS has {', '.join(table)})"
         ) from None
 
 
-def apply_patch(model, model_type: str) -> PatchReport:
+def apply_patch(model, model_type: str, table: dict[str, Any] | None = None) -> PatchReport:
     """Patch this model instance only, through ``tilegym.transformers.monkey_patch``."""
-    flags = patch_flags(model_type)
+    flags = patch_flags(model_type, table)
     try:
         from tilegym.transformers.monkey_patch import apply_tilegym_kernel
     except ImportError as exc:

@@ -30,7 +30,12 @@ def main(argv: list[str] | None = None) -> int:
 
         run(options, progress)
     except Exception as exc:
-        expected = type(exc).__name__ in ("BenchError", "PatchUnavailable", "ProfilerError")
+        expected = type(exc).__name__ in (
+            "BenchError",
+            "PatchUnavailable",
+            "ProfilerError",
+            "ExperimentTreeError",
+        )
         if not expected:
             traceback.print_exc()
         text = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"

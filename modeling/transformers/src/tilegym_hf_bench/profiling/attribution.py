@@ -156,3 +156,20 @@ def coverage_block(cov: Coverage, profiler: str) -> dict:
             for r in cov.rows
         ],
     }
+
+
+def recount(block: dict, is_cutile: Callable[[str], bool]) -> dict:
+    """The ``coverage`` block recomputed from its own kernel list with ``is_cutile``: every
+    number the decision reads (flags, shares, total) from the raw rows, none taken as stored."""
+    kernels = [{**k, "cutile": bool(is_cutile(k["name"]))} for k in block["kernels"]]
+    total = sum(k["gpu_ms"] for k in kernels)
+    cutile = sum(k["gpu_ms"] for k in kernels if k["cutile"])
+    launches = sum(k["calls"] for k in kernels)
+    cutile_launches = sum(k["calls"] for k in kernels if k["cutile"])
+    return {
+        **block,
+        "gpu_time_pct": round(100.0 * cutile / total, 4) if total else 0.0,
+        "launch_pct": round(100.0 * cutile_launches / launches, 4) if launches else 0.0,
+        "total_gpu_ms": total,
+        "kernels": kernels,
+    }

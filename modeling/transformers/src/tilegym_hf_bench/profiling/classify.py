@@ -1,4 +1,5 @@
-"""Is a GPU kernel a cuTile kernel? Demangling first, the prefix list second."""
+"""The classifier of the measured tree: its ``@ct.kernel`` names and its prefix list, read by
+parsing (``experiment_tree``), applied by the one rule in ``cutile_names``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
+
+from tilegym_hf_bench.profiling.cutile_names import CutileNames
 
 PREFIX_FILE = "tilegym_kernel_prefixes.yaml"
 
@@ -35,41 +38,13 @@ def load_prefixes(path: Path | None = None) -> tuple[str, ...]:
     return parse_prefixes(bundled.read_text(), PREFIX_FILE)
 
 
-def _demangler():
-    try:
-        from cuda.tile.compilation import demangle_kernel_name
-    except ImportError:
-        return None
-    return demangle_kernel_name
+class KernelClassifier(CutileNames):
+    """``CutileNames`` with the benchmark's spelling: built from explicit names and prefixes."""
 
-
-class KernelClassifier:
-    """A kernel is cuTile when cuTile's demangler accepts its symbol (the names cuTile gives its
-    kernels) or when it starts with one of the listed ``@ct.kernel`` function names (for
-    profilers that shorten symbols)."""
-
-    def __init__(self, prefixes: Iterable[str] = ()):
-        self.prefixes = tuple(prefixes)
-        self._demangle = _demangler()
-        self._cache: dict[str, bool] = {}
-
-    @property
-    def can_demangle(self) -> bool:
-        return self._demangle is not None
+    def __init__(self, kernel_names: Iterable[str] = (), prefixes: Iterable[str] = ()):
+        super().__init__(kernel_names, prefixes)
 
     def cutile_function(self, name: str) -> str | None:
-        """The ``@ct.kernel`` function name behind a mangled symbol, or None."""
-        if self._demangle is None:
-            return None
-        try:
-            function, _signature = self._demangle(name)
-        except Exception:  # the demangler rejects foreign names with several exception types
-            return None
-        return function
-
-    def is_cutile(self, name: str) -> bool:
-        hit = self._cache.get(name)
-        if hit is None:
-            hit = self.cutile_function(name) is not None or name.startswith(self.prefixes)
-            self._cache[name] = hit
-        return hit
+        """The measured tree's ``@ct.kernel`` function behind a mangled symbol, or None."""
+        function = self.demangled_function(name)
+        return function if function in self.kernel_names else None
