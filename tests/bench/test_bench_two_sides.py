@@ -62,12 +62,16 @@ def test_interleaved_sides_and_correctness_make_a_valid_document():
     logged = []
     runs = warm_up(sides, WL.output_length, WL.warmup_runs, logged.append)
     assert runs >= 2  # one requested, and at least two to see the timings settle
-    samples = measure(sides, WL.batch_size, WL.output_length, WL.timed_runs, logged.append)
+    prompts = [make_input_ids(512, WL.batch_size, WL.input_length, 7 + i, "cpu") for i in range(3)]
+    samples = measure(
+        sides, WL.batch_size, WL.output_length, WL.timed_runs, logged.append, prompts.__getitem__
+    )
     assert [len(s.tokens_per_s) for s in samples.values()] == [3, 3]
     assert torch.equal(samples["baseline"].last_output, samples["cutile"].last_output)
+    assert torch.equal(samples["cutile"].last_output[:, : WL.input_length], prompts[-1])
     assert sum(line.startswith("timed run") for line in logged) == 3
 
-    result = check_correctness(base, twin, samples["baseline"].last_output, WL)
+    result = check_correctness(sides["baseline"], sides["cutile"], WL)
     assert result["passed"]
     assert result["logits_rel_err"] == result["baseline_rel_err"] > 0
     assert 0.0 <= result["top1_agreement"] <= 1.0
@@ -85,6 +89,29 @@ def test_interleaved_sides_and_correctness_make_a_valid_document():
     )  # fmt: skip
     assert validation_errors(doc) == []
     assert doc["cutile"]["throughput"]["interleaved"] is True
+
+
+def test_correctness_scores_the_generate_path_against_fp32():
+    """The logits come from generate() itself; a twin whose generate() path is broken (its
+    final norm scaled, as a wrong kernel would) fails, the same twin's plain forward aside."""
+    base = random_model("tiny-qwen3", "cpu", seed=0).model
+    twin = twin_sharing_weights(base)
+    ids = make_input_ids(512, WL.batch_size, WL.input_length, WL.seed, "cpu")
+    norm = twin.model.norm
+    original = norm.forward
+    norm.forward = lambda hidden: original(hidden) * 1.5
+    result = check_correctness(Generator(base, ids, "cpu"), Generator(twin, ids, "cpu"), WL)
+    assert not result["passed"] and result["logits_rel_err"] > result["tolerance"]
+    seq, logits = Generator(base, ids, "cpu").generate_with_logits(WL.output_length)
+    assert seq.shape == (WL.batch_size, WL.input_length + WL.output_length)
+    assert logits.shape[:2] == (WL.batch_size, WL.output_length) and logits.dtype == torch.float32
+
+
+def test_timed_runs_use_their_own_seeded_prompts():
+    from tilegym_hf_bench.runner import timed_prompt_seed
+
+    seeds = [timed_prompt_seed(0, i) for i in range(4)]
+    assert len(set(seeds)) == 4 and 0 not in seeds
 
 
 def test_a_crashed_run_carries_no_measurement():

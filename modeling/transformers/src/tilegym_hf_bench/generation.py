@@ -54,12 +54,16 @@ class Generator:
 
     def __init__(self, model, input_ids, device: str):
         self.model = model
-        self.input_ids = input_ids
-        self.attention_mask = torch.ones_like(input_ids)
         self.sync = synchronizer(device)
         self._configs: dict[int, GenerationConfig] = {}
+        self.use_prompt(input_ids)
 
-    def generate(self, new_tokens: int):
+    def use_prompt(self, input_ids) -> None:
+        """Generate from ``input_ids`` from now on (a fresh prompt per timed run)."""
+        self.input_ids = input_ids
+        self.attention_mask = torch.ones_like(input_ids)
+
+    def _generate(self, new_tokens: int, **extra):
         config = self._configs.get(new_tokens)
         if config is None:
             config = self._configs[new_tokens] = greedy_config(self.model, new_tokens)
@@ -68,13 +72,24 @@ class Generator:
                 input_ids=self.input_ids,
                 attention_mask=self.attention_mask,
                 generation_config=config,
+                **extra,
             )
+        sequences = out.sequences if extra else out
         expected = self.input_ids.shape[1] + new_tokens
-        if out.shape[1] != expected:
+        if sequences.shape[1] != expected:
             raise BenchError(
-                f"generate() returned {out.shape[1]} tokens a row, expected {expected}"
+                f"generate() returned {sequences.shape[1]} tokens a row, expected {expected}"
             )
         return out
+
+    def generate(self, new_tokens: int):
+        return self._generate(new_tokens)
+
+    def generate_with_logits(self, new_tokens: int):
+        """(sequences, fp32 logits [B, N, V] of each generated token) from the same generate()
+        call the timed runs make: same model, same cache class, same kernels."""
+        out = self._generate(new_tokens, output_logits=True, return_dict_in_generate=True)
+        return out.sequences, torch.stack([step.float() for step in out.logits], dim=1)
 
     def timed(self, new_tokens: int) -> tuple[float, torch.Tensor]:
         """(wall seconds, output) of one generate(), synchronized on both sides."""

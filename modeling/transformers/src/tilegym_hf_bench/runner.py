@@ -79,7 +79,6 @@ def run(options: BenchOptions, progress: Progress) -> None:
     if cutile_model is not None:
         sides[CUTILE] = Generator(cutile_model, ids, device)
 
-    continuation = None
     if sides:
         from tilegym_hf_bench.throughput import measure, warm_up
 
@@ -89,22 +88,29 @@ def run(options: BenchOptions, progress: Progress) -> None:
         )
         warmups = warm_up(sides, wl.output_length, wl.warmup_runs, log)
         progress.update(warmup_runs=warmups)
-        samples = measure(sides, wl.batch_size, wl.output_length, wl.timed_runs, log)
+        samples = measure(
+            sides,
+            wl.batch_size,
+            wl.output_length,
+            wl.timed_runs,
+            log,
+            prompt=lambda i: make_input_ids(
+                vocab, wl.batch_size, wl.input_length, timed_prompt_seed(wl.seed, i), device
+            ),
+        )
         interleaved = len(sides) > 1
         for name, s in samples.items():
             progress.part(
                 name,
                 throughput_block(s.tokens_per_s, s.ttft_ms, s.decode_tokens_per_s, interleaved),
             )
-        if BASELINE in samples:
-            continuation = samples[BASELINE].last_output
 
     if options.skip_correctness:
         progress.not_measured("correctness", "--skip-correctness")
     else:
-        if continuation is None:
-            continuation = Generator(baseline, ids, device).generate(wl.output_length)
-        progress.part("correctness", check_correctness(baseline, cutile_model, continuation, wl))
+        cutile_gen = Generator(cutile_model, ids, device) if cutile_model is not None else None
+        result = check_correctness(Generator(baseline, ids, device), cutile_gen, wl)
+        progress.part("correctness", result)
 
     coverage_reason = _coverage_unmeasured_reason(options, device, cutile_reason)
     if coverage_reason is None:
@@ -138,22 +144,31 @@ def _coverage_unmeasured_reason(
     return None
 
 
-def check_correctness(baseline, cutile_model, sequence, wl) -> dict:
+def timed_prompt_seed(seed: int, run: int) -> int:
+    """Timed run ``run`` (0-based) generates from its own prompt, seeded apart from the warm-up
+    and correctness prompt (``seed``): a kernel cannot be tuned to one fixed input."""
+    return seed + 1 + run
+
+
+def check_correctness(baseline: Generator, cutile: Generator | None, wl) -> dict:
+    """Each side's logits from its own generate() (the timed path) against fp32 on its sequence."""
     prompt = wl.input_length
-    ref_model = fp32_reference(baseline)
-    reference = corr.full_logits(ref_model, sequence, prompt)
-    del ref_model
-    base_logits = corr.stepwise_logits(baseline, sequence, prompt)
+    ref_model = fp32_reference(baseline.model)
+    base_seq, base_logits = baseline.generate_with_logits(wl.output_length)
+    reference = corr.full_logits(ref_model, base_seq, prompt)
     base_err = corr.rel_err(base_logits, reference)
     del base_logits
     kernel_err = top1 = None
     finite = True
-    if cutile_model is not None:
-        kernel_logits = corr.stepwise_logits(cutile_model, sequence, prompt)
+    if cutile is not None:
+        seq, kernel_logits = cutile.generate_with_logits(wl.output_length)
+        if not torch.equal(seq, base_seq):  # diverged: score it on its own sequence
+            reference = corr.full_logits(ref_model, seq, prompt)
         finite = corr.is_finite(kernel_logits)
         kernel_err = corr.rel_err(kernel_logits, reference)
         top1 = corr.top1_agreement(kernel_logits, reference)
         del kernel_logits
+    del ref_model, reference
     v = verdict(kernel_err, base_err, finite)
     log(
         f"correctness: {'PASS' if v.passed else 'FAIL'}: {v.reason}; bf16 baseline rel err "

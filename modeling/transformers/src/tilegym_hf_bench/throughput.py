@@ -43,14 +43,23 @@ def warm_up(sides: dict[str, Generator], tokens: int, min_runs: int, log: Callab
 
 
 def measure(
-    sides: dict[str, Generator], batch: int, tokens: int, runs: int, log: Callable
+    sides: dict[str, Generator],
+    batch: int,
+    tokens: int,
+    runs: int,
+    log: Callable,
+    prompt: Callable[[int], object] | None = None,
 ) -> dict[str, SideSamples]:
     """``runs`` rounds; each round times every side (in order) once: a 1-token generate (time to
-    first token), then the full generate. tokens/s = batch*tokens / wall time of generate()."""
+    first token), then the full generate. tokens/s = batch*tokens / wall time of generate().
+    ``prompt(i)``: the input ids of round i, the same for every side (default: each side's own)."""
     out = {name: SideSamples() for name in sides}
     for i in range(runs):
         parts = []
+        ids = prompt(i) if prompt is not None else None
         for name, gen in sides.items():
+            if ids is not None:
+                gen.use_prompt(ids)
             ttft_s, _ = gen.timed(1)
             total_s, output = gen.timed(tokens)
             s = out[name]
