@@ -4,10 +4,15 @@ Parsing and formatting are pure; ``append`` and ``rewrite`` hold a file lock and
 atomically (temp file + rename), so experiments on several GPUs of one host can append at once
 without losing a row, and a reader never sees half a table. A malformed ledger is reported as
 ``path:line: LEDGER00x ...`` findings and never rewritten.
+
+A value that was not measured (a crash, a CPU run without cuTile coverage) is written as
+``n/a`` and read back as None, never as 0.00, so it cannot pass for a measured zero. Ledgers
+written before that (``0.00`` for such rows) still read, as the zeros they say.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,19 +28,22 @@ SEPARATOR = "|:-------|----------------:|------------------:|:-------|:---------
 LEDGER_STATUSES = ("keep", "discard", "timeout", "crash")
 _COMMIT = re.compile(r"[0-9a-f]{8}")
 _NUMBER = re.compile(r"\d+\.\d{2}")
+NOT_MEASURED = "n/a"
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
 
 
 @dataclass(frozen=True)
 class LedgerRow:
     commit: str  # 8 hex digits (longer SHAs are cut)
-    coverage: float
-    throughput: float
+    coverage: float | None  # None: not measured
+    throughput: float | None  # None: not measured
     status: str
     description: str
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "commit", self.commit[:8])
+        object.__setattr__(self, "coverage", measured(self.coverage))
+        object.__setattr__(self, "throughput", measured(self.throughput))
         if not _COMMIT.fullmatch(self.commit):
             raise ValueError(f"commit must be hex, got {self.commit!r}")
         if self.status not in LEDGER_STATUSES:
@@ -59,10 +67,20 @@ class LedgerError(Exception):
         self.findings = findings
 
 
+def measured(value: object) -> float | None:
+    """``value`` as a float, or None when it stands for "not measured" (None, ``n/a``, NaN,
+    infinity): the one normal form of a ledger number."""
+    if value is None or value == NOT_MEASURED:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"a ledger number must be a number or {NOT_MEASURED!r}, got {value!r}")
+    return float(value) if math.isfinite(value) else None
+
+
 def _number(value: float | None) -> str:
-    """Two decimals; a missing or non-finite number (crashed run) is 0.00 like the seed ledger."""
-    if value is None or value != value or value in (float("inf"), float("-inf")):
-        return "0.00"
+    """Two decimals, or ``n/a`` for a value that was not measured."""
+    if value is None:
+        return NOT_MEASURED
     return f"{max(value, 0.0):.2f}"
 
 
@@ -107,8 +125,11 @@ def _parse_row(line: str) -> tuple[LedgerRow | None, tuple[str, str] | None]:
     if not _COMMIT.fullmatch(commit):
         return None, ("LEDGER003", f"commit must be 8 lowercase hex digits, got {commit!r}")
     for name, cell in (("coverage", coverage), ("throughput", throughput)):
-        if not _NUMBER.fullmatch(cell):
-            return None, ("LEDGER004", f"{name} must be a number with two decimals, got {cell!r}")
+        if not (cell == NOT_MEASURED or _NUMBER.fullmatch(cell)):
+            return None, (
+                "LEDGER004",
+                f"{name} must be a number with two decimals or {NOT_MEASURED}, got {cell!r}",
+            )
     if status not in LEDGER_STATUSES:
         return None, (
             "LEDGER005",
@@ -117,7 +138,8 @@ def _parse_row(line: str) -> tuple[LedgerRow | None, tuple[str, str] | None]:
     if not description:
         return None, ("LEDGER006", "description is empty")
     description = description.replace("\\|", "|")
-    return LedgerRow(commit, float(coverage), float(throughput), status, description), None
+    values = [None if c == NOT_MEASURED else float(c) for c in (coverage, throughput)]
+    return LedgerRow(commit, *values, status, description), None
 
 
 def render(rows: Iterable[LedgerRow]) -> str:

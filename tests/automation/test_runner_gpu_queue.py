@@ -223,3 +223,36 @@ def test_sigterm_lets_the_running_job_finish_and_takes_no_new_one(fake_repo, tmp
     assert server.returncode == 0, out
     assert [p.name for p in (queue / "done").iterdir()] == ["job-0.json"]
     assert (queue / "job-1.json").is_file()  # still queued for the next server
+
+
+def test_a_lock_wait_that_gives_up_puts_the_job_back(fake_repo, tmp_path, monkeypatch, capsys):
+    """Another process holds the GPU past TILEGYM_GPU_LOCK_TIMEOUT: the worker survives, the
+    job returns to the queue untouched and runs once the GPU is free."""
+    repo, sha = fake_repo
+    queue, locks = tmp_path / "queue", tmp_path / "locks"
+    queue.mkdir()
+    doc = {
+        "repo_dir": str(repo), "commit": sha, "metrics_out": "out/0.json", "log_dir": "logs/0",
+        "timeout_s": 60,
+        "bench_args": ["--model-key", "interval", "--sleep", "0.1", "--record",
+                       str(tmp_path / "record.jsonl")],
+    }  # fmt: skip
+    (queue / "job-0.json").write_text(json.dumps(doc))
+    monkeypatch.setenv("TILEGYM_GPU_LOCK_TIMEOUT", "0.5")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom tilegym_bot.runner.gpulock import gpu_lock\n"
+         f"with gpu_lock({GPU_A!r}, __import__('pathlib').Path({str(locks)!r}), 30):\n"
+         "    print('held', flush=True)\n    time.sleep(3)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = main(["runner", "serve", "--gpus", GPU_A, "--queue", str(queue), "--once",
+                     "--lock-dir", str(locks)])  # fmt: skip
+    finally:
+        holder.wait(timeout=30)
+    assert code == 0
+    assert (queue / "done" / "job-0.json").is_file()
+    out = capsys.readouterr().out
+    assert "job-0.json on " + GPU_A + ": requeued: " in out
+    assert f"job-0.json on {GPU_A}: ok" in out

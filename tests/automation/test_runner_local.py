@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
+import textwrap
 import time
 from pathlib import Path
 
@@ -155,3 +157,139 @@ def test_real_tiny_cpu_preset_through_the_executor(tmp_path):
     assert doc["commit"] == sha and doc["model_key"] == "tiny-qwen3"
     assert doc["baseline"]["throughput"]["samples"]  # measured on CPU; cuTile needs a GPU
     assert "Average throughput" in result.stdout_log.read_text()
+
+
+# A bench that talks: progress lines as the real one prints them, a flood of output, or endless
+# chatter while it ignores SIGTERM. ``--go-file``: it waits for that file after its first timed
+# run, so a test can prove each line reached the terminal while the bench was still running.
+TALKING_BENCH = textwrap.dedent(
+    """
+    import json, signal, sys, time
+    from pathlib import Path
+
+    args = sys.argv[1:]
+
+    def val(flag):
+        return args[args.index(flag) + 1] if flag in args else None
+
+    mode, out = val("--model-key"), Path(val("--metrics-out"))
+    template = json.loads((Path(__file__).parent / "ok_metrics.json").read_text())
+    template["commit"] = val("--commit")
+    if mode == "progress":
+        print("warm-up run 1/1: 9.00 tok/s", flush=True)
+        print("timed run 1/2: 10.00 tok/s", flush=True)
+        go, deadline = Path(val("--go-file")), time.monotonic() + 30
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print("timed run 2/2: 11.00 tok/s" if go.exists() else "nobody saw run 1", flush=True)
+        print("profiling 10%\\rprofiling 100%", flush=True)
+        print("warnings go to stderr", file=sys.stderr, flush=True)
+        out.write_text(json.dumps(template))
+    elif mode == "flood":
+        sys.stdout.write(("x" * 99 + "\\n") * int(val("--lines")))
+        sys.stdout.write("no newline at the end")
+        sys.stdout.flush()
+        out.write_text(json.dumps(template))
+    elif mode == "chatter":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for i in range(10**6):
+            print(f"still going {i}", flush=True)
+            time.sleep(0.05)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def talking_repo(tmp_path_factory):
+    import git
+
+    root, _ = make_fake_repo(tmp_path_factory.mktemp("talking"))
+    cli = "modeling/transformers/src/tilegym_hf_bench/_cli.py"
+    (root / cli).write_text(TALKING_BENCH)
+    repo = git.Repo(root)
+    repo.index.add([cli])
+    return root, repo.index.commit("a bench that talks").hexsha
+
+
+class Terminal(io.StringIO):
+    """Stands for the user's terminal; creates ``go`` once it has shown ``trigger``."""
+
+    def __init__(self, go: Path | None = None, trigger: str = "timed run 1/2"):
+        super().__init__()
+        self.go, self.trigger = go, trigger
+
+    def write(self, text: str) -> int:
+        if self.go is not None and self.trigger in text:
+            self.go.touch()
+        return super().write(text)
+
+
+def test_progress_reaches_the_terminal_while_the_bench_runs(talking_repo, tmp_path):
+    repo, sha = talking_repo
+    go = tmp_path / "go"
+    term = Terminal(go)
+    req = request(repo, sha, tmp_path, "progress", "--go-file", str(go))
+    result = LocalExecutor(echo=True, label="head", stream=term).run(req)
+    assert result.status == "ok"
+    lines = term.getvalue().splitlines()
+    prefix = re.compile(rf"\[head {sha[:8]} \+\d+s\] ")
+    assert all(prefix.match(line) for line in lines), lines
+    shown = [prefix.sub("", line) for line in lines]
+    assert shown[0].startswith("benchmark --model-key progress --go-file ")
+    assert shown[1:6] == [
+        "warm-up run 1/1: 9.00 tok/s",
+        "timed run 1/2: 10.00 tok/s",
+        "timed run 2/2: 11.00 tok/s",  # shown only if run 1/2 was shown while the bench waited
+        "profiling 100%",
+        shown[5],
+    ]
+    assert re.fullmatch(r"finished in \d+ s: ok \(exited with status 0\); metrics \S+", shown[5])
+    assert "warnings go to stderr" not in term.getvalue()
+    # The log keeps the bench's own bytes, without prefixes; stderr has its own log.
+    assert result.stdout_log.read_bytes() == (
+        b"warm-up run 1/1: 9.00 tok/s\ntimed run 1/2: 10.00 tok/s\ntimed run 2/2: 11.00 tok/s\n"
+        b"profiling 10%\rprofiling 100%\n"
+    )
+    assert result.stderr_log.read_text() == "warnings go to stderr\n"
+
+
+def test_quiet_executor_only_writes_the_logs(talking_repo, tmp_path):
+    repo, sha = talking_repo
+    go = tmp_path / "go"
+    go.touch()
+    term = Terminal()
+    result = LocalExecutor(echo=False, stream=term).run(
+        request(repo, sha, tmp_path, "progress", "--go-file", str(go))
+    )
+    assert result.status == "ok" and term.getvalue() == ""
+    assert "timed run 2/2: 11.00 tok/s" in result.stdout_log.read_text()
+
+
+def test_a_flood_of_output_neither_blocks_nor_loses_a_byte(talking_repo, tmp_path):
+    repo, sha = talking_repo
+    term = Terminal()
+    lines = 200_000  # 20 MB: far beyond a pipe's buffer
+    result = LocalExecutor(stream=term).run(
+        request(repo, sha, tmp_path, "flood", "--lines", str(lines))
+    )
+    assert result.status == "ok"
+    assert result.stdout_log.stat().st_size == 100 * lines + len("no newline at the end")
+    shown = term.getvalue().splitlines()
+    assert len(shown) == lines + 3  # start line, the lines, the unterminated tail, the end line
+    assert shown[-2].endswith("] no newline at the end")
+
+
+def test_timeout_still_kills_a_bench_that_keeps_talking(talking_repo, tmp_path):
+    repo, sha = talking_repo
+    term = Terminal()
+    t0 = time.monotonic()
+    result = LocalExecutor(grace_s=0.5, stream=term).run(
+        request(repo, sha, tmp_path, "chatter", timeout=1.5)
+    )
+    assert result.status == "timeout" and result.returncode == -9
+    assert time.monotonic() - t0 < 15
+    shown = term.getvalue().splitlines()
+    assert any(line.endswith("] still going 0") for line in shown)
+    assert "finished in " in shown[-1]
+    assert ": timeout: killed after the 1.5 s limit; metrics " in shown[-1]
+    assert "still going 0\n" in result.stdout_log.read_text()

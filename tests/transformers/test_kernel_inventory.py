@@ -8,6 +8,7 @@ tests still prove that discovery works.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,15 +61,35 @@ def test_inventory_file_is_valid(path):
     assert not findings, "\n".join(map(str, findings))
 
 
+# The compile run's own limit, which scales with the work: it stops only when no compile has
+# finished for this long. The slowest kernel (decode attention) takes about 150 s on a quiet
+# 2-core machine, so this catches a hung worker, not a loaded machine. Each finished compile is
+# cached at once, so a stopped run continues where it stopped.
+STALL_S = 900.0
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 @pytest.fixture(scope="module")
 def compile_findings():
-    """One compile run over every Solution: shared kernels compile once, in parallel workers."""
+    """One compile run over every Solution: shared kernels compile once, in parallel workers,
+    each cached as it finishes, with a progress line each and a limit per compile."""
     problem = toolchain_problem()
     if problem is not None:
         pytest.skip(f"no cuTile compile toolchain: {problem}")
-    return compile_paths(SOLUTIONS, REPO_ROOT, jobs=default_jobs())
+    return compile_paths(
+        SOLUTIONS,
+        REPO_ROOT,
+        jobs=default_jobs(),
+        progress=_progress,
+        stall_s=STALL_S,
+    )
 
 
+# func_only: pytest's fixed per-test limit leaves out the shared fixture, which has its own.
+@pytest.mark.timeout(600, func_only=True)
 @pytest.mark.parametrize("path", SOLUTIONS, ids=_ids(SOLUTIONS))
 def test_solution_compiles_for_every_target(path, compile_findings):
     shown = path.relative_to(REPO_ROOT).as_posix()

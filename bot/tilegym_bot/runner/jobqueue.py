@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tilegym_bot.runner.base import BenchRequest, BenchResult, now_iso, write_json_atomic
-from tilegym_bot.runner.gpulock import GpuLockedExecutor
+from tilegym_bot.runner.gpulock import GpuLockedExecutor, GpuLockTimeout
 
 REQUIRED = {"repo_dir", "commit", "bench_args", "metrics_out", "log_dir"}
 OPTIONAL = {"timeout_s"}
@@ -92,7 +92,8 @@ def _record(request: BenchRequest, result: BenchResult) -> dict[str, Any]:
 
 
 def process(claimed: Path, executor, gpu_uuid: str, queue_dir: Path) -> BenchResult | None:
-    """Run one claimed request on ``gpu_uuid``; None when the file was not a valid request."""
+    """Run one claimed request on ``gpu_uuid``; None when the file was not a valid request or
+    the GPU's lock could not be had in time (the request is then back in the queue)."""
     try:
         request = parse_request(json.loads(claimed.read_text()), queue_dir)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RequestError) as exc:
@@ -104,7 +105,13 @@ def process(claimed: Path, executor, gpu_uuid: str, queue_dir: Path) -> BenchRes
         print(message, flush=True)
         return None
     request.gpu_uuid = gpu_uuid
-    result = executor.run(request)
+    try:
+        result = executor.run(request)
+    except GpuLockTimeout as exc:
+        # nothing ran: the request goes back to the queue for the next free moment
+        os.replace(claimed, queue_dir / claimed.name)
+        print(f"runner: {claimed.name} on {gpu_uuid}: requeued: {exc}", flush=True)
+        return None
     write_json_atomic(queue_dir / "done" / claimed.name, _record(request, result))
     claimed.unlink(missing_ok=True)
     print(

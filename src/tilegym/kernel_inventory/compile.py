@@ -7,6 +7,13 @@ from ``tilegym.ops``). Each kernel is compiled to a cubin in memory with
 needed. Successful compiles are cached on disk keyed by (hash of the kernel's file and every
 repository file it imports, kernel, signatures, architecture, cuTile version), so an unchanged
 Solution re-checks in milliseconds and Solutions sharing a kernel share its entries.
+
+Each compile is cached the moment it succeeds, not when the whole run ends, so a run that is
+stopped (a time limit, Ctrl-C) keeps what it finished and the next run continues from there.
+A ``progress`` callback gets one line per compile. ``stall_s`` bounds a run by a limit that
+scales with its work: it gives up only when no compile has finished for that long (a compile
+takes from under a second to about 150 s on a quiet 2-core machine), so N compiles may take up to
+N times ``stall_s`` and a hung worker is caught after ``stall_s``.
 """
 
 from __future__ import annotations
@@ -18,8 +25,9 @@ import io
 import json
 import multiprocessing
 import os
-from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -85,12 +93,21 @@ def default_jobs() -> int:
 
 
 def compile_paths(
-    paths: Iterable[Path], repo_root: Path, *, use_cache: bool = True, jobs: int = 1
+    paths: Iterable[Path],
+    repo_root: Path,
+    *,
+    use_cache: bool = True,
+    jobs: int = 1,
+    progress: Callable[[str], None] | None = None,
+    stall_s: float | None = None,
 ) -> list[Finding]:
     """Findings of the compile gate for the Solutions selected by ``paths``.
 
     Each distinct (kernel code, signatures, architecture) compiles once per run, in ``jobs``
-    worker processes when more than one is asked for; successes are cached on disk.
+    worker processes when more than one is asked for; each success is cached as it finishes.
+    ``progress`` gets a line per compile. With ``stall_s`` the compiles run in worker processes
+    and stop once none has finished for ``stall_s`` seconds; those not done are findings (the
+    done ones stay cached).
     """
     problem = toolchain_problem()
     selected = select_solutions(paths, repo_root)
@@ -115,12 +132,8 @@ def compile_paths(
     for job in planned:
         if job.key not in todo and not (cache is not None and cache.get(job.key)):
             todo[job.key] = job
-    errors = _run_jobs(list(todo.values()), repo_root, jobs)
-    version = cutile_version()
-    for key, error in errors.items():
-        if error is None and cache is not None:
-            job = todo[key]
-            cache.put(key, {"kernel": job.kernel_name, "gpu_code": job.gpu_code, "cutile": version})
+    record = _Recorder(todo, cache, progress, cutile_version())
+    errors = _run_jobs(list(todo.values()), repo_root, jobs, record, stall_s)
     for job in planned:
         error = errors.get(job.key)
         if error is not None:
@@ -136,14 +149,55 @@ def compile_paths(
     return findings
 
 
-def _run_jobs(jobs: list[CompileJob], repo_root: Path, workers: int) -> dict[str, str | None]:
-    """Compile each job; ``{key: None on success, else the one-line error}``."""
-    if workers <= 1 or len(jobs) <= 1:
-        return {job.key: compile_kernel(job.kernel, job.signatures, job.gpu_code) for job in jobs}
-    context = multiprocessing.get_context("spawn")  # no fork after torch and threads started
+class _Recorder:
+    """Called as each compile ends: caches a success at once and reports one progress line."""
+
+    def __init__(self, todo, cache: JsonCache | None, progress, version: str):
+        self.total, self.done = len(todo), 0
+        self.cache, self.progress, self.version = cache, progress, version
+
+    def __call__(self, job: CompileJob, error: str | None, seconds: float) -> None:
+        self.done += 1
+        if error is None and self.cache is not None:
+            entry = {"kernel": job.kernel_name, "gpu_code": job.gpu_code, "cutile": self.version}
+            self.cache.put(job.key, entry)
+        if self.progress is not None:
+            outcome = "ok" if error is None else "FAILED"
+            self.progress(
+                f"aot compile {self.done}/{self.total}: {job.kernel_name} for {job.hardware} "
+                f"({job.gpu_code}): {outcome} in {seconds:.1f} s"
+            )
+
+
+def _timed_compile(kernel: Any, signatures: tuple, gpu_code: str) -> tuple[str | None, float]:
+    start = time.monotonic()
+    return compile_kernel(kernel, signatures, gpu_code), time.monotonic() - start
+
+
+def _run_jobs(
+    jobs: list[CompileJob],
+    repo_root: Path,
+    workers: int,
+    record: Callable[[CompileJob, str | None, float], None],
+    stall_s: float | None = None,
+) -> dict[str, str | None]:
+    """Compile each job, calling ``record`` as each ends; ``{key: None on success, else the
+    one-line error}``. With ``stall_s`` (always in worker processes, which can be stopped),
+    the jobs still undone when none has finished for ``stall_s`` get a time-limit error."""
     results: dict[str, str | None] = {}
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
-        futures = {
+    if not jobs:
+        return results
+    if stall_s is None and (workers <= 1 or len(jobs) <= 1):
+        for job in jobs:
+            results[job.key], seconds = _timed_compile(job.kernel, job.signatures, job.gpu_code)
+            record(job, results[job.key], seconds)
+        return results
+    context = multiprocessing.get_context("spawn")  # no fork after torch and threads started
+    children_before = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=context)
+    pending: dict[Future, CompileJob] = {}
+    try:
+        pending = {
             pool.submit(
                 _compile_in_worker,
                 str(job.entry_path),
@@ -153,25 +207,53 @@ def _run_jobs(jobs: list[CompileJob], repo_root: Path, workers: int) -> dict[str
             ): job
             for job in jobs
         }
-        for future, job in futures.items():
-            try:
-                results[job.key] = future.result()
-            except Exception as exc:  # a worker that died (crash, OOM) fails only its job
-                results[job.key] = f"compile worker failed: {first_line(exc)}"
+        while pending:
+            finished, _ = wait(pending, timeout=stall_s, return_when=FIRST_COMPLETED)
+            if not finished:
+                break
+            for future in finished:
+                job = pending.pop(future)
+                try:
+                    error, seconds = future.result()
+                except Exception as exc:  # a worker that died (crash, OOM) fails only its job
+                    error, seconds = f"compile worker failed: {first_line(exc)}", 0.0
+                results[job.key] = error
+                record(job, error, seconds)
+    finally:
+        if pending:
+            # After a stall (or Ctrl-C) the workers still compiling are stopped, not waited for.
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in set(multiprocessing.active_children()) - children_before:
+                process.terminate()
+        pool.shutdown(wait=True)
+    if pending:
+        over = _stalled(stall_s, len(pending), len(jobs))
+        results.update((job.key, over) for job in pending.values())
     return results
 
 
-def _compile_in_worker(entry_path: str, repo_root: str, kernel_name: str, gpu_code: str):
-    """Worker side: re-import the entry module, find the kernel by name, compile it."""
+def _stalled(stall_s: float | None, undone: int, total: int) -> str:
+    return (
+        f"not compiled: no compile finished for {stall_s:g} s, so the gate stopped with "
+        f"{undone} of {total} compiles left (the finished ones are cached: run it again to "
+        "continue)"
+    )
+
+
+def _compile_in_worker(
+    entry_path: str, repo_root: str, kernel_name: str, gpu_code: str
+) -> tuple[str | None, float]:
+    """Worker side: re-import the entry module, find the kernel by name, compile it; (error or
+    None, seconds the compile took)."""
     try:
         module = import_entry_module(Path(entry_path), Path(repo_root))
         declared = getattr(module, SIGNATURES_FUNCTION)()
     except BaseException as exc:
-        return f"worker could not re-import the entry module: {first_line(exc)}"
+        return f"worker could not re-import the entry module: {first_line(exc)}", 0.0
     for kernel, signatures in declared.items():
         if kernel_label(kernel) == kernel_name:
-            return compile_kernel(kernel, signatures, gpu_code)
-    return f"worker did not find {kernel_name} in {SIGNATURES_FUNCTION}()"
+            return _timed_compile(kernel, signatures, gpu_code)
+    return f"worker did not find {kernel_name} in {SIGNATURES_FUNCTION}()", 0.0
 
 
 def plan_solution(loaded: Loaded, repo_root: Path) -> tuple[list[Finding], list[CompileJob]]:
