@@ -3,12 +3,18 @@
 The comment starts with a hidden marker (how the GitHub forge finds its one sticky comment again)
 and ends with a hidden machine-readable record (how ``ledger rebuild`` regenerates the ledger from
 PR comments). Pure: builds strings from decision and metrics documents.
+
+Everything a benchmark wrote (env strings, error text, kernel and module names) and the PR's own
+description is untrusted: it is shown as inert text (one line, HTML and Markdown syntax escaped,
+@mentions broken) and capped in length, and the whole body is kept under GitHub's comment limit,
+so no metrics file can inject markup, ping people or make the comment call fail.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from typing import Any
 
@@ -18,6 +24,33 @@ from tilegym_bot.stats import mean_ci95
 MARKER = "<!-- tilegym-bot:autokernel -->"
 _RECORD_RE = re.compile(r"<!-- tilegym-bot:record (\{.*?\}) -->", re.DOTALL)
 RECORD_VERSION = 1
+NA = "n/a"  # an unmeasured value, the same text as in the ledger
+# GitHub rejects a comment body over 65536 characters; counting UTF-8 bytes keeps under the limit
+# whichever way a character is counted.
+COMMENT_LIMIT = 65536
+NAME_LIMIT = 120  # a kernel, module or env string
+TEXT_LIMIT = 1500  # one reason or finding (may quote an error message)
+DESCRIPTION_LIMIT = 300
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+_ZERO_WIDTH_SPACE = "\u200b"
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` on one line, at most ``limit`` characters (an ellipsis marks a cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def md_text(value: Any, limit: int = NAME_LIMIT) -> str:
+    """Untrusted text as inert inline Markdown: clipped, HTML and Markdown escaped, no mentions."""
+    text = html.escape(clip(str(value), limit), quote=False)
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text).replace("@", "@" + _ZERO_WIDTH_SPACE)
+
+
+def md_code(value: Any, limit: int = NAME_LIMIT) -> str:
+    """Untrusted text as a code span (nothing inside is markup); safe in a table cell too."""
+    text = clip(str(value), limit).replace("`", "'").replace("|", "\\|")
+    return f"`{text}`"
 
 
 def build_record(
@@ -71,22 +104,27 @@ def parse_record(body: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and record.get("version") == RECORD_VERSION else None
 
 
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def _num(value: Any, fmt: str = "{:.2f}", suffix: str = "") -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        return "—"
-    return fmt.format(value) + suffix
+    number = _finite(value)
+    return NA if number is None else fmt.format(number) + suffix
 
 
 def _throughput(doc: Any, block: str) -> str:
     tp = dig(doc, block, "throughput")
     if not isinstance(tp, dict):
-        return "—"
+        return NA
     text = _num(tp.get("mean"))
     ci = tp.get("ci95")
     samples = tp.get("samples")
     if not (isinstance(ci, list) and len(ci) == 2) and isinstance(samples, list):
-        numbers = [v for v in samples if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        ci = mean_ci95(numbers) if len(numbers) == len(samples) else None
+        numbers = [v for v in map(_finite, samples) if v is not None]
+        ci = mean_ci95(numbers) if numbers and len(numbers) == len(samples) else None
     if ci is not None and len(ci) == 2:
         text += f" (95% CI {_num(ci[0])}–{_num(ci[1])})"
     if isinstance(samples, list) and samples:
@@ -107,19 +145,15 @@ def _correctness(doc: Any) -> str:
     )
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def _metrics_table(decision: Decision, base: Any, head: Any) -> list[str]:
-    ratio = "—"
+    ratio = NA
     if decision.ratio is not None:
         ratio = f"{decision.ratio:.3f}"
         if decision.ratio_ci95:
             ratio += f" (95% CI {decision.ratio_ci95[0]:.3f}–{decision.ratio_ci95[1]:.3f})"
     rows = [
-        ("benchmark status", str(dig(base, "status") or "—"), str(dig(head, "status") or "—")),
-        ("commit", str(dig(base, "commit") or "—")[:8], str(dig(head, "commit") or "—")[:8]),
+        ("benchmark status", _field(base, "status"), _field(head, "status")),
+        ("commit", _field(base, "commit", prefix=8), _field(head, "commit", prefix=8)),
         (
             "cuTile coverage, GPU time",
             _num(dig(base, "coverage", "gpu_time_pct"), suffix="%"),
@@ -150,8 +184,15 @@ def _metrics_table(decision: Decision, base: Any, head: Any) -> list[str]:
         ("correctness", _correctness(base), _correctness(head)),
     ]
     lines = ["| metric | base (main) | head |", "|:--|--:|--:|"]
-    lines += [f"| {name} | {_cell(b)} | {_cell(h)} |" for name, b, h in rows]
+    lines += [f"| {name} | {b} | {h} |" for name, b, h in rows]
     return lines
+
+
+def _field(doc: Any, *keys: str, prefix: int | None = None) -> str:
+    """A string field of a metrics document (its first ``prefix`` characters), escaped; n/a
+    when missing."""
+    value = dig(doc, *keys)
+    return NA if value is None or value == "" else md_text(str(value)[:prefix])
 
 
 def uncovered_kernels(doc: Any, limit: int = 5) -> list[dict[str, Any]]:
@@ -159,22 +200,23 @@ def uncovered_kernels(doc: Any, limit: int = 5) -> list[dict[str, Any]]:
     if not isinstance(kernels, list):
         return []
     plain = [k for k in kernels if isinstance(k, dict) and k.get("cutile") is False]
-    return sorted(plain, key=lambda k: -(k.get("gpu_ms") or 0))[:limit]
+    return sorted(plain, key=lambda k: -(_finite(k.get("gpu_ms")) or 0.0))[:limit]
 
 
 def _uncovered_table(doc: Any) -> list[str]:
     top = uncovered_kernels(doc)
     if not top:
         return ["No kernel list in the metrics (coverage not measured)."]
-    total = dig(doc, "coverage", "total_gpu_ms") or 0
+    total = _finite(dig(doc, "coverage", "total_gpu_ms")) or 0.0
     lines = ["| kernel | module | calls | GPU ms | share of GPU time |", "|:--|:--|--:|--:|--:|"]
     for k in top:
-        name = str(k.get("name", "?"))
-        name = name if len(name) <= 80 else name[:77] + "..."
-        share = _num(100.0 * k["gpu_ms"] / total, suffix="%") if total else "—"
+        gpu_ms = _finite(k.get("gpu_ms"))
+        share = _num(100.0 * gpu_ms / total, suffix="%") if total and gpu_ms is not None else NA
+        calls = k.get("calls")
         lines.append(
-            f"| `{_cell(name)}` | {_cell(str(k.get('module') or 'unattributed'))} | "
-            f"{k.get('calls', '—')} | {_num(k.get('gpu_ms'))} | {share} |"
+            f"| {md_code(k.get('name', '?'))} | {md_text(k.get('module') or 'unattributed')} | "
+            f"{calls if isinstance(calls, int) and not isinstance(calls, bool) else NA} | "
+            f"{_num(gpu_ms)} | {share} |"
         )
     return lines
 
@@ -193,12 +235,35 @@ _ENV_FIELDS = (
 
 def _env_table(base: Any, head: Any) -> list[str]:
     lines = ["| | base | head |", "|:--|:--|:--|"]
-    b, h = (str(dig(doc, "commit") or "—")[:8] for doc in (base, head))
-    lines.append(f"| measured commit | {_cell(b)} | {_cell(h)} |")
+    b, h = (_field(doc, "commit", prefix=8) for doc in (base, head))
+    lines.append(f"| measured commit | {b} | {h} |")
     for label, key in _ENV_FIELDS:
-        b, h = dig(base, "env", key), dig(head, "env", key)
-        lines.append(f"| {label} | {_cell(str(b or '—'))} | {_cell(str(h or '—'))} |")
+        lines.append(f"| {label} | {_field(base, 'env', key)} | {_field(head, 'env', key)} |")
     return lines
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def fit_comment(lines: list[str], record: dict[str, Any]) -> str:
+    """``lines`` plus the embedded record, under ``COMMENT_LIMIT``: when too long, the lines are
+    cut from the end (a note says so); the marker, the verdict and the record always stay."""
+    tail = embed_record(record) + "\n"
+    body = "\n".join(lines) + "\n" + tail
+    if _utf8_len(body) <= COMMENT_LIMIT:
+        return body
+    note = "\n_(comment cut to fit GitHub's size limit: read the full report in the job log)_\n\n"
+    budget = COMMENT_LIMIT - _utf8_len(note) - _utf8_len(tail) - 1
+    kept: list[str] = []
+    used = 0
+    for line in lines:
+        size = _utf8_len(line) + 1
+        if used + size > budget:
+            break
+        kept.append(line)
+        used += size
+    return "\n".join(kept) + "\n" + note + tail
 
 
 def render_comment(
@@ -206,18 +271,24 @@ def render_comment(
     base: Any,
     head: Any,
     record: dict[str, Any],
+    outcome: str | None = None,
 ) -> str:
-    """The whole PR comment for one decision (``base`` may be None for a baseline run)."""
+    """The whole PR comment for one decision (``base`` may be None for a baseline run).
+
+    ``outcome`` is what was done about it (merged, closed, why not merged), written by the
+    caller after acting, so the comment never claims more than happened.
+    """
     model_key, description = record["model_key"], record["description"]
     title = "keep (baseline recorded)" if decision.baseline else decision.status
-    what = html.escape(" ".join(description.split()), quote=False)
+    what = md_text(description, DESCRIPTION_LIMIT)
     lines = [
         MARKER,
         f"## tilegym-bot verdict: **{title}**",
         "",
-        f"`{model_key}` — {what} (ledger status: `{decision.ledger_status}`)",
+        f"{md_code(model_key, 40)} — {what} (ledger status: `{decision.ledger_status}`)",
         "",
-        *[f"- {r}" for r in decision.reasons],
+        *([f"**Outcome:** {outcome}", ""] if outcome else []),
+        *[f"- {md_text(r, TEXT_LIMIT)}" for r in decision.reasons],
         "",
         "### Metrics",
         "",
@@ -231,7 +302,24 @@ def render_comment(
         "",
         *_env_table(base, head),
         "",
-        embed_record(record),
+    ]
+    return fit_comment(lines, record)
+
+
+def render_refusal(findings: list[str], record: dict[str, Any], outcome: str | None = None) -> str:
+    """The PR comment for an experiment the bot refuses to judge (scope broken): the findings."""
+    lines = [
+        MARKER,
+        "## tilegym-bot verdict: **refused**",
+        "",
+        f"{md_code(record['model_key'], 40)} — {md_text(record['description'], DESCRIPTION_LIMIT)}",
+        "",
+        *([f"**Outcome:** {outcome}", ""] if outcome else []),
+        "The experiment changes what an experiment may not change (checked with main's rules on "
+        "the diff main...head, parsing only), so its benchmark is not judged. Fix these and open "
+        "a new pull request:",
+        "",
+        *[f"- {md_text(f, TEXT_LIMIT)}" for f in findings],
         "",
     ]
-    return "\n".join(lines)
+    return fit_comment(lines, record)

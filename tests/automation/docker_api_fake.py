@@ -1,13 +1,17 @@
 """A small Docker Engine API server on a unix socket, for driving the real docker SDK in tests.
 
-It answers the endpoints a benchmark run uses (ping/version, image inspect, container create,
-inspect, start, wait, logs, stop, kill, delete), records every call and the create body, and
-plays a "container" whose behaviour the test picks:
+It answers the endpoints a benchmark run uses (ping/version, image inspect, container list
+with label filters, create, inspect, start, wait, logs, stop, kill, delete), records every call
+and the create body, and plays a "container" whose behaviour the test picks:
 
 - ``ok``: writes a metrics file into the folder bound at /workspace/out, logs, exits 0;
 - ``crash``: logs a traceback to stderr and exits 1 without metrics;
 - ``oom``: exits 137 with State.OOMKilled set;
-- ``hang``: never exits on its own and ignores stop; only kill ends it.
+- ``hang``: never exits on its own and ignores stop; only kill ends it;
+- ``flood``: keeps writing into /workspace/out until killed;
+- ``chatty``: writes 8 MiB to stdout, then behaves like ``ok``.
+
+``seed(labels)`` adds a running container that no run created (one a killed runner left).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import re
 import socketserver
 import struct
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -40,6 +45,10 @@ class FakeContainer:
     def finish(self, code: int, oom: bool = False) -> None:
         self.exit_code, self.oom, self.running = code, oom, False
         self.exited.set()
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.body.get("Labels") or {}
 
     def bind_source(self, target: str) -> Path:
         for bind in self.body["HostConfig"]["Binds"]:
@@ -87,6 +96,32 @@ class FakeEngine:
         with self.lock:
             self.calls.append((method, path))
 
+    def listing(self, query: dict[str, str]) -> list[dict[str, Any]]:
+        """``GET /containers/json``: every container (``all``) or the running ones, with the
+        label filters (``key=value`` or ``key``) all matching."""
+        wanted = json.loads(query.get("filters") or "{}").get("label", [])
+        if isinstance(wanted, dict):  # the map form {"key=value": true}
+            wanted = list(wanted)
+        found = []
+        for container in list(self.containers.values()):
+            if not (container.running or query.get("all") in ("1", "true", "True")):
+                continue
+            labels = container.labels
+            if all(
+                labels.get(f.split("=", 1)[0]) == f.split("=", 1)[1] if "=" in f else f in labels
+                for f in wanted
+            ):
+                found.append(
+                    {
+                        "Id": container.id,
+                        "Image": container.body.get("Image"),
+                        "Labels": labels,
+                        "State": "running" if container.running else "exited",
+                        "Created": int(time.time()),
+                    }
+                )
+        return found
+
     def call_names(self) -> list[str]:
         names = []
         for method, path in self.calls:
@@ -99,9 +134,32 @@ class FakeEngine:
                 names.append(parts[0] if parts[0] != "images" else "image")
         return names
 
+    def seed(self, labels: dict[str, str]) -> str:
+        """A running container with ``labels`` that no run of this test created; its id."""
+        cid = uuid.uuid4().hex * 2
+        container = FakeContainer(cid, {"Image": "leftover", "Labels": labels})
+        container.running = True
+        self.containers[cid] = container
+        return cid
+
+    def _flood(self, container: FakeContainer) -> None:
+        out = container.bind_source("/workspace/out") / "junk.bin"
+        chunk = b"x" * (256 * 1024)
+        with out.open("ab") as fh:
+            for _ in range(2048):  # at most 512 MiB, should nothing stop it
+                if container.exited.wait(0.005):
+                    return
+                fh.write(chunk)
+                fh.flush()
+
     def start(self, container: FakeContainer) -> None:
         container.running = True
-        if self.behaviour == "ok":
+        if self.behaviour == "flood":
+            threading.Thread(target=self._flood, args=(container,), daemon=True).start()
+            return
+        if self.behaviour == "chatty":
+            container.stdout.extend([b"y" * (64 * 1024)] * 128)
+        if self.behaviour in ("ok", "chatty"):
             out = container.bind_source("/workspace/out")
             cmd = container.body["Cmd"]
             doc = dict(self.metrics, commit=cmd[cmd.index("--commit") + 1])
@@ -170,6 +228,8 @@ class _Handler(BaseHTTPRequestHandler):
             if m.group(1) in fake.images:
                 return self._send(200, {"Id": "sha256:" + "ab" * 32, "RepoTags": [m.group(1)]})
             return self._send(404, {"message": f"No such image: {m.group(1)}"})
+        if path == "/containers/json" and method == "GET":
+            return self._send(200, fake.listing(query))
         if path == "/containers/create" and method == "POST":
             cid = uuid.uuid4().hex * 2
             fake.containers[cid] = FakeContainer(cid, body)
@@ -197,6 +257,10 @@ class _Handler(BaseHTTPRequestHandler):
             container.finish(137)
             return self._send(204)
         if method == "DELETE" and action is None:
+            if container.running and query.get("force") not in ("1", "true", "True"):
+                return self._send(409, {"message": "cannot remove a running container"})
+            if container.running:
+                container.finish(137)
             del fake.containers[container.id]
             return self._send(204)
         return self._send(404, {"message": f"unsupported {method} {path}"})
@@ -250,7 +314,7 @@ def _inspect(container: FakeContainer) -> dict[str, Any]:
         "Id": container.id,
         "Name": "/bench",
         "Image": container.body.get("Image"),
-        "Config": {"Tty": False, "Image": container.body.get("Image"), "Labels": {}},
+        "Config": {"Tty": False, "Image": container.body.get("Image"), "Labels": container.labels},
         "State": {
             "Status": "running" if container.running else "exited",
             "Running": container.running,

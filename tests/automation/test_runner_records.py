@@ -116,6 +116,22 @@ def test_unsound_artifacts_are_refused_with_findings(
     assert lines and all(re.match(r"^\S+:1: ART00\d ", line) for line in lines)
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--expect-base-sha", "c" * 40, f"base_sha {BASE} is not the benchmarked run's {'c' * 40}"),
+        ("--expect-pr", "8", "pr 7 is not the benchmarked run's 8"),
+    ],
+)
+def test_pr_json_must_name_the_base_and_pr_the_api_gives(tmp_path, capsys, flag, value, message):
+    folder = write_artifact(tmp_path / "a", metrics_for(BASE), metrics_for(HEAD))
+    args = ["runner", "check-artifact", str(folder), "--expect-head-sha", HEAD]
+    assert main([*args, flag, value]) == 1
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.endswith(f"pr.json:1: ART004 {message}")
+    assert main([*args, flag, BASE if "sha" in flag else "7"]) == 0
+
+
 def test_bench_usage_errors_are_one_line(tmp_path, capsys):
     out = str(tmp_path / "m.json")
     assert main(["runner", "bench", "--repo", str(tmp_path), "--metrics-out", out]) == 2

@@ -6,8 +6,15 @@ import struct
 
 from tilegym_bot.ledger import LedgerRow
 from tilegym_bot.plot import plot_ledger
-from tilegym_bot.policy import decide
-from tilegym_bot.report import MARKER, build_record, parse_record, render_comment
+from tilegym_bot.policy import Decision, decide
+from tilegym_bot.report import (
+    COMMENT_LIMIT,
+    MARKER,
+    build_record,
+    parse_record,
+    render_comment,
+    render_refusal,
+)
 
 
 def _kernel(name, gpu_ms, cutile=False, module="Qwen3Attention"):
@@ -15,10 +22,11 @@ def _kernel(name, gpu_ms, cutile=False, module="Qwen3Attention"):
 
 
 def test_comment_layout_and_record_roundtrip(make_metrics):
-    kernels = [_kernel(f"k{i}", float(i)) for i in range(1, 8)] + [_kernel("ct", 99.0, True)]
     base = make_metrics(commit="a" * 40)
-    head = make_metrics(coverage=61.2, kernels=kernels)
+    head = make_metrics(coverage=61.2)
     decision = decide(base, head)
+    kernels = [_kernel(f"k{i}", float(i)) for i in range(1, 8)] + [_kernel("ct", 99.0, True)]
+    head["coverage"]["kernels"] = kernels  # the table shows the largest non-cuTile ones
     record = build_record(
         decision,
         model_key="qwen3",
@@ -61,7 +69,9 @@ def test_comment_for_crash_without_metrics(make_metrics):
         decided_at="t",
     )
     body = render_comment(decision, base, head, record)
-    assert "verdict: **timeout**" in body and "| cuTile coverage, GPU time | 50.00% | — |" in body
+    assert "verdict: **timeout**" in body and "| cuTile coverage, GPU time | 50.00% | n/a |" in body
+    assert "| cuTile TTFT (ms) | 12.75 | n/a |" in body
+    assert "| cuTile throughput (tokens/s) | 50.00 (95% CI" in body and " | n/a |\n" in body
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -76,3 +86,74 @@ def test_plot_writes_a_png(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (800, 550)
+
+
+def _record(decision, description="x"):
+    return build_record(
+        decision,
+        model_key="qwen3",
+        description=description,
+        base_sha="a" * 40,
+        head_sha="b" * 40,
+        decided_at="t",
+        pr=3,
+    )
+
+
+def test_untrusted_strings_are_inert_and_capped(make_metrics):
+    base = make_metrics(commit="a" * 40)
+    head = make_metrics(status="crash")
+    head["error"] = "<script>x</script> @maintainers [see](http://x) " + "E" * 100_000
+    head["env"]["torch"] = "2.11 | **bold** `code` <b>"
+    base["coverage"]["kernels"] = [
+        _kernel("evil`kernel|<b>@here" + "k" * 500, 50.0, module="[m](http://x) @team"),
+    ]
+    decision = decide(base, head)
+    body = render_comment(decision, base, head, _record(decision, "<i>x</i> @you\n#1"))
+    visible = body.split("<!-- tilegym-bot:record")[0]
+    [kernel_row] = [line for line in visible.splitlines() if line.startswith("| `evil")]
+    # A code span shows its text as is: no backtick may end it early, no pipe may split the cell.
+    assert kernel_row.startswith("| `evil'kernel\\|<b>@here") and "…` |" in kernel_row
+    assert "\\[m\\](http://x) @\u200bteam" in kernel_row
+    visible = visible.replace(kernel_row, "")
+    for raw in (
+        "<script>",
+        "<b>",
+        "<i>",
+        "@maintainers",
+        "@team",
+        "@here",
+        "@you",
+        "[see](",
+        "[m](",
+    ):
+        assert raw not in visible, raw
+    assert "&lt;script&gt;x&lt;/script&gt; @\u200bmaintainers \\[see\\](http://x)" in visible
+    assert "| torch | 2.11.0 | 2.11 \\| \\*\\*bold\\*\\* \\`code\\` &lt;b&gt; |" in visible
+    [reason] = [line for line in visible.splitlines() if line.startswith("- head benchmark")]
+    assert len(reason) < 1600 and reason.endswith("…")  # 1500 characters, then escapes
+    assert parse_record(body)["description"] == "<i>x</i> @you\n#1"
+
+
+def test_the_body_fits_githubs_limit_and_keeps_its_record(make_metrics):
+    many = tuple(f"reason {i}: " + "x" * 1400 for i in range(200))
+    decision = Decision("discard", many)
+    record = _record(decision)
+    body = render_comment(decision, make_metrics(commit="a" * 40), make_metrics(), record)
+    assert len(body.encode()) <= COMMENT_LIMIT
+    assert body.startswith(MARKER + "\n## tilegym-bot verdict: **discard**")
+    assert "comment cut to fit GitHub's size limit" in body
+    assert parse_record(body) == record
+
+
+def test_outcome_line_and_the_refusal_comment(make_metrics):
+    base, head = make_metrics(commit="a" * 40), make_metrics(coverage=61.2)
+    decision = decide(base, head)
+    body = render_comment(decision, base, head, _record(decision), outcome="closed (discard).")
+    assert body.splitlines()[5:7] == ["**Outcome:** closed (discard).", ""]
+    findings = ["README.md:1: SCOPE001 outside the scope of a 'qwen3' experiment <b>"]
+    record = {**_record(decision), "status": "refused", "final": False}
+    refusal = render_refusal(findings, record, outcome="closed, nothing merged.")
+    assert "## tilegym-bot verdict: **refused**" in refusal
+    assert "- README.md:1: SCOPE001 outside the scope of a 'qwen3' experiment &lt;b&gt;" in refusal
+    assert parse_record(refusal)["status"] == "refused"

@@ -1,8 +1,10 @@
 """The benchmark artifact handed from the GPU job to the bot job, and its checks.
 
 The GPU job ran code from the pull request, so the bot treats everything in the artifact as
-untrusted data: the metrics files must pass the schema and name the commits that GitHub itself
-says were benchmarked, and the PR record must have exactly the expected shape.
+untrusted data: the PR record must have exactly the expected shape, the metrics files must pass
+the schema, and every name of a commit or PR must agree across ``pr.json``, ``base.json``,
+``head.json`` and what the GitHub API says (the run's head SHA, the PR found by that SHA, a base
+the caller checked is on the default branch).
 
 Artifact folder: ``pr.json`` (``{"pr": N, "base_sha": ..., "head_sha": ...}``), ``base.json``
 and ``head.json`` (metrics files, ``tilegym-bench-metrics/1``).
@@ -60,8 +62,18 @@ def check_metrics(doc: Any, path: str, expected_sha: str) -> list[Finding]:
     return []
 
 
-def check_artifact(folder: Path, expect_head_sha: str | None) -> tuple[dict | None, list[Finding]]:
-    """The PR record when the whole artifact is sound, and the findings either way."""
+def check_artifact(
+    folder: Path,
+    expect_head_sha: str | None,
+    *,
+    expect_base_sha: str | None = None,
+    expect_pr: int | None = None,
+) -> tuple[dict | None, list[Finding]]:
+    """The PR record when the whole artifact is sound, and the findings either way.
+
+    ``expect_*`` are what the API says (None: not known to the caller); ``pr.json`` must agree
+    with each, and each metrics file must name the commit ``pr.json`` gives for its side.
+    """
     findings: list[Finding] = []
     pr_path = folder / PR_FILE
     record = _load(pr_path, findings)
@@ -70,9 +82,13 @@ def check_artifact(folder: Path, expect_head_sha: str | None) -> tuple[dict | No
     findings += check_pr_record(record, str(pr_path))
     if findings:
         return None, findings
-    if expect_head_sha is not None and record["head_sha"] != expect_head_sha:
-        msg = f"head_sha {record['head_sha']} is not the benchmarked run's {expect_head_sha}"
-        return None, [Finding(str(pr_path), 1, "ART004", msg)]
+    expected = (("head_sha", expect_head_sha), ("base_sha", expect_base_sha), ("pr", expect_pr))
+    for key, want in expected:
+        if want is not None and record[key] != want:
+            msg = f"{key} {record[key]} is not the benchmarked run's {want}"
+            findings.append(Finding(str(pr_path), 1, "ART004", msg))
+    if findings:
+        return None, findings
     for name, sha in ((BASE_FILE, record["base_sha"]), (HEAD_FILE, record["head_sha"])):
         path = folder / name
         doc = _load(path, findings)

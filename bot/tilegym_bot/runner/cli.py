@@ -7,34 +7,70 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
-from tilegym_bot.runner.base import BenchRequest
+from tilegym_bot.errors import BotError
+from tilegym_bot.runner.base import HARNESS_ROOTS, BenchRequest
+
+MIB = 1024 * 1024
 
 
 def _executor(args: argparse.Namespace):
     if args.executor == "docker":
-        from tilegym_bot.runner.docker import DockerExecutor
+        from tilegym_bot.runner.docker import DockerExecutor, parse_cpusets
 
-        return DockerExecutor(args.image, memory_limit=args.memory)
+        return DockerExecutor(
+            args.image,
+            memory_limit=args.memory,
+            pids_limit=args.pids_limit,
+            cpusets=parse_cpusets(args.cpuset),
+            out_bytes=args.max_output_mib * MIB,
+            log_bytes=args.max_log_mib * MIB,
+        )
     from tilegym_bot.runner.local import LocalExecutor
 
     return LocalExecutor()
 
 
-def _check_executor_args(args: argparse.Namespace) -> str | None:
+def _check_executor_args(args: argparse.Namespace, gpus: list[str]) -> str | None:
+    """Why the executor flags cannot work for ``gpus`` (None: they can)."""
     if args.executor == "docker" and not args.image:
         return "--image is required with --executor docker"
+    if args.pids_limit < 1 or args.max_output_mib < 1 or args.max_log_mib < 1:
+        return "--pids-limit, --max-output-mib and --max-log-mib must be positive"
+    if args.executor != "docker":
+        return None
+    from tilegym_bot.runner.docker import ANY_GPU, parse_cpusets
+
+    try:
+        cpusets = parse_cpusets(args.cpuset)
+    except ValueError as exc:
+        return f"--cpuset (or TILEGYM_CPUSET): {exc}"
+    if cpusets and ANY_GPU not in cpusets:
+        missing = [gpu for gpu in gpus if gpu not in cpusets] or ([] if gpus else ["no GPU"])
+        if missing:
+            return f"--cpuset (or TILEGYM_CPUSET) gives no CPU set for {', '.join(missing)}"
+    return None
+
+
+def _check_harness(harness: str | None) -> str | None:
+    if harness is None:
+        return None
+    missing = [rel for rel in HARNESS_ROOTS if not (Path(harness) / rel).is_dir()]
+    if missing:
+        return f"--harness {harness} is not a checkout with {', '.join(missing)}"
     return None
 
 
 def _bench(args: argparse.Namespace) -> int:
     from tilegym_bot.runner.gpulock import GpuLockedExecutor
 
-    problem = _check_executor_args(args)
+    problem = _check_executor_args(args, [args.gpu_uuid] if args.gpu_uuid else [])
+    problem = problem or _check_harness(args.harness)
     bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
     if problem is None and not bench_args:
         problem = "no benchmark arguments: pass them after `--`, e.g. -- --model-key qwen3"
@@ -60,6 +96,7 @@ def _bench(args: argparse.Namespace) -> int:
         log_dir=Path(args.log_dir) if args.log_dir else metrics_out.parent / "logs",
         timeout_s=args.timeout,
         gpu_uuid=args.gpu_uuid,
+        harness_dir=Path(args.harness) if args.harness else None,
     )
     result = GpuLockedExecutor(_executor(args), args.lock_dir).run(request)
     print(
@@ -72,8 +109,8 @@ def _bench(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from tilegym_bot.runner.jobqueue import serve
 
-    problem = _check_executor_args(args)
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    problem = _check_executor_args(args, gpus)
     if problem is None and not gpus:
         problem = "--gpus needs at least one GPU UUID"
     if problem is None and len(set(gpus)) != len(gpus):
@@ -104,7 +141,12 @@ def _check_artifact(args: argparse.Namespace) -> int:
     from tilegym.findings import report
     from tilegym_bot.runner.artifact import check_artifact
 
-    record, findings = check_artifact(Path(args.dir), args.expect_head_sha)
+    record, findings = check_artifact(
+        Path(args.dir),
+        args.expect_head_sha,
+        expect_base_sha=args.expect_base_sha,
+        expect_pr=args.expect_pr,
+    )
     if record is None:
         return report(findings) or 1
     lines = [f"{key}={record[key]}" for key in ("pr", "base_sha", "head_sha")]
@@ -119,6 +161,24 @@ def _add_executor_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor", choices=("local", "docker"), default="local")
     parser.add_argument("--image", help="experiment image (with --executor docker)")
     parser.add_argument("--memory", default="64g", help="container memory limit (docker)")
+    parser.add_argument(
+        "--pids-limit", type=int, default=4096, help="most processes in the container (docker)"
+    )
+    parser.add_argument(
+        "--cpuset",
+        default=os.environ.get("TILEGYM_CPUSET") or None,
+        help="CPUs of the container (docker): a list like 0-15 for every GPU, or per GPU "
+        "'GPU-a=0-15;GPU-b=16-31' (default: $TILEGYM_CPUSET, e.g. from the runner's .env)",
+    )
+    parser.add_argument(
+        "--max-output-mib",
+        type=int,
+        default=64,
+        help="a run that writes more into its output folder is killed (docker)",
+    )
+    parser.add_argument(
+        "--max-log-mib", type=int, default=64, help="each log stream is cut past this (docker)"
+    )
     parser.add_argument("--lock-dir", type=Path, default=None, help="per-GPU lock files")
 
 
@@ -136,6 +196,11 @@ def register(subparsers) -> None:
     bench.add_argument("--log-dir", help="default: <metrics-out folder>/logs")
     bench.add_argument("--gpu-uuid", help="GPU to use (nvidia-smi -L), e.g. GPU-1a2b...")
     bench.add_argument("--timeout", type=float, default=900.0, help="hard limit in seconds")
+    bench.add_argument(
+        "--harness",
+        help="trusted checkout (e.g. the PR's base) whose benchmark, classifier, bot and hooks "
+        "measure --repo's src/ (default: --repo measures itself)",
+    )
     _add_executor_flags(bench)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
@@ -151,15 +216,31 @@ def register(subparsers) -> None:
     check = sub.add_parser("check-artifact", help="validate a downloaded benchmark artifact")
     check.add_argument("dir")
     check.add_argument("--expect-head-sha", help="the head SHA GitHub says was benchmarked")
+    check.add_argument("--expect-base-sha", help="the base SHA GitHub says was benchmarked")
+    check.add_argument("--expect-pr", type=int, help="the PR number GitHub gives for the head")
     check.add_argument("--github-output", help="also append pr=/base_sha=/head_sha= here")
     check.set_defaults(func=_check_artifact)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad flags are one ``error:`` line (exit 2), like ``tilegym-bot`` itself."""
+
+    def error(self, message: str):
+        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tilegym-bot")
-    register(parser.add_subparsers(dest="command", required=True))
+    parser = _Parser(prog="tilegym-bot")
+    register(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BotError as exc:
+        for line in exc.details:
+            print(line, file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

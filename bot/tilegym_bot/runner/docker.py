@@ -1,14 +1,25 @@
 """Run the benchmark inside the experiment image through the Docker Engine API (docker SDK).
 
-The container gets exactly one GPU (by UUID, never "all"), no network, a memory limit, the
-checkout mounted read-only and one empty writable folder for the metrics file. A run that
-outlives its limit is stopped, then killed, then removed; every container is removed.
+The container gets exactly one GPU (by UUID, never "all"), no network, a memory limit, a limit
+on its number of processes, the CPU set of its GPU (two runs on one host must not share cores:
+their host-bound timings would disturb each other), the checkout mounted read-only, the trusted
+harness (when given) read-only beside it, and one empty writable folder for the metrics file.
+What a run writes is capped: the output folder is watched while the container runs (the run is
+killed when it grows past its cap) and each log stream stops being saved past its cap. A run
+that outlives its limit is stopped, then killed, then removed; every container is removed.
+
+Containers carry the labels ``tilegym.bench`` and ``tilegym.gpu`` (the GPU lock the run holds:
+its UUID, ``unpinned``, or ``none`` for a run without a GPU, which takes no lock). A run that
+holds a lock starts by removing the containers labelled with that lock: the caller holds it
+(``GpuLockedExecutor``), so any such container is stale, left by a runner that was killed, and
+may still be using the GPU. Runs without a GPU run side by side and remove nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -27,10 +38,51 @@ from tilegym_bot.runner.base import (
     source_path,
     with_commit,
 )
+from tilegym_bot.runner.gpulock import UNPINNED, needs_gpu_lock
 
 REPO_MOUNT = PurePosixPath("/workspace/repo")
+HARNESS_MOUNT = PurePosixPath("/workspace/harness")
 OUT_MOUNT = PurePosixPath("/workspace/out")
 METRICS_NAME = "metrics.json"
+BENCH_LABEL = "tilegym.bench"
+GPU_LABEL = "tilegym.gpu"
+NO_LOCK = "none"
+DEFAULT_PIDS_LIMIT = 4096
+DEFAULT_OUT_BYTES = 64 * 1024 * 1024
+DEFAULT_LOG_BYTES = 64 * 1024 * 1024
+WATCH_INTERVAL_S = 0.2
+_CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+ANY_GPU = ""
+
+
+def parse_cpusets(spec: str | None) -> dict[str, str]:
+    """``0-15`` (every GPU) or ``GPU-a=0-15;GPU-b=16-31`` (per GPU) → {gpu or "": cpu list}.
+
+    ValueError names what is wrong. Pure.
+    """
+    if spec is None or not spec.strip():
+        return {}
+    text = spec.strip()
+    if "=" not in text:
+        if not _CPU_LIST.fullmatch(text):
+            raise ValueError(f"CPU set {text!r} is not a list like 0-7 or 0,2,4-7")
+        return {ANY_GPU: text}
+    found: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        gpu, _, cpus = (x.strip() for x in part.partition("="))
+        if not gpu or not _CPU_LIST.fullmatch(cpus):
+            raise ValueError(f"CPU set entry {part!r} is not GPU-UUID=CPU-LIST (e.g. GPU-a=0-7)")
+        if gpu in found:
+            raise ValueError(f"CPU set names {gpu} twice")
+        found[gpu] = cpus
+    return found
+
+
+def gpu_label(request: BenchRequest) -> str:
+    """The GPU lock ``GpuLockedExecutor`` takes for ``request`` (``none``: it takes none)."""
+    if not needs_gpu_lock(request.bench_args, request.gpu_uuid):
+        return NO_LOCK
+    return request.gpu_uuid or UNPINNED
 
 
 def git_common_dir(repo_dir: Path) -> Path | None:
@@ -56,12 +108,25 @@ class DockerExecutor:
         client: Any = None,
         grace_s: float = 10.0,
         python: str = "python3",
+        *,
+        pids_limit: int = DEFAULT_PIDS_LIMIT,
+        cpusets: dict[str, str] | None = None,
+        out_bytes: int = DEFAULT_OUT_BYTES,
+        log_bytes: int = DEFAULT_LOG_BYTES,
     ):
         self.image = image
         self.memory_limit = memory_limit
         self._client = client
         self.grace_s = grace_s
         self.python = python
+        self.pids_limit = pids_limit
+        self.cpusets = dict(cpusets or {})
+        self.out_bytes = out_bytes
+        self.log_bytes = log_bytes
+
+    def cpuset(self, request: BenchRequest) -> str | None:
+        """The CPUs of the request's GPU (or of every GPU), None when not configured."""
+        return self.cpusets.get(request.gpu_uuid or ANY_GPU, self.cpusets.get(ANY_GPU))
 
     @property
     def client(self):
@@ -80,6 +145,10 @@ class DockerExecutor:
             str(repo): {"bind": str(REPO_MOUNT), "mode": "ro"},
             str(out_dir.resolve()): {"bind": str(OUT_MOUNT), "mode": "rw"},
         }
+        harness = None
+        if request.harness_dir is not None:
+            volumes[str(request.harness_dir.resolve())] = {"bind": str(HARNESS_MOUNT), "mode": "ro"}
+            harness = HARNESS_MOUNT
         common = git_common_dir(repo)
         if common is not None:
             volumes[str(common)] = {"bind": str(common), "mode": "ro"}
@@ -94,12 +163,16 @@ class DockerExecutor:
             "--metrics-out",
             str(OUT_MOUNT / METRICS_NAME),
         ]
+        limits: dict[str, Any] = {"pids_limit": self.pids_limit}
+        cpus = self.cpuset(request)
+        if cpus:
+            limits["cpuset_cpus"] = cpus
         return {
             "image": self.image,
             "command": command,
             "working_dir": str(REPO_MOUNT),
             "environment": {
-                "PYTHONPATH": ":".join(source_path(REPO_MOUNT)),
+                "PYTHONPATH": ":".join(source_path(REPO_MOUNT, harness)),
                 "HOME": "/tmp",
                 "PYTHONUNBUFFERED": "1",
             },
@@ -111,9 +184,29 @@ class DockerExecutor:
             "memswap_limit": self.memory_limit,
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
-            "labels": {"tilegym.commit": request.commit, "tilegym.gpu": request.gpu_uuid or ""},
+            **limits,
+            "labels": {
+                BENCH_LABEL: "1",
+                GPU_LABEL: gpu_label(request),
+                "tilegym.commit": request.commit,
+            },
             "detach": True,
         }
+
+    def sweep(self, request: BenchRequest) -> list[str]:
+        """Remove every container labelled with this request's GPU (see module doc); their ids."""
+        from docker.errors import NotFound
+
+        lock = gpu_label(request)
+        if lock == NO_LOCK:
+            return []
+        filters = {"label": [f"{BENCH_LABEL}=1", f"{GPU_LABEL}={lock}"]}
+        removed = []
+        for container in self.client.containers.list(all=True, sparse=True, filters=filters):
+            with contextlib.suppress(NotFound):  # it went away by itself meanwhile
+                container.remove(force=True, v=True)
+                removed.append(container.id)
+        return removed
 
     def run(self, request: BenchRequest) -> BenchResult:
         from docker.errors import DockerException, ImageNotFound
@@ -139,6 +232,17 @@ class DockerExecutor:
             )
         except DockerException as exc:
             return refuse(f"docker is not usable: {exc}")
+        try:
+            stale = self.sweep(request)
+        except DockerException as exc:
+            return refuse(f"cannot remove stale benchmark containers: {exc}")
+        if stale:
+            with stderr_log.open("a", encoding="utf-8") as fh:
+                for cid in stale:
+                    print(
+                        f"[runner] removed stale container {cid[:12]} of {gpu_label(request)}",
+                        file=fh,
+                    )
         out_dir = Path(tempfile.mkdtemp(prefix="docker-out-", dir=request.log_dir))
         try:
             try:
@@ -146,10 +250,13 @@ class DockerExecutor:
             except DockerException as exc:
                 return refuse(f"cannot create the container: {exc}")
             returncode, timed_out, note = self._run_container(
-                container, request, stdout_log, stderr_log
+                container, request, stdout_log, stderr_log, out_dir
             )
             produced = out_dir / METRICS_NAME
-            if produced.is_file():
+            written = folder_bytes(out_dir)
+            if written > self.out_bytes:
+                note = note or f"it wrote {written} bytes, more than the {self.out_bytes} allowed"
+            elif produced.is_file() and not produced.is_symlink():
                 shutil.move(str(produced), request.metrics_out)
         finally:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -159,7 +266,7 @@ class DockerExecutor:
         )
 
     def _run_container(
-        self, container, request: BenchRequest, stdout_log: Path, stderr_log: Path
+        self, container, request: BenchRequest, stdout_log: Path, stderr_log: Path, out_dir: Path
     ) -> tuple[int | None, bool, str]:
         """Start, wait with the limit, stop/kill on timeout; always remove. (rc, timed_out, note)"""
         import requests
@@ -169,9 +276,11 @@ class DockerExecutor:
         try:
             container.start()
             pumps = [
-                _pump_logs(container, stdout_log, stdout=True, stderr=False),
-                _pump_logs(container, stderr_log, stdout=False, stderr=True),
+                _pump_logs(container, stdout_log, self.log_bytes, stdout=True, stderr=False),
+                _pump_logs(container, stderr_log, self.log_bytes, stdout=False, stderr=True),
             ]
+            done = threading.Event()
+            flooded = _watch_output(container, out_dir, self.out_bytes, done)
             t0 = time.monotonic()
             try:
                 returncode = int(container.wait(timeout=request.timeout_s)["StatusCode"])
@@ -181,6 +290,12 @@ class DockerExecutor:
                 else:
                     timed_out = True
                 self._stop(container)
+            done.set()
+            if flooded.is_set():
+                note = (
+                    f"it wrote more than {self.out_bytes} bytes into its output folder "
+                    "and was killed"
+                )
             for pump in pumps:
                 pump.join(timeout=self.grace_s)
             with contextlib.suppress(DockerException, requests.exceptions.RequestException):
@@ -206,13 +321,48 @@ class DockerExecutor:
             container.kill()
 
 
-def _pump_logs(container, path: Path, **which: bool) -> threading.Thread:
-    """Follow one of the container's output streams into ``path`` on a background thread."""
+def folder_bytes(folder: Path) -> int:
+    """Bytes of every file under ``folder`` (links not followed; vanishing files skipped)."""
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def _watch_output(container, folder: Path, cap: int, done: threading.Event) -> threading.Event:
+    """Kill the container when ``folder`` grows past ``cap`` bytes; the returned event is set
+    when that happened. Stops when ``done`` is set."""
+    flooded = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(WATCH_INTERVAL_S):
+            if folder_bytes(folder) > cap:
+                flooded.set()
+                with contextlib.suppress(Exception):
+                    container.kill()
+                return
+
+    threading.Thread(target=watch, name="watch-out", daemon=True).start()
+    return flooded
+
+
+def _pump_logs(container, path: Path, cap: int, **which: bool) -> threading.Thread:
+    """Follow one of the container's output streams into ``path`` on a background thread; past
+    ``cap`` bytes the rest is read and dropped (one line says so)."""
 
     def pump() -> None:
+        written = 0
         with path.open("ab") as fh, contextlib.suppress(Exception):
             for chunk in container.logs(stream=True, follow=True, **which):
-                fh.write(chunk)
+                if written >= cap:
+                    continue
+                keep = chunk[: cap - written]
+                fh.write(keep)
+                written += len(keep)
+                if written >= cap:
+                    fh.write(f"\n[runner] log cut at {cap} bytes\n".encode())
                 fh.flush()
 
     thread = threading.Thread(target=pump, name=f"logs-{path.name}", daemon=True)
