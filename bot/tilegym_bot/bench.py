@@ -2,12 +2,15 @@
 
 The executor runs the worktree's own code (its source roots first on PYTHONPATH) as a
 subprocess with a hard timeout, and always leaves a metrics file (synthesized on crash/timeout).
-It holds the GPU's lock while it runs, so two experiments started on one host never time their
-benchmarks on the same GPU at once.
+It echoes the benchmark's progress to the terminal, each line prefixed with the side (head,
+base, ...), the commit and the elapsed time. A GPU run holds the GPU's lock while it runs, so two
+experiments started on one host never time their benchmarks on the same GPU at once; a CPU run
+(``--device cpu``, or no NVIDIA GPU on the host) takes no lock and never waits for one.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +54,18 @@ def with_timed_runs(args: list[str], runs: int) -> list[str]:
     return [*out, "--timed-runs", str(runs)]
 
 
+_SIDES = ("head-rerun", "base-rerun", "head", "base")
+
+
+def side_label(run_name: str) -> str:
+    """The side a run name stands for (``...-head`` -> ``head``, ``...-base-rerun`` -> ``base
+    rerun``), shown in front of each progress line; the whole name when it names no side."""
+    for side in _SIDES:
+        if run_name.endswith(f"-{side}"):
+            return side.replace("-", " ")
+    return run_name
+
+
 def runs_dir(forge: LocalForge) -> Path:
     """Where every benchmark of the local loop keeps its metrics and logs, one folder a run."""
     return forge.root / "sandbox" / "runs"
@@ -64,15 +79,23 @@ def bench_commit(
     run_name: str,
     sha: str,
     runs: int | None = None,
+    label: str | None = None,
+    echo: bool = True,
+    harness_sha: str | None = None,
 ) -> Any:
-    """Metrics of ``sha``; logs and metrics stay in ``sandbox/runs/<run_name>/``."""
+    """Metrics of ``sha``; logs and metrics stay in ``sandbox/runs/<run_name>/``. Progress lines
+    are echoed (``echo``) with ``label`` (default: the side named by ``run_name``)."""
     args = ["--model-key", model_key, *cfg.bench_args]
     if runs:
         args = with_timed_runs(args, runs)
     run_dir = runs_dir(forge) / run_name
     run_dir.mkdir(parents=True, exist_ok=True)
-    with forge.worktree(sha) as tree:
-        result = GpuLockedExecutor(LocalExecutor()).run(
+    with contextlib.ExitStack() as stack:
+        tree = stack.enter_context(forge.worktree(sha))
+        # the trusted harness (main's) measures the experiment's src/ (docs/DESIGN.md)
+        harness = stack.enter_context(forge.worktree(harness_sha)) if harness_sha else None
+        executor = LocalExecutor(echo=echo, label=label or side_label(run_name))
+        result = GpuLockedExecutor(executor).run(
             BenchRequest(
                 repo_dir=tree,
                 commit=sha,
@@ -81,6 +104,7 @@ def bench_commit(
                 log_dir=run_dir,
                 timeout_s=cfg.timeout_s,
                 gpu_uuid=cfg.gpu_uuid,
+                harness_dir=harness,
             )
         )
     return load_metrics(result.metrics_path)

@@ -1,6 +1,6 @@
 """``tilegym-bot``: decide on metrics, drive the local experiment loop, show/rebuild the ledger.
 
-Exit codes (DESIGN.md): 0 done (any verdict), 1 refused or failed, 2 usage / unreadable input.
+Exit codes (docs/DESIGN.md): 0 done (any verdict), 1 refused or failed, 2 usage / unreadable input.
 Every error is one ``error: ...`` line (after any ``path:line: CODE`` findings), never a traceback.
 """
 
@@ -50,18 +50,25 @@ def _positive(text: str) -> float:
 # ---- decide -----------------------------------------------------------------------------------
 def _summary_text(decision) -> str:
     d = decision.to_json()
-    cov, tp = d["coverage"], d["throughput"]
+    cov, tp, gpu = d["coverage"], d["throughput"], d["gpu_time_ms_per_token"]
 
     def num(v, fmt="{:.2f}"):
+        """Unmeasured values read ``n/a`` (never 0 or ``n/a%``), as in the ledger."""
         return "n/a" if v is None else fmt.format(v)
+
+    pct = "{:.2f}%"
 
     ci = tp["ratio_ci95"]
     lines = [
         f"verdict: {d['status']} (ledger: {d['ledger_status']})",
         *[f"  - {r}" for r in d["reasons"]],
-        f"coverage: {num(cov['base'])}% → {num(cov['head'])}% (Δ {num(cov['delta_pp'])} pp)",
+        f"coverage: {num(cov['base'], pct)} → {num(cov['head'], pct)} "
+        f"(Δ {num(cov['delta_pp'], '{:+.2f} pp')})",
         f"cuTile throughput: {num(tp['base'])} → {num(tp['head'])} tokens/s, ratio "
         f"{num(tp['ratio'], '{:.3f}')}" + (f" (95% CI {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""),
+        f"GPU kernel time per token: {num(gpu['base'], '{:.4f}')} → "
+        f"{num(gpu['head'], '{:.4f}')} ms (non-cuTile {num(gpu['non_cutile_base'], '{:.4f}')} → "
+        f"{num(gpu['non_cutile_head'], '{:.4f}')} ms)",
     ]
     return "\n".join(lines)
 
@@ -74,9 +81,37 @@ def _cmd_decide(args) -> int:
         base, head = load_metrics(args.base), load_metrics(args.head)
     except BotError as exc:
         raise _UsageError(str(exc)) from exc
-    decision = decide(base, head, margin=args.margin, rerun=args.rerun)
+    decision = decide(
+        base,
+        head,
+        margin=args.margin,
+        rerun=args.rerun,
+        gpu_margin=args.gpu_margin,
+        base_kernels=_tree_kernels(args.repo, base, "base"),
+        head_kernels=_tree_kernels(args.repo, head, "head"),
+    )
     print(json.dumps(decision.to_json(), indent=2) if args.json else _summary_text(decision))
     return 0
+
+
+def _tree_kernels(repo: Path, doc, side: str) -> frozenset[str] | None:
+    """The @ct.kernel names of the commit a metrics file measured, read from ``repo``; None
+    (every demangled cuTile symbol counts) when the repository does not have that commit."""
+    from tilegym_hooks.git_io import GitError
+
+    from tilegym_bot.policy import dig
+    from tilegym_bot.trusted_tree import kernel_names_at
+
+    commit = dig(doc, "commit")
+    try:
+        return kernel_names_at(repo, str(commit))
+    except GitError as exc:
+        print(
+            f"warning: {side}: {exc}; coverage is recounted without the measured tree's kernel "
+            "names (every demangled cuTile symbol counts)",
+            file=sys.stderr,
+        )
+        return None
 
 
 # ---- experiment -------------------------------------------------------------------------------
@@ -178,29 +213,36 @@ def _cmd_ledger_rebuild(args) -> int:
 
 
 def _cmd_github_apply(args) -> int:
-    from tilegym_bot.forge.github import GitHubForge, apply_verdict
-    from tilegym_bot.metrics_file import load_metrics
+    from tilegym_bot.forge.github import GitHubForge, apply_artifact
 
-    try:
-        base, head = load_metrics(args.base_metrics), load_metrics(args.head_metrics)
-    except BotError as exc:
-        raise _UsageError(str(exc)) from exc
-    result = apply_verdict(
+    if not args.artifact.is_dir():
+        raise _UsageError(f"--artifact {args.artifact} is not a folder")
+    result = apply_artifact(
         GitHubForge(args.repo),
-        base,
-        head,
-        head_sha=args.head_sha,
-        pr_number=args.pr,
+        args.artifact,
+        run_id=args.run_id,
+        checkout=args.checkout,
         margin=args.margin,
-        rerun=args.rerun,
+        rerun=True if args.rerun else None,
     )
     for action in result.actions:
         print(action, file=sys.stderr)
-    if args.report_out:
+    if args.report_out and result.comment:
         args.report_out.parent.mkdir(parents=True, exist_ok=True)
         args.report_out.write_text(result.comment, encoding="utf-8")
-    print(json.dumps(result.decision.to_json(), indent=2))
+    if args.github_output:
+        with args.github_output.open("a", encoding="utf-8") as fh:
+            fh.write(f"outcome={result.outcome}\npr={result.pr_number or ''}\n")
+    print(json.dumps(result.to_json(), indent=2))
+    if result.failure:
+        raise BotError(result.failure, result.refusals)
     return 0
+
+
+def _run_id(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"not a workflow run id: {text!r}")
+    return int(text)
 
 
 RUN_HELP = """\
@@ -236,11 +278,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("decide", help="decision on two metrics files (DESIGN.md rules)")
+    p = sub.add_parser(
+        "decide",
+        help='decision on two metrics files (the rules: docs/DESIGN.md, "Decision")',
+        description="Keep/discard decision on the metrics of main (--base) and of the experiment "
+        '(--head), by the rules in docs/DESIGN.md, section "Decision".',
+    )
     p.add_argument("--base", type=Path, required=True, help="metrics of main")
     p.add_argument("--head", type=Path, required=True, help="metrics of the experiment")
     p.add_argument("--json", action="store_true", help="print the decision JSON")
     p.add_argument("--margin", type=_margin, default=0.02, help="throughput margin (default 0.02)")
+    p.add_argument(
+        "--gpu-margin",
+        type=_margin,
+        default=0.02,
+        help="allowed rise of GPU kernel time per token (default 0.02)",
+    )
+    p.add_argument(
+        "--repo",
+        type=Path,
+        default=Path("."),
+        help="repository holding the measured commits: their @ct.kernel functions decide what "
+        "coverage counts (default: .)",
+    )
     p.add_argument(
         "--rerun",
         action="store_true",
@@ -260,9 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
         "start",
         help="cut experiment/<model_key>/<name> from main",
         description="Create and check out experiment/<model_key>/<name> from "
-        "main. Refuses a dirty tree or a used name.",
+        "main. Refuses a dirty tree, a used name, or a model key without a benchmark preset "
+        "and a cuTile patch entry (the error lists the known keys), before changing anything.",
     )
-    p.add_argument("--model-key", required=True)
+    p.add_argument(
+        "--model-key",
+        required=True,
+        help="a model with a benchmark preset and a patch entry, e.g. qwen3 or llama",
+    )
     p.add_argument("--name", required=True, help="slug: lowercase letters, digits, . _ -")
     p.set_defaults(func=_cmd_start)
     p = esub.add_parser(
@@ -333,20 +398,37 @@ def build_parser() -> argparse.ArgumentParser:
     gsub = gh.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = gsub.add_parser(
         "apply",
-        help="decide, sticky comment, label, squash-merge (keep) or close",
-        description="Decide on two metrics files and act on the PR whose head is --head-sha: one "
-        "sticky bot comment, label autokernel:<status>, squash-merge with sha= on "
-        "keep (only if the head is still --head-sha), close otherwise (inconclusive "
-        "stays open for the rerun). Token from GITHUB_TOKEN, API from GITHUB_API_URL.",
+        help="check a benchmark artifact, decide, merge or close, comment, label, ledger row",
+        description="Act on the gpu-benchmark workflow run --run-id and its downloaded artifact "
+        "(--artifact: pr.json, base.json, head.json). Refuses (exit 1, nothing written) a run "
+        "that is not the default branch's .github/workflows/gpu-benchmark.yml for a pull "
+        "request, or an artifact that disagrees with the API (PR found by the run's head SHA, "
+        "base on the default branch). Refuses and closes a PR whose diff breaks main's scope "
+        "rules or touches .github/. Otherwise: keep is squash-merged (sha= the head) while the "
+        "default branch is still the benchmarked base (else labelled autokernel:rebench), other "
+        "verdicts close the PR (a first inconclusive stays open for the rerun); then the sticky "
+        "comment and label say what happened, and the ledger row goes to the ledger branch "
+        "(TILEGYM_LEDGER_BRANCH, default tilegym-ledger). A refused merge exits 1. Token from "
+        "GITHUB_TOKEN, API from GITHUB_API_URL.",
     )
     p.add_argument("--repo", required=True, metavar="OWNER/NAME")
-    p.add_argument("--head-sha", required=True, help="the benchmarked head commit")
-    p.add_argument("--pr", type=int, help="PR number (default: find it by --head-sha)")
-    p.add_argument("--base-metrics", type=Path, required=True)
-    p.add_argument("--head-metrics", type=Path, required=True)
+    p.add_argument("--run-id", type=_run_id, required=True, help="the gpu-benchmark run")
+    p.add_argument("--artifact", type=Path, required=True, help="its bench-metrics folder")
+    p.add_argument(
+        "--checkout",
+        type=Path,
+        default=Path("."),
+        help="the bot's git checkout of the default branch; the benchmarked commits are "
+        "fetched into it as data, never run (default: .)",
+    )
     p.add_argument("--margin", type=_margin, default=0.02)
-    p.add_argument("--rerun", action="store_true", help="these metrics are the rerun")
+    p.add_argument(
+        "--rerun",
+        action="store_true",
+        help="these metrics are the rerun (default: when the PR has autokernel:inconclusive)",
+    )
     p.add_argument("--report-out", type=Path, help="also write the comment here (job summary)")
+    p.add_argument("--github-output", type=Path, help="append outcome=... and pr=... here")
     p.set_defaults(func=_cmd_github_apply)
 
     for module in ("tilegym_bot.runner.cli", "tilegym_bot.doctor"):
@@ -361,9 +443,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.func is _cmd_run:
+            from tilegym_bot.trusted_exec import reexec_from_main
+
+            code = reexec_from_main(_forge(args), argv)
+            if code is not None:
+                return code
         return int(args.func(args) or 0)
     except _UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -22,7 +22,8 @@ from tilegym_bot.ledger import LedgerError, LedgerRow
 from tilegym_bot.metrics_file import load_metrics
 from tilegym_bot.policy import DEFAULT_MARGIN, Decision, decide, decide_baseline, dig
 from tilegym_bot.report import build_record, render_comment
-from tilegym_bot.reuse import find_reusable
+from tilegym_bot.reuse import RunIndex, find_reusable
+from tilegym_bot.trusted_tree import kernel_names_at, scope_refusals
 
 MODEL_KEY_RE = re.compile(r"[a-z][a-z0-9_]*")
 SLUG_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
@@ -78,9 +79,61 @@ def _read_ledger(path: Path) -> list[LedgerRow]:
         ) from exc
 
 
+HOW_TO_ADD_A_MODEL = (
+    "to add a model, give it a preset in modeling/transformers/src/tilegym_hf_bench/presets.py "
+    "(its config in configs/) and its patch flags in MODEL_PATCH_KWARGS of "
+    "modeling/transformers/src/tilegym_hf_bench/tilegym_patch.py, on main"
+)
+
+
+def known_model_keys() -> dict[str, str | None]:
+    """Every preset key that could name an experiment, with why it cannot (None: it can): the
+    benchmark needs its preset and bundled config, the cuTile patch its MODEL_PATCH_KWARGS entry.
+    Read from the installed benchmark package, the harness that runs the experiment's benchmark."""
+    from importlib import resources
+
+    try:
+        from tilegym_hf_bench.presets import PRESETS
+        from tilegym_hf_bench.tilegym_patch import MODEL_PATCH_KWARGS
+    except ImportError as exc:
+        raise BotError(
+            f"the benchmark package tilegym_hf_bench is not importable ({exc}): "
+            "run `bash scripts/setup.sh` and use .venv"
+        ) from exc
+    configs = resources.files("tilegym_hf_bench").joinpath("configs")
+    keys: dict[str, str | None] = {}
+    for key, preset in PRESETS.items():
+        if not MODEL_KEY_RE.fullmatch(key):
+            continue  # a CPU-sized variant (tiny-qwen3): a benchmark argument, not an experiment
+        if not configs.joinpath(preset.config_file).is_file():
+            keys[key] = f"its preset's config configs/{preset.config_file} is missing"
+        elif preset.model_type not in MODEL_PATCH_KWARGS:
+            keys[key] = f"MODEL_PATCH_KWARGS has no entry for its model type {preset.model_type!r}"
+        else:
+            keys[key] = None
+    return keys
+
+
+def _check_model_key(model_key: str) -> None:
+    """Refuse, in one line, a key the benchmark or the patch does not know (an experiment on it
+    could only crash) before anything is written."""
+    keys = known_model_keys()
+    usable = sorted(k for k, why in keys.items() if why is None)
+    if model_key in usable:
+        return
+    why = keys.get(model_key)
+    problem = f"cannot be benchmarked: {why}" if why else "has no benchmark preset"
+    raise BotError(
+        f"model key {model_key!r} {problem}; known model keys: {', '.join(usable) or 'none'}; "
+        f"{HOW_TO_ADD_A_MODEL}"
+    )
+
+
 def start(forge: LocalForge, model_key: str, name: str) -> str:
+    """Cut ``experiment/<model_key>/<name>`` from main; every refusal comes before any write."""
     if not MODEL_KEY_RE.fullmatch(model_key):
         raise BotError(f"model key {model_key!r} must be a transformers submodule name like qwen3")
+    _check_model_key(model_key)
     if not SLUG_RE.fullmatch(name):
         raise BotError(f"name {name!r} must be a slug: lowercase letters, digits, '.', '_', '-'")
     _require_clean(forge, "starting an experiment")
@@ -243,6 +296,7 @@ def _preflight(forge: LocalForge, description: str) -> _Plan:
     tag_sha = forge.tag_target(archive_tag(model_key, slug))
     if tag_sha and tag_sha != head_sha:
         raise BotError(f"tag {archive_tag(model_key, slug)} already exists for another commit")
+    _refuse_out_of_scope(forge, plan)
     if not forge.is_ancestor(main_sha, head_sha):
         tree, conflicts = forge.merge_conflicts(main_sha, head_sha)
         if tree is None:
@@ -251,6 +305,18 @@ def _preflight(forge: LocalForge, description: str) -> _Plan:
                 f"{', '.join(conflicts)}: rebase the experiment on {MAIN}; nothing was changed"
             )
     return plan
+
+
+def _refuse_out_of_scope(forge: LocalForge, plan: _Plan) -> None:
+    """The hook's scope rules again, with main's code, on the whole diff main...head: a commit
+    made with ``--no-verify`` (or any path around the hook) is refused before any benchmark."""
+    findings = scope_refusals(forge.root, plan.main_sha, plan.head_sha, plan.model_key)
+    if findings:
+        raise BotError(
+            f"{plan.branch} changes what a {plan.model_key!r} experiment may not "
+            f"({len(findings)} finding(s)); nothing was benchmarked and {MAIN} is untouched",
+            [str(f) for f in findings],
+        )
 
 
 @dataclass
@@ -279,9 +345,21 @@ def _measure_and_decide(
     def run_name(sha: str, label: str) -> str:
         return f"{plan.model_key}-{plan.slug}-{sha[:8]}-{label}"
 
+    index = RunIndex(forge.state_dir / "runs.json", runs_dir(forge))
+
     def measure(sha: str, label: str, runs: int | None = None) -> Any:
         name = run_name(sha, label)
-        return bench_commit(forge, cfg, model_key=plan.model_key, run_name=name, sha=sha, runs=runs)
+        doc = bench_commit(
+            forge,
+            cfg,
+            model_key=plan.model_key,
+            run_name=name,
+            sha=sha,
+            runs=runs,
+            harness_sha=plan.main_sha,
+        )
+        index.record(runs_dir(forge) / name / "metrics.json")
+        return doc
 
     files = base_metrics is not None or head_metrics is not None
     reused = None
@@ -303,7 +381,7 @@ def _measure_and_decide(
             found = None
             if reuse_base:
                 found = find_reusable(
-                    runs_dir(forge),
+                    index,
                     tree=forge.tree_of(plan.main_sha),
                     head=head,
                     tree_of=forge.tree_of,
@@ -314,15 +392,23 @@ def _measure_and_decide(
             else:
                 path, base = found
                 reused = str(path.relative_to(forge.root))
+    head_kernels = kernel_names_at(forge.root, plan.head_sha)
     if plan.baseline_only:
-        return _Measured(None, head, decide_baseline(head), False)
-    decision = decide(base, head, margin=margin, rerun=plan.rerun)
+        return _Measured(None, head, decide_baseline(head, kernels=head_kernels), False)
+    decision = decide(
+        base,
+        head,
+        margin=margin,
+        rerun=plan.rerun,
+        base_kernels=kernel_names_at(forge.root, plan.main_sha),
+        head_kernels=head_kernels,
+    )
     return _Measured(base, head, decision, plan.rerun, reused)
 
 
 def _save_record(forge: LocalForge, plan: _Plan, m: _Measured, description: str) -> dict[str, Any]:
     """The PR record with its comment (report) saved under .git/tilegym-bot/prs/."""
-    final = plan.baseline_only or not (m.decision.status == "inconclusive" and not m.rerun)
+    final = plan.baseline_only or m.rerun or not m.decision.rerun_useful
     record = plan.record or {
         "number": None,
         "model_key": plan.model_key,
@@ -343,7 +429,7 @@ def _save_record(forge: LocalForge, plan: _Plan, m: _Measured, description: str)
         state=("merged" if m.decision.status == "keep" else "closed") if final else "open",
     )
     if plan.needs_baseline and not plan.baseline_only:
-        main_measured = decide_baseline(m.base)
+        main_measured = decide_baseline(m.base, kernels=kernel_names_at(forge.root, plan.main_sha))
         record["baseline_row"] = {
             "commit": plan.main_sha,
             "coverage": main_measured.coverage_head,

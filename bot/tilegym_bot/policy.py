@@ -1,4 +1,9 @@
-"""The keep/discard decision of DESIGN.md ("Decision"), on two metrics documents. Pure: no I/O.
+"""The keep/discard decision of docs/DESIGN.md ("Decision"), on two metrics documents. Pure.
+
+Every number a rule reads is recomputed here from the raw data in the files: correctness from
+the recorded errors with the trusted tolerance rule, coverage and GPU time from the kernel list
+with the one classification rule and the kernel names of the measured trees (read by the caller
+from the commits' sources). A file whose stored numbers disagree with that is refused.
 
 Rules, in order (the first that applies decides):
 
@@ -6,17 +11,22 @@ Rules, in order (the first that applies decides):
 2. head ``crash`` / ``timeout`` → that status;
 3. base metrics fail the schema, base not ``ok``, or base and head not comparable (model key,
    workload lengths, GPU name and compute capability, profiler) → ``inconclusive``;
-4. head correctness failed → ``incorrect`` (not measured → ``inconclusive``);
-5. coverage not above base by more than 0.01 percentage points → ``discard``;
-6. throughput ratio r (paired speedups when both files have interleaved baseline samples, else
+4. either side measured without a CUDA GPU → ``inconclusive`` (nothing to rerun);
+5. head correctness fails when recomputed → ``incorrect`` (not measured → ``inconclusive``);
+6. stored coverage disagrees with the recomputed one → ``inconclusive`` (refused);
+7. GPU kernel time per generated token above base by more than ``gpu_margin`` → ``discard``;
+8. coverage not above base by more than 0.01 percentage points, or above it while the
+   non-cuTile GPU time per token did not fall (the gain came from slower cuTile kernels)
+   → ``discard``;
+9. throughput ratio r (paired speedups when both files have interleaved baseline samples, else
    mean cuTile throughputs) with its 95% CI (``stats.ratio_of_means``): whole CI below
    1 − margin → ``discard``; r ≥ 1 − margin → pass; otherwise ``inconclusive``, and on the rerun
    with twice the samples (``rerun=True``) ``discard``;
-7. ``keep``.
+10. ``keep``.
 
-Only rule 6's statistical doubt is turned into ``discard`` by ``rerun``: a rejected file or an
-incomparable pair says nothing about the experiment, so it stays ``inconclusive`` (the ledger
-records every ``inconclusive`` as ``discard`` anyway, and nothing is merged).
+Only rule 9's statistical doubt asks for a rerun (``Decision.rerun_useful``) and is turned into
+``discard`` by ``rerun``: a rejected file or an incomparable pair says nothing about the
+experiment, so it stays ``inconclusive`` (the ledger records it as ``discard``; nothing merges).
 """
 
 from __future__ import annotations
@@ -26,6 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tilegym_hf_bench.metrics_schema import validation_errors
+from tilegym_hf_bench.profiling.attribution import recount
+from tilegym_hf_bench.profiling.classify import KernelClassifier
+from tilegym_hf_bench.tolerance import verdict as correctness_verdict
 
 from tilegym_bot.stats import RatioEstimate, mean, ratio_of_means
 
@@ -39,7 +52,12 @@ LEDGER_STATUS = {
     "timeout": "timeout",
 }
 DEFAULT_MARGIN = 0.02
+# GPU kernel time per token may rise by at most this fraction. Two profiled runs of the same
+# code differ by about 0.2% (H200, qwen3 default workload: 162.20 vs 161.9 ms a generate()).
+DEFAULT_GPU_TIME_MARGIN = 0.02
 COVERAGE_MIN_GAIN_PP = 0.01
+# Stored and recomputed coverage may differ by rounding only.
+COVERAGE_RECOUNT_TOLERANCE_PP = 0.01
 _MAX_SCHEMA_REASONS = 5
 
 
@@ -54,6 +72,11 @@ class Decision:
     ratio: float | None = None
     ratio_ci95: tuple[float, float] | None = None
     baseline: bool = field(default=False)
+    gpu_ms_base: float | None = None  # GPU kernel time per generated token
+    gpu_ms_head: float | None = None
+    non_cutile_ms_base: float | None = None  # ... of the kernels that are not cuTile
+    non_cutile_ms_head: float | None = None
+    rerun_useful: bool = False  # more samples could settle it (throughput doubt only)
 
     @property
     def ledger_status(self) -> str:
@@ -82,12 +105,25 @@ class Decision:
                 "ratio": self.ratio,
                 "ratio_ci95": list(self.ratio_ci95) if self.ratio_ci95 else None,
             },
+            "gpu_time_ms_per_token": {
+                "base": self.gpu_ms_base,
+                "head": self.gpu_ms_head,
+                "non_cutile_base": self.non_cutile_ms_base,
+                "non_cutile_head": self.non_cutile_ms_head,
+            },
+            "rerun": self.rerun_useful,
         }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], *, baseline: bool = False) -> Decision:
         ci = doc["throughput"]["ratio_ci95"]
+        gpu = doc.get("gpu_time_ms_per_token") or {}
         return cls(
+            gpu_ms_base=gpu.get("base"),
+            gpu_ms_head=gpu.get("head"),
+            non_cutile_ms_base=gpu.get("non_cutile_base"),
+            non_cutile_ms_head=gpu.get("non_cutile_head"),
+            rerun_useful=bool(doc.get("rerun", False)),
             status=doc["status"],
             reasons=tuple(doc["reasons"]),
             coverage_base=doc["coverage"]["base"],
@@ -238,16 +274,96 @@ def _tps(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} tokens/s"
 
 
-def _summary(base: Any, head: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Recounted:
+    """A side's coverage recomputed from its kernel list, and what disagreed with the file."""
+
+    pct: float | None = None
+    gpu_ms_per_token: float | None = None
+    non_cutile_ms_per_token: float | None = None
+    problem: str | None = None
+
+
+def _demangled_names(block: dict) -> frozenset[str]:
+    """Without the measured tree: every function cuTile's demangler reads from the list."""
+    any_tree = KernelClassifier()
+    return frozenset(
+        f for k in block["kernels"] if (f := any_tree.demangled_function(k["name"])) is not None
+    )
+
+
+def recount_coverage(doc: Any, kernel_names: frozenset[str] | None) -> _Recounted:
+    """Coverage and GPU time per token from the kernel list, classified by the one rule with the
+    measured tree's kernel names (every demangled name when they are not known)."""
+    block = dig(doc, "coverage")
+    if not isinstance(block, dict) or not isinstance(block.get("kernels"), list):
+        return _Recounted()
+    names = _demangled_names(block) if kernel_names is None else kernel_names
+    try:
+        fresh = recount(block, KernelClassifier(names).is_cutile)
+    except (KeyError, TypeError) as exc:
+        return _Recounted(problem=f"coverage kernel list is malformed ({exc})")
+    tokens = (dig(doc, "workload", "batch_size") or 0) * (
+        dig(doc, "workload", "output_length") or 0
+    )
+    total = fresh["total_gpu_ms"]
+    cutile = sum(k["gpu_ms"] for k in fresh["kernels"] if k["cutile"])
+    per_token = (total / tokens, (total - cutile) / tokens) if tokens > 0 else (None, None)
+    problem = None
+    flipped = [
+        k["name"]
+        for k, f in zip(block["kernels"], fresh["kernels"], strict=True)
+        if bool(k.get("cutile")) != f["cutile"]
+    ]
+    stored = _finite(block.get("gpu_time_pct"))
+    if flipped:
+        problem = (
+            f"{len(flipped)} kernel(s) marked cuTile/non-cuTile against the classification rule "
+            f"and the measured tree's @ct.kernel functions, e.g. {flipped[0][:120]!r}"
+        )
+    elif stored is None or abs(stored - fresh["gpu_time_pct"]) > COVERAGE_RECOUNT_TOLERANCE_PP:
+        problem = (
+            f"stored coverage {_pct(stored)} but its own kernel list gives "
+            f"{_pct(fresh['gpu_time_pct'])}"
+        )
+    return _Recounted(fresh["gpu_time_pct"], per_token[0], per_token[1], problem)
+
+
+def _summary(base: Any, head: Any, base_cov: _Recounted, head_cov: _Recounted) -> dict[str, Any]:
     ratio = throughput_ratio(base, head).estimate
     return {
-        "coverage_base": coverage_pct(base),
-        "coverage_head": coverage_pct(head),
+        "coverage_base": base_cov.pct,
+        "coverage_head": head_cov.pct,
         "throughput_base": cutile_throughput(base),
         "throughput_head": cutile_throughput(head),
         "ratio": ratio.ratio if ratio else None,
         "ratio_ci95": ratio.ci95 if ratio else None,
+        "gpu_ms_base": base_cov.gpu_ms_per_token,
+        "gpu_ms_head": head_cov.gpu_ms_per_token,
+        "non_cutile_ms_base": base_cov.non_cutile_ms_per_token,
+        "non_cutile_ms_head": head_cov.non_cutile_ms_per_token,
     }
+
+
+def recheck_correctness(correctness: dict[str, Any]) -> tuple[bool, str | None]:
+    """(passed, why not) from the recorded errors with the trusted tolerance rule; a file's own
+    ``passed`` and ``tolerance`` count only where they are stricter."""
+    kernel_err = _finite(correctness.get("logits_rel_err"))
+    base_err = _finite(correctness.get("baseline_rel_err"))
+    if base_err is None:
+        return False, "the bf16 baseline's error against fp32 is not recorded or not finite"
+    if kernel_err is None:
+        return False, "the kernelized model's error is not recorded or not finite"
+    rule = correctness_verdict(kernel_err, base_err, True)
+    if not rule.passed:
+        claimed = " (the file claims it passed)" if correctness.get("passed") else ""
+        return (
+            False,
+            f"logits relative error {kernel_err:.4g} > tolerance {rule.tolerance:.4g}{claimed}",
+        )
+    if not correctness.get("passed"):
+        return False, "the benchmark's own check failed"
+    return True, None
 
 
 def _schema_reasons(side: str, doc: Any) -> list[str]:
@@ -268,16 +384,33 @@ def _crash_reason(side: str, doc: Any) -> str:
     return f"{side} benchmark ended with {doc['status']}: {error}; read its logs and fix the cause"
 
 
-def decide(
-    base: Any, head: Any, *, margin: float = DEFAULT_MARGIN, rerun: bool = False
-) -> Decision:
-    """Decide on head (the experiment) against base (main); both are parsed metrics documents."""
-    if not (0.0 <= margin < 1.0) or not math.isfinite(margin):
-        raise ValueError(f"margin must be in [0, 1), got {margin}")
-    summary = _summary(base, head)
+def _gpu_name(doc: Any) -> str | None:
+    return dig(doc, "env", "gpu_name")
 
-    def verdict(status: str, *reasons: str) -> Decision:
-        return Decision(status, tuple(reasons), **summary)
+
+def decide(
+    base: Any,
+    head: Any,
+    *,
+    margin: float = DEFAULT_MARGIN,
+    rerun: bool = False,
+    gpu_margin: float = DEFAULT_GPU_TIME_MARGIN,
+    base_kernels: frozenset[str] | None = None,
+    head_kernels: frozenset[str] | None = None,
+) -> Decision:
+    """Decide on head (the experiment) against base (main); both are parsed metrics documents.
+
+    ``base_kernels`` / ``head_kernels``: the ``@ct.kernel`` names of each measured tree (read
+    from the commits by the caller); None classifies every demangled cuTile symbol as cuTile.
+    """
+    for name, value in (("margin", margin), ("gpu_margin", gpu_margin)):
+        if not math.isfinite(value) or not (0.0 <= value < 1.0):
+            raise ValueError(f"{name} must be in [0, 1), got {value}")
+    base_cov, head_cov = recount_coverage(base, base_kernels), recount_coverage(head, head_kernels)
+    summary = _summary(base, head, base_cov, head_cov)
+
+    def verdict(status: str, *reasons: str, rerun_useful: bool = False) -> Decision:
+        return Decision(status, tuple(reasons), **summary, rerun_useful=rerun_useful)
 
     if reasons := _schema_reasons("head", head):
         return verdict("inconclusive", *reasons)
@@ -296,6 +429,13 @@ def decide(
             *[f"not comparable: {d}" for d in diffs],
             "benchmark base and head with the same model, workload and GPU",
         )
+    if _gpu_name(base) is None or _gpu_name(head) is None:
+        return verdict(
+            "inconclusive",
+            "benchmarked without a CUDA GPU: cuTile throughput, kernel coverage and GPU time "
+            "can only be measured on one, so nothing can be decided (a rerun would not help); "
+            "run the loop on a GPU host",
+        )
 
     correctness = head["correctness"]
     if correctness is None:
@@ -303,23 +443,47 @@ def decide(
             "inconclusive",
             "head correctness was not measured: cannot keep a kernel whose output is unchecked",
         )
-    if not correctness["passed"]:
+    passed, why = recheck_correctness(correctness)
+    if not passed:
         return verdict(
             "incorrect",
-            "head output is incorrect: logits relative error "
-            f"{correctness['logits_rel_err']} vs tolerance {correctness['tolerance']} "
-            f"(PyTorch bf16's own error {correctness['baseline_rel_err']}, top-1 agreement "
+            f"head output is incorrect: {why} (PyTorch bf16's own error "
+            f"{correctness['baseline_rel_err']}, top-1 agreement "
             f"{correctness['top1_agreement']}); fix the kernel before measuring speed",
         )
 
+    for side, cov in (("base", base_cov), ("head", head_cov)):
+        if cov.problem:
+            return verdict(
+                "inconclusive",
+                f"{side} metrics refused: {cov.problem}; only numbers the bot can recompute "
+                "from the raw kernel list are accepted",
+            )
     cov_b, cov_h = summary["coverage_base"], summary["coverage_head"]
     if cov_b is None or cov_h is None:
         missing = [s for s, v in (("base", cov_b), ("head", cov_h)) if v is None]
         return verdict(
             "inconclusive",
-            f"no finite cuTile coverage on {' and '.join(missing)}: "
-            "run the benchmark without --skip-coverage",
+            f"no cuTile coverage measured on {' and '.join(missing)}: "
+            "the benchmark ran with --skip-coverage or its profiler failed; see its log",
         )
+
+    gpu_b, gpu_h = summary["gpu_ms_base"], summary["gpu_ms_head"]
+    gpu_reason = None
+    if gpu_b and gpu_h is not None:
+        rise = gpu_h / gpu_b - 1.0
+        gpu_text = (
+            f"GPU kernel time per token {gpu_b:.4f} → {gpu_h:.4f} ms ({rise:+.1%}, "
+            f"allowed +{gpu_margin:.0%})"
+        )
+        if rise > gpu_margin:
+            return verdict(
+                "discard",
+                f"{gpu_text}: the kernels got slower; make the new kernel at least as fast as "
+                "the code it replaces",
+            )
+        gpu_reason = gpu_text
+
     delta = cov_h - cov_b
     cov_text = f"coverage {_pct(cov_b)} → {_pct(cov_h)}"
     if not delta > COVERAGE_MIN_GAIN_PP:
@@ -327,6 +491,14 @@ def decide(
             "discard",
             f"{cov_text}: no gain (needs more than +{COVERAGE_MIN_GAIN_PP} pp); "
             "kernelize one of the largest uncovered kernels",
+        )
+    other_b, other_h = summary["non_cutile_ms_base"], summary["non_cutile_ms_head"]
+    if other_b is not None and other_h is not None and not other_h < other_b:
+        return verdict(
+            "discard",
+            f"{cov_text}, but the non-cuTile GPU time per token did not fall ({other_b:.4f} → "
+            f"{other_h:.4f} ms): the gain comes from cuTile kernels taking longer, not from "
+            "moving work to cuTile",
         )
     cov_reason = f"{cov_text}: +{delta:.2f} pp"
 
@@ -355,27 +527,36 @@ def decide(
             cov_reason,
             f"{tp_text}: below {floor:.2f} but the drop is not significant; "
             "rerun both sides with twice the samples",
+            rerun_useful=True,
         )
     return verdict(
         "keep",
         cov_reason,
+        *([gpu_reason] if gpu_reason else []),
         f"{tp_text}: not below {floor:.2f}, no significant drop",
         "correctness passed (logits relative error "
-        f"{correctness['logits_rel_err']} within {correctness['tolerance']})",
+        f"{correctness['logits_rel_err']} within the recomputed tolerance)",
     )
 
 
-def decide_baseline(doc: Any) -> Decision:
-    """The first measurement of a model's main: recorded as is (``keep``) unless it failed."""
+def decide_baseline(doc: Any, *, kernels: frozenset[str] | None = None) -> Decision:
+    """The first measurement of a model's main: recorded as is (``keep``) unless it failed.
+    Its coverage too is recomputed from the kernel list (``kernels``: see ``decide``)."""
+    recounted = recount_coverage(doc, kernels)
     values = {
-        "coverage_head": coverage_pct(doc),
+        "coverage_head": recounted.pct,
         "throughput_head": cutile_throughput(doc),
+        "gpu_ms_head": recounted.gpu_ms_per_token,
+        "non_cutile_ms_head": recounted.non_cutile_ms_per_token,
         "baseline": True,
     }
     if reasons := _schema_reasons("baseline", doc):
         return Decision("inconclusive", tuple(reasons), **values)
     if doc["status"] != "ok":
         return Decision(doc["status"], (_crash_reason("baseline", doc),), **values)
+    if recounted.problem:
+        reason = f"baseline metrics refused: {recounted.problem}"
+        return Decision("inconclusive", (reason,), **values)
     reasons = [
         f"baseline: main measured as is (coverage {_pct(values['coverage_head'])}, cuTile "
         f"throughput {_tps(values['throughput_head'])}); later experiments are compared with main"

@@ -6,16 +6,25 @@ name. A stored run is reused only when it measured the same tree under the same 
 the head about to be compared with it; the decision's paired speedup ratio (DESIGN.md, Decision)
 cancels the machine drift between the two jobs.
 
-``match_reason`` is pure (plain dicts); ``find_reusable`` reads ``sandbox/runs/*/metrics.json``.
+A stored run counts only if the bot recorded it: ``RunIndex`` keeps, in bot-owned storage
+outside the work tree (``.git/tilegym-bot/runs.json``), the SHA-256 of every metrics file the
+loop itself produced, and a file under ``sandbox/runs/`` that is not in the index with that
+hash (written or edited by anything else, the benchmarked code included) is never reused.
+
+``match_reason`` is pure (plain dicts); ``find_reusable`` reads the indexed metrics files.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
+from tilegym.atomic import write_json_atomic
 from tilegym_bot.policy import differences, dig
 
 SAME_FIELDS = (
@@ -55,15 +64,54 @@ def match_reason(candidate: Any, head: Any) -> str | None:
     return None
 
 
-def _load(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class RunIndex:
+    """The metrics files the loop produced, by path relative to ``runs_dir``, with their hash."""
+
+    def __init__(self, path: Path, runs_dir: Path):
+        self.path = path
+        self.runs_dir = runs_dir
+
+    def _read(self) -> dict[str, str]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def record(self, metrics: Path) -> None:
+        """Index ``metrics`` as the loop's own, as it is now (call right after the run)."""
+        try:
+            digest = _sha256(metrics.read_bytes())
+        except OSError:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.path) + ".lock", timeout=60):
+            entries = self._read()
+            entries[metrics.resolve().relative_to(self.runs_dir.resolve()).as_posix()] = digest
+            write_json_atomic(self.path, entries)
+
+    def trusted_runs(self) -> Iterator[tuple[Path, Any]]:
+        """(path, document) of every indexed run whose file still has the recorded hash."""
+        for rel, digest in sorted(self._read().items()):
+            path = self.runs_dir / rel
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            if _sha256(data) != digest:
+                continue
+            try:
+                yield path, json.loads(data)
+            except ValueError:
+                continue
 
 
 def find_reusable(
-    runs_dir: Path,
+    index: RunIndex,
     *,
     tree: str,
     head: Any,
@@ -76,10 +124,9 @@ def find_reusable(
     """
     skip = {p.resolve() for p in exclude}
     best: tuple[str, Path, Any] | None = None
-    for path in sorted(runs_dir.glob("*/metrics.json")):
-        if path.resolve() in skip:
+    for path, doc in index.trusted_runs():
+        if path.parent.resolve() in skip or path.resolve() in skip:
             continue
-        doc = _load(path)
         commit = dig(doc, "commit")
         if not isinstance(commit, str) or tree_of(commit) != tree:
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from tilegym_bot.cli import main
 
@@ -70,3 +71,33 @@ def test_decide_bad_inputs_are_one_error_line(tmp_path, make_metrics, save_metri
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["status"] == "inconclusive" and "rejected by the schema" in doc["reasons"][0]
+
+
+def test_decide_recounts_with_the_kernels_of_the_measured_commits(
+    repo, tmp_path, make_metrics, save_metrics, capsys
+):
+    """--repo: the commits the metrics name decide what coverage counts. At a commit without
+    the ``rms_norm_kernel`` function, the file's cuTile kernel is not cuTile: refused."""
+    main_sha = repo.git.rev_parse("HEAD")
+    (Path(repo.working_tree_dir) / "src/tilegym/transformers/qwen3/kernels/rms_norm.py").write_text(
+        "def rms_norm_kernel(x):\n    pass\n"
+    )
+    repo.git.commit("-qam", "no longer a cuTile kernel")
+    other = repo.git.rev_parse("HEAD")
+    base = save_metrics(tmp_path / "b.json", make_metrics(commit=main_sha))
+    head = save_metrics(tmp_path / "h.json", make_metrics(commit=main_sha, coverage=61.2))
+    code, _ = _in_process(capsys, "decide", "--base", str(base), "--head", str(head), "--repo",
+                          repo.working_tree_dir, "--json")  # fmt: skip
+    assert code == 0
+    head = save_metrics(tmp_path / "h.json", make_metrics(commit=other, coverage=61.2))
+    main(["decide", "--base", str(base), "--head", str(head), "--repo", repo.working_tree_dir])
+    out = capsys.readouterr().out
+    assert out.startswith("verdict: inconclusive") and "head metrics refused" in out
+
+
+def test_decide_summary_says_n_a_for_what_was_not_measured(tmp_path, make_metrics, save_metrics):
+    base = save_metrics(tmp_path / "b.json", make_metrics(commit=BASE, coverage=None))
+    head = save_metrics(tmp_path / "h.json", make_metrics(coverage=None))
+    proc = _run("decide", "--base", str(base), "--head", str(head))
+    assert proc.returncode == 0, proc.stderr
+    assert "coverage: n/a → n/a (Δ n/a)" in proc.stdout and "n/a%" not in proc.stdout

@@ -231,7 +231,8 @@ def test_refusals_change_nothing(repo, tmp_path, make_metrics, save_metrics, cap
         r, capsys, "experiment", "run", "--description", "x", *files
     )
     _cli(r, "experiment", "start", "--model-key", "qwen3", "--name", "attn")
-    _commit(r, {**_kernel_files("qwen3_attn"), "README.md": "attn readme\n"}, "attn")
+    attn_kernel = f"{MODEL_DIR}/kernels/qwen3_attn.py"
+    _commit(r, _kernel_files("qwen3_attn"), "attn")
     good = _metrics_files(tmp_path, save_metrics, make_metrics, r, {}, {"coverage": 60.0})
 
     (root / "README.md").write_text("edited\n")
@@ -257,11 +258,11 @@ def test_refusals_change_nothing(repo, tmp_path, make_metrics, save_metrics, cap
     assert "metrics are of commit cccccccc" in msg
 
     r.git.checkout("main")
-    _commit(r, {"README.md": "conflicting readme\n"}, "conflict")
+    _commit(r, {attn_kernel: "def kernel():\n    return 1\n"}, "conflict")
     r.git.checkout("experiment/qwen3/attn")
     good = _metrics_files(tmp_path, save_metrics, make_metrics, r, {}, {"coverage": 60.0}, tag="c")
     msg = _refusal(r, capsys, "experiment", "run", "--description", "x", *good)
-    assert "main moved" in msg and "README.md" in msg
+    assert "main moved" in msg and attn_kernel in msg
 
     r.git.checkout("main")
     assert "not an experiment branch" in _refusal(r, capsys, "experiment", "advance")
@@ -299,15 +300,19 @@ def test_bad_usage_is_one_error_line(repo, capsys):
     assert "error: model key" in capsys.readouterr().err
 
 
+# The metrics the fake bench reports: a file the experiment may change (an inventory folder).
+BENCH_TEMPLATE = "src/tilegym/transformers/qwen3/kernel_definitions/bench_template.json"
 FAKE_BENCH = """\
 import argparse, json, os, pathlib, subprocess, time
+
+TEMPLATE = "src/tilegym/transformers/qwen3/kernel_definitions/bench_template.json"
 
 parser = argparse.ArgumentParser()
 for flag in ("--model-key", "--commit", "--metrics-out", "--device"):
     parser.add_argument(flag)
 parser.add_argument("--timed-runs", type=int, default=2)
 args = parser.parse_args()
-doc = json.loads(pathlib.Path("bench_template.json").read_text())
+doc = json.loads(pathlib.Path(TEMPLATE).read_text())
 samples = doc["cutile"]["throughput"]["samples"]
 doc["cutile"]["throughput"]["samples"] = (samples * args.timed_runs)[: args.timed_runs]
 doc["workload"]["timed_runs"] = args.timed_runs
@@ -327,7 +332,7 @@ def _with_bench(r, base_doc):
     files = {
         f"{bench}/__init__.py": "",
         f"{bench}/_cli.py": FAKE_BENCH,
-        "bench_template.json": json.dumps(base_doc),
+        BENCH_TEMPLATE: json.dumps(base_doc),
     }
     _commit(r, files, "bench")
 
@@ -340,7 +345,7 @@ def test_runner_benchmarks_worktrees_and_reruns_with_twice_the_samples(repo, mak
     main_sha = r.git.rev_parse("main")
     _cli(r, "experiment", "start", "--model-key", "qwen3", "--name", "slow")
     head_doc = make_metrics(coverage=55.0, cutile=(38.0, 58.0, 48.0))
-    head_sha = _commit(r, {"bench_template.json": json.dumps(head_doc)}, "slower kernel")
+    head_sha = _commit(r, {BENCH_TEMPLATE: json.dumps(head_doc)}, "slower kernel")
     capsys.readouterr()
     code = _cli(
         r,
@@ -388,7 +393,7 @@ def test_an_interrupted_rerun_is_on_record_and_resumes(repo, make_metrics, tmp_p
     _with_bench(r, make_metrics(cutile=(40.0, 60.0, 50.0)))
     _cli(r, "experiment", "start", "--model-key", "qwen3", "--name", "slow")
     head_doc = make_metrics(coverage=55.0, cutile=(38.0, 58.0, 48.0))
-    head_sha = _commit(r, {"bench_template.json": json.dumps(head_doc)}, "slower kernel")
+    head_sha = _commit(r, {BENCH_TEMPLATE: json.dumps(head_doc)}, "slower kernel")
     pid_file = tmp_path / "bench.pid"
     env = {**os.environ, "HANG_AT_RUNS": "6", "HANG_PID_FILE": str(pid_file)}
     cmd = [sys.executable, "-m", "tilegym_bot", "-C", r.working_tree_dir, "experiment", "run"]
@@ -424,7 +429,7 @@ def test_head_moved_while_benchmarking_records_nothing(repo, make_metrics, capsy
     r = repo
     _with_bench(r, make_metrics())
     _cli(r, "experiment", "start", "--model-key", "qwen3", "--name", "moving")
-    _commit(r, {"bench_template.json": json.dumps(make_metrics(coverage=70.0))}, "kernel")
+    _commit(r, {BENCH_TEMPLATE: json.dumps(make_metrics(coverage=70.0))}, "kernel")
     main_sha = r.git.rev_parse("main")
     monkeypatch.setenv("MOVE_HEAD_IN", r.working_tree_dir)
     capsys.readouterr()

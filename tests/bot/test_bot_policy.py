@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+from conftest import cutile_symbol
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tilegym_bot.policy import decide, decide_baseline
@@ -104,7 +105,7 @@ CASES = [
         "inconclusive",
         "rejected by the schema",
     ),
-    ("nan_coverage", {}, {"coverage": math.nan}, [], False, "inconclusive", "no finite cuTile"),
+    ("nan_coverage", {}, {"coverage": math.nan}, [], False, "inconclusive", "stored coverage n/a"),
     (
         "nan_sample",
         {},
@@ -130,7 +131,7 @@ CASES = [
         [],
         False,
         "inconclusive",
-        "no finite cuTile coverage on base",
+        "no cuTile coverage measured on base",
     ),
     ("equal_samples", {}, {"coverage": 55.0, "cutile": NOISY}, [], False, "keep", "1.000"),
     (
@@ -232,9 +233,139 @@ def test_decision_rules(make_metrics, base_kw, head_kw, edits, rerun, status, re
     assert decision.status == status, decision.reasons
     assert any(reason in r for r in decision.reasons), decision.reasons
     doc = decision.to_json()
-    assert set(doc) == {"status", "ledger_status", "reasons", "coverage", "throughput"}
+    assert set(doc) == {
+        "status",
+        "ledger_status",
+        "reasons",
+        "coverage",
+        "throughput",
+        "gpu_time_ms_per_token",
+        "rerun",
+    }
     expected_ledger = {"incorrect": "discard", "inconclusive": "discard"}.get(status, status)
     assert doc["ledger_status"] == expected_ledger
+
+
+def _with_kernels(doc, kernels, coverage=None):
+    """``doc`` with this kernel list and its (honest, unless given) coverage share."""
+    total = sum(k["gpu_ms"] for k in kernels)
+    doc["coverage"]["kernels"] = kernels
+    doc["coverage"]["total_gpu_ms"] = total
+    honest = 100.0 * sum(k["gpu_ms"] for k in kernels if k["cutile"]) / total
+    doc["coverage"]["gpu_time_pct"] = honest if coverage is None else coverage
+    return doc
+
+
+def _scaled(kernels, factor, *, cutile):
+    """The list with the cuTile (or the other) kernels taking ``factor`` times as long."""
+    return [
+        dict(k, gpu_ms=k["gpu_ms"] * (factor if k["cutile"] == cutile else 1.0)) for k in kernels
+    ]
+
+
+def test_planted_slow_gemm_is_a_discard(make_metrics):
+    """The review's planted regression: the cuTile GEMMs launched three times. Coverage rises,
+    the GPU kernel time per token rises with it: discard in one round, however fast eager
+    throughput looks."""
+    base = make_metrics(commit=BASE_SHA)
+    head = _with_kernels(make_metrics(), _scaled(base["coverage"]["kernels"], 3.0, cutile=True))
+    assert head["coverage"]["gpu_time_pct"] == pytest.approx(75.0)
+    decision = decide(base, head)
+    assert decision.status == "discard", decision.reasons
+    assert "GPU kernel time per token 7.8125 → 15.6250 ms (+100.0%" in decision.reasons[0]
+    assert decision.gpu_ms_head == pytest.approx(2 * decision.gpu_ms_base)
+
+
+def test_coverage_from_slower_cutile_kernels_alone_is_a_discard(make_metrics):
+    """Within the GPU-time margin, but the non-cuTile time did not fall: no credit."""
+    base = make_metrics(commit=BASE_SHA)
+    head = _with_kernels(make_metrics(), _scaled(base["coverage"]["kernels"], 1.02, cutile=True))
+    decision = decide(base, head)
+    assert decision.status == "discard", decision.reasons
+    assert "non-cuTile GPU time per token did not fall" in decision.reasons[0]
+
+
+def test_moving_a_kernel_to_cutile_at_equal_gpu_time_stays_a_keep(make_metrics):
+    base = make_metrics(commit=BASE_SHA)
+    kernels = [dict(k) for k in base["coverage"]["kernels"]]
+    moved = kernels.pop(2)  # the elementwise kernel, now a cuTile kernel of the same time
+    kernels.append(dict(moved, name=cutile_symbol("elementwise_kernel"), cutile=True))
+    head = _with_kernels(make_metrics(), kernels)
+    decision = decide(base, head)
+    assert decision.status == "keep", decision.reasons
+    assert decision.coverage_head == pytest.approx(65.0)
+    assert decision.gpu_ms_head == pytest.approx(decision.gpu_ms_base)
+
+
+def test_gpu_time_margin_is_a_parameter(make_metrics):
+    base = make_metrics(commit=BASE_SHA)
+    head = _with_kernels(make_metrics(), _scaled(base["coverage"]["kernels"], 1.06, cutile=True))
+    head["coverage"]["kernels"][0]["gpu_ms"] -= 1.0  # non-cuTile time falls a little
+    _with_kernels(head, head["coverage"]["kernels"])
+    assert decide(base, head).status == "discard"
+    assert decide(base, head, gpu_margin=0.05).status == "keep"
+    with pytest.raises(ValueError):
+        decide(base, head, gpu_margin=-0.1)
+
+
+def test_a_self_reported_pass_is_recomputed(make_metrics):
+    """``passed: true`` with an error of 0.9 against the file's own tolerance of 0.019."""
+    base = make_metrics(commit=BASE_SHA)
+    head = make_metrics(coverage=55.0)
+    head["correctness"].update(passed=True, logits_rel_err=0.9, tolerance=0.019)
+    decision = decide(base, head)
+    assert decision.status == "incorrect", decision.reasons
+    assert "0.9 > tolerance" in decision.reasons[0] and "claims it passed" in decision.reasons[0]
+    # a tolerance the file widened itself does not count either
+    head["correctness"].update(logits_rel_err=0.05, tolerance=1.0)
+    assert decide(base, head).status == "incorrect"
+
+
+def test_stored_coverage_that_disagrees_with_its_kernels_is_refused(make_metrics):
+    base = make_metrics(commit=BASE_SHA)
+    head = make_metrics(coverage=55.0)
+    head["coverage"]["gpu_time_pct"] = 99.0
+    decision = decide(base, head)
+    assert decision.status == "inconclusive"
+    assert "head metrics refused: stored coverage 99.00%" in decision.reasons[0]
+    assert not decision.rerun_useful
+
+
+def test_a_foreign_kernel_marked_cutile_is_refused(make_metrics):
+    """A Triton kernel named like a cuTile symbol, marked cuTile by a fooled classifier."""
+    base = make_metrics(commit=BASE_SHA)
+    kernels = [dict(k) for k in base["coverage"]["kernels"]]
+    kernels[2] = dict(kernels[2], name="fused_rmsnorm_Kt2", cutile=True)
+    head = _with_kernels(make_metrics(), kernels)
+    decision = decide(base, head, base_kernels=frozenset({"rms_norm_kernel"}))
+    assert decision.status == "inconclusive", decision.reasons
+    assert "'fused_rmsnorm_Kt2'" in decision.reasons[0]
+
+
+def test_a_cutile_symbol_of_a_function_not_in_the_tree_is_not_cutile(make_metrics):
+    base = make_metrics(commit=BASE_SHA)
+    head = make_metrics(coverage=55.0)
+    names = frozenset({"rms_norm_kernel"})
+    assert decide(base, head, base_kernels=names, head_kernels=names).status == "keep"
+    decision = decide(base, head, base_kernels=names, head_kernels=frozenset({"other"}))
+    assert decision.status == "inconclusive" and "head metrics refused" in decision.reasons[0]
+
+
+def test_a_cpu_run_says_so_and_asks_for_no_rerun(make_metrics):
+    base = make_metrics(commit=BASE_SHA, gpu=None)
+    head = make_metrics(coverage=55.0, gpu=None)
+    decision = decide(base, head)
+    assert decision.status == "inconclusive"
+    assert "without a CUDA GPU" in decision.reasons[0]
+    assert not decision.rerun_useful and decision.to_json()["rerun"] is False
+
+
+def test_only_a_throughput_doubt_asks_for_a_rerun(make_metrics):
+    base = make_metrics(commit=BASE_SHA)
+    unclear = make_metrics(coverage=55.0, cutile=(38.0, 58.0, 48.0))
+    decision = decide(base, unclear)
+    assert decision.status == "inconclusive" and decision.rerun_useful
+    assert decide(base, unclear, rerun=True).status == "discard"
 
 
 def test_paired_speedups_cancel_machine_drift(make_metrics):
@@ -281,8 +412,12 @@ def test_margin_is_a_parameter(make_metrics):
 
 
 def test_decision_json_is_finite_on_nan(make_metrics):
+    """A NaN stored coverage is recomputed from the kernel list (50%) and the file refused."""
     decision = decide(make_metrics(commit=BASE_SHA), make_metrics(coverage=math.nan))
-    assert decision.to_json()["coverage"] == {"base": 50.0, "head": None, "delta_pp": None}
+    assert decision.status == "inconclusive"
+    assert "head metrics refused: stored coverage n/a" in decision.reasons[0]
+    assert decision.to_json()["coverage"] == {"base": 50.0, "head": 50.0, "delta_pp": 0.0}
+    json.dumps(decision.to_json(), allow_nan=False)
 
 
 def test_baseline_decisions(make_metrics):

@@ -22,9 +22,11 @@ from tilegym_hf_bench.metrics_schema import SCHEMA_ID, validation_errors
 from tilegym.atomic import write_json_atomic
 
 BENCH_MODULE = "tilegym_hf_bench._cli"
-# Where each package's code lives inside a checkout; put first on PYTHONPATH so the benchmarked
-# commit's code runs, not whatever copy is installed.
-SOURCE_ROOTS = ("src", "modeling/transformers/src", "bot", "hooks")
+# The code under test: the only source root taken from the benchmarked commit.
+EXPERIMENT_ROOTS = ("src",)
+# The harness that measures it (benchmark, classifier, correctness, bot, hooks): always taken from
+# the trusted tree (main / the PR's base), so the experiment never measures itself.
+HARNESS_ROOTS = ("modeling/transformers/src", "bot", "hooks")
 STDERR_TAIL_LINES = 20
 
 
@@ -37,6 +39,9 @@ class BenchRequest:
     log_dir: Path
     timeout_s: float = 900.0
     gpu_uuid: str | None = None
+    # The trusted checkout whose harness measures ``repo_dir``'s ``src/``; None: the checkout
+    # measures itself (a plain benchmark of one tree, e.g. main as the base).
+    harness_dir: Path | None = None
 
 
 @dataclass
@@ -53,9 +58,13 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def source_path(root: PurePath) -> list[str]:
-    """The PYTHONPATH entries that make ``root``'s own packages win over installed copies."""
-    return [str(root / rel) for rel in SOURCE_ROOTS]
+def source_path(experiment_root: PurePath, harness_root: PurePath | None = None) -> list[str]:
+    """PYTHONPATH entries (ahead of any installed copy): the experiment's ``src/`` and the
+    harness packages of ``harness_root`` (the experiment's own when None)."""
+    harness = experiment_root if harness_root is None else harness_root
+    return [str(experiment_root / rel) for rel in EXPERIMENT_ROOTS] + [
+        str(harness / rel) for rel in HARNESS_ROOTS
+    ]
 
 
 def log_paths(request: BenchRequest) -> tuple[Path, Path]:
