@@ -8,7 +8,7 @@
 # Logs: $OUT/{env,tests,bench,in_model}.txt, $OUT/bench_gemm.json and $OUT/in_model.json
 # (default OUT=./gpu_check_out).
 set -o pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 OUT="${OUT:-gpu_check_out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
@@ -28,6 +28,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv 2>&1 | tee
 split -n "r/$SHARDS" "$tmp/ids" "$tmp/shard_"
 pids=()
 for f in "$tmp"/shard_*; do
+    # shellcheck disable=SC2046  # one test id per word
     timeout "${TEST_TIMEOUT:-200}" "$PY" -m pytest -q -rs -p no:cacheprovider $(cat "$f") \
         > "$f.log" 2>&1 &
     pids+=($!)
@@ -56,6 +57,7 @@ if [ ${#SWEEP[@]} -gt 0 ] && [ -s "$OUT/tuned.json" ]; then
     split -n "r/$SHARDS" "$tmp/ids2" "$tmp/t2_"
     pids=()
     for f in "$tmp"/t2_*; do
+        # shellcheck disable=SC2046  # one test id per word
         timeout "${TEST2_TIMEOUT:-60}" "$PY" -m pytest -q -p no:cacheprovider $(cat "$f") \
             > "$f.log" 2>&1 &
         pids+=($!)

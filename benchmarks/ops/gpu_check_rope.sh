@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# GPU check of the RoPE / q-k-norm+RoPE kernels (every variant) and the "auto" dispatch.
-# GPU tests of every variant + the model patches, then the benchmark tables (all variants
-# interleaved per shape, with torch and a dst.copy_(src) ceiling row).
-# Usage (repo root): OUT=gpu_check_out bash benchmarks/ops/gpu_check_rope3.sh   (< 4 min)
+# One GPU run for the RoPE and q/k-norm+RoPE kernels (every variant) and their "auto" dispatch:
+# GPU tests of every variant + the AOT signatures + the model patches, inventory parity, then
+# the benchmark tables (all variants interleaved per shape, with torch and a dst.copy_(src)
+# ceiling row).
+#
+# Usage (repo root, on a GPU host with the cuTile toolchain):
+#   bash benchmarks/ops/gpu_check_rope.sh                       (< 4 min)
 # Env: WARM (benchmark warm-up workers, 5), SHARDS (variant test shards, 5), TEST_TIMEOUT,
 # BENCH_TIMEOUT, WRITE_FLUSH=0 (skip the write-flush table).
-# Outputs in $OUT: env.txt, summary.txt, tests_*.txt (one per pytest shard), warm_*.txt,
-# bench_rope.txt (write flush), bench_rope_read.txt (read).
+# Outputs in $OUT (default ./gpu_check_out): rope_env.txt, rope_summary.txt, rope_tests_*.txt
+# (one per pytest shard), rope_warm_*.txt (empty when the warm-up went well), rope_bench.txt
+# (write flush) and rope_bench_read.txt (read flush).
 # Cold compiles dominate, so step 1 runs the pytest shards and WARM "--warm I/N" benchmark
 # workers in parallel (they fill cuTile's disk cache, build/cutile-cache, for the timed run).
 set -o pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 OUT="${OUT:-gpu_check_out}"
 mkdir -p "$OUT" build/cutile-cache
 export CUDA_TILE_CACHE_DIR="$PWD/build/cutile-cache"
@@ -19,9 +23,9 @@ PY="${PYTHON:-python3}"
 WARM="${WARM:-5}"
 TT="${TEST_TIMEOUT:-140}"
 status=0
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$OUT/env.txt"
-"$PY" -c "import torch, transformers, cuda.tile as ct; print(torch.__version__, transformers.__version__, ct.__version__)" 2>&1 | tee -a "$OUT/env.txt"
-git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/env.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$OUT/rope_env.txt"
+"$PY" -c "import torch, transformers, cuda.tile as ct; print(torch.__version__, transformers.__version__, ct.__version__)" 2>&1 | tee -a "$OUT/rope_env.txt"
+git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/rope_env.txt"
 start=$(date +%s)
 
 # 1. tests (sharded) and cache-warming benchmark workers, all in parallel
@@ -29,7 +33,7 @@ pids=()
 shard() {  # name, then pytest arguments
     local name=$1
     shift
-    timeout "$TT" "$PY" -m pytest -q -rA -p no:cacheprovider "$@" >"$OUT/tests_$name.txt" 2>&1 &
+    timeout "$TT" "$PY" -m pytest -q -rA -p no:cacheprovider "$@" >"$OUT/rope_tests_$name.txt" 2>&1 &
     pids+=($!)
 }
 shard rope tests/ops/test_rope.py tests/ops/test_rope_aot.py
@@ -37,28 +41,28 @@ shard patches tests/transformers/test_patch_models.py
 SHARDS="${SHARDS:-5}"
 for ((i = 0; i < SHARDS; i++)); do  # every RoPE / qk variant, disjoint shards (_shard in the test file)
     ROPE_VARIANT_SHARD="$i/$SHARDS" timeout "$TT" "$PY" -m pytest -q -rA -p no:cacheprovider \
-        tests/ops/test_rope_variants.py >"$OUT/tests_variants_$i.txt" 2>&1 &
+        tests/ops/test_rope_variants.py >"$OUT/rope_tests_variants_$i.txt" 2>&1 &
     pids+=($!)
 done
-# inventory runtime parity of the Solutions whose kernels changed (entry points, sampled shapes)
+# inventory runtime parity of this family's Solutions (entry points, sampled shapes)
 KS=src/tilegym/transformers
 SOL=("$KS/qwen3/kernel_solutions/qwen3_qk_norm_rope.json" "$KS/llama/kernel_solutions/llama_rope.json")
 { timeout "$TT" "$PY" -m tilegym.kernel_inventory.cli parity "${SOL[@]}" \
-    && echo "inventory parity: ok"; } >"$OUT/tests_inventory.txt" 2>&1 &
+    && echo "inventory parity: ok"; } >"$OUT/rope_tests_inventory.txt" 2>&1 &
 pids+=($!)
 for ((i = 0; i < WARM; i++)); do
     timeout "$TT" "$PY" benchmarks/ops/bench_rope.py --warm "$i/$WARM" \
-        >"$OUT/warm_rope_$i.txt" 2>&1 &
+        >"$OUT/rope_warm_$i.txt" 2>&1 &
     pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p" || status=1; done
-echo "step 1 (tests + warm) took $(($(date +%s) - start)) s, status $status" | tee "$OUT/summary.txt"
-for f in "$OUT"/tests_*.txt; do
-    echo "== $f: $(tail -n 1 "$f")" | tee -a "$OUT/summary.txt"
-    grep -E "^(FAILED|ERROR)" "$f" | head -20 | tee -a "$OUT/summary.txt"
+echo "step 1 (tests + warm) took $(($(date +%s) - start)) s, status $status" | tee "$OUT/rope_summary.txt"
+for f in "$OUT"/rope_tests_*.txt; do
+    echo "== $f: $(tail -n 1 "$f")" | tee -a "$OUT/rope_summary.txt"
+    grep -E "^(FAILED|ERROR)" "$f" | head -20 | tee -a "$OUT/rope_summary.txt"
 done
-for f in "$OUT"/warm_*.txt; do
-    [ -s "$f" ] && { echo "== $f (should be empty)"; tail -n 5 "$f"; } | tee -a "$OUT/summary.txt"
+for f in "$OUT"/rope_warm_*.txt; do
+    [ -s "$f" ] && { echo "== $f (should be empty)"; tail -n 5 "$f"; } | tee -a "$OUT/rope_summary.txt"
 done
 
 # 2. timed benchmarks, one at a time (GPU to themselves); rows print as they finish. First with
@@ -66,12 +70,12 @@ done
 # with TILEGYM_BENCH_FLUSH=read (clean L2: no write-back of the flush's dirty lines inside the
 # timed call, see benchmarks/ops/bench_flush.py)
 if [ "${WRITE_FLUSH:-1}" = 1 ]; then
-    timeout "${BENCH_TIMEOUT:-60}" "$PY" benchmarks/ops/bench_rope.py 2>&1 | tee "$OUT/bench_rope.txt" \
+    timeout "${BENCH_TIMEOUT:-60}" "$PY" benchmarks/ops/bench_rope.py 2>&1 | tee "$OUT/rope_bench.txt" \
         || status=1
 fi
 export TILEGYM_BENCH_FLUSH=read
-echo "== TILEGYM_BENCH_FLUSH=read" | tee "$OUT/bench_rope_read.txt"
+echo "== TILEGYM_BENCH_FLUSH=read" | tee "$OUT/rope_bench_read.txt"
 timeout "${BENCH_TIMEOUT:-60}" "$PY" benchmarks/ops/bench_rope.py --shapes 1x2048,4x4096,8x4096 \
-    2>&1 | tee -a "$OUT/bench_rope_read.txt" || status=1
-echo "total $(($(date +%s) - start)) s, status $status" | tee -a "$OUT/summary.txt"
+    2>&1 | tee -a "$OUT/rope_bench_read.txt" || status=1
+echo "total $(($(date +%s) - start)) s, status $status" | tee -a "$OUT/rope_summary.txt"
 exit $status

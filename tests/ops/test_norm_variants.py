@@ -1,4 +1,4 @@
-"""Every RMSNorm kernel variant that benchmarks/ops/gpu_check_norms2.sh sweeps matches the fp32
+"""Every RMSNorm kernel variant that benchmarks/ops/gpu_check_norms.sh sweeps matches the fp32
 reference (odd shapes, NaN-poisoned outputs), so the lead can flip a default from the table.
 The RoPE variants are checked in test_rope_variants.py."""
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 def _shard(names):
     """``ROPE_VARIANT_SHARD=I/N``: only every N-th variant from the I-th (parallel GPU shards
-    compile disjoint kernels; see benchmarks/ops/gpu_check_rope3.sh)."""
+    compile disjoint kernels; see benchmarks/ops/gpu_check_rope.sh)."""
     spec = os.environ.get("ROPE_VARIANT_SHARD")
     if not spec:
         return list(names)
