@@ -50,7 +50,7 @@ run() {  # experiment NAME DESCRIPTION [experiment-run flags] -- edits via a fun
     [ -f "$run/metrics.json" ] && cp "$run/metrics.json" "$out/$(basename "$run").metrics.json"
   done
   local report
-  report=$(ls -t "$repo"/.git/tilegym-bot/prs/*.md 2>/dev/null | head -n 1)
+  report=$(find "$repo/.git/tilegym-bot/prs" -name '*.md' 2>/dev/null | sort -V | tail -n 1)
   [ "$status" = 0 ] && [ -n "$report" ] && cp "$report" "$out/$name.comment.md"
   "${bot[@]}" experiment advance >/dev/null 2>&1 || "${bot[@]}" experiment reset >/dev/null 2>&1 || true
   return 0
