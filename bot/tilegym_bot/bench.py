@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tilegym_bot.errors import BotError
 from tilegym_bot.forge.local import LocalForge
 from tilegym_bot.metrics_file import load_metrics
 from tilegym_bot.policy import dig
-from tilegym_bot.runner.base import BenchRequest
-from tilegym_bot.runner.gpulock import GpuLockedExecutor
+from tilegym_bot.runner.base import BenchRequest, flag_value
+from tilegym_bot.runner.gpulock import GpuLockedExecutor, host_has_nvidia_gpu
 from tilegym_bot.runner.local import LocalExecutor
 
 
@@ -64,6 +65,30 @@ def side_label(run_name: str) -> str:
         if run_name.endswith(f"-{side}"):
             return side.replace("-", " ")
     return run_name
+
+
+def cpu_sized(model_key: str, bench_args: list[str]) -> tuple[list[str], str | None]:
+    """On a host without an NVIDIA GPU, benchmark arguments that name neither a device nor a
+    preset get the model's tiny preset on the CPU (seconds, where the full preset would take
+    half an hour on a CPU and still decide nothing); with the note that says so. Unchanged,
+    with no note, on a GPU host or when the caller chose."""
+    chosen = {flag_value(bench_args, f) for f in ("--device", "--model-key")} - {None}
+    if chosen or host_has_nvidia_gpu():
+        return list(bench_args), None
+    from tilegym_hf_bench.presets import PRESETS
+
+    tiny = f"tiny-{model_key}"
+    if tiny not in PRESETS:
+        raise BotError(
+            f"no CUDA GPU here and no {tiny} preset to run on the CPU: pass `-- --device cpu` to "
+            f"benchmark the full {model_key} preset on the CPU (slow), or run on a GPU host"
+        )
+    note = (
+        f"no CUDA GPU here: benchmarking the {tiny} preset on the CPU instead of {model_key} "
+        "(pass -- --device cpu --model-key ... to choose); cuTile throughput, coverage and GPU "
+        "time need a GPU, so the verdict can only be inconclusive"
+    )
+    return [*bench_args, "--model-key", tiny, "--device", "cpu"], note
 
 
 def runs_dir(forge: LocalForge) -> Path:

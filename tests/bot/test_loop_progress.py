@@ -113,7 +113,10 @@ def test_experiment_run_shows_each_sides_progress_as_it_goes(experiment, tmp_pat
     r, main_sha, head_sha = experiment
     go = tmp_path / "go"
     env = {"GO_FILE": str(go), "TILEGYM_GPU_LOCK_DIR": str(tmp_path / "locks")}
-    bot = _bot(r, env, "experiment", "run", "--description", "talk", "--timeout", "120", "--")
+    bot = _bot(
+        r, env, "experiment", "run", "--description", "talk", "--timeout", "120", "--",
+        "--device", "cpu",
+    )  # fmt: skip
     try:
         err = _lines(bot.stderr)
         seen: list[str] = []
@@ -140,7 +143,7 @@ def test_experiment_run_shows_each_sides_progress_as_it_goes(experiment, tmp_pat
     assert json.loads(out)["status"]  # stdout stays the decision JSON only
     head_log = next((Path(r.working_tree_dir) / "sandbox" / "runs").glob("*-head/*.stdout.log"))
     assert head_log.read_text().splitlines() == [
-        "device: None",
+        "device: cpu",
         "warm-up run 1/1: 9.00 tok/s",
         "timed run 1/2: 10.00 tok/s",
         "timed run 2/2: 11.00 tok/s",
