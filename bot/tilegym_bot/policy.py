@@ -299,8 +299,14 @@ def recount_coverage(doc: Any, kernel_names: frozenset[str] | None) -> _Recounte
     if not isinstance(block, dict) or not isinstance(block.get("kernels"), list):
         return _Recounted()
     names = _demangled_names(block) if kernel_names is None else kernel_names
+    classifier = KernelClassifier(names)
+    if not classifier.can_demangle:
+        return _Recounted(
+            problem="cuda.tile.compilation is not importable where the bot runs, so coverage "
+            "cannot be recomputed (install cuda-tile; it needs no GPU)"
+        )
     try:
-        fresh = recount(block, KernelClassifier(names).is_cutile)
+        fresh = recount(block, classifier.is_cutile)
     except (KeyError, TypeError) as exc:
         return _Recounted(problem=f"coverage kernel list is malformed ({exc})")
     tokens = (dig(doc, "workload", "batch_size") or 0) * (

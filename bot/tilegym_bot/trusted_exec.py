@@ -33,7 +33,8 @@ def runs_from_work_tree(forge: LocalForge, package_dir: Path = BOT_PACKAGE) -> b
 
 
 def snapshot(forge: LocalForge, sha: str) -> Path:
-    """main's tree at ``sha`` extracted under .git/tilegym-bot/trusted/ (once per SHA)."""
+    """main's tree at ``sha`` extracted under .git/tilegym-bot/trusted/ (once per SHA; the
+    snapshots of earlier mains are removed)."""
     root = forge.state_dir / "trusted"
     target = root / sha
     root.mkdir(parents=True, exist_ok=True)
@@ -50,6 +51,9 @@ def snapshot(forge: LocalForge, sha: str) -> Path:
             staging.rename(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        for old in root.iterdir():  # snapshots of earlier mains: nothing runs from them now
+            if old.is_dir() and old != target:
+                shutil.rmtree(old, ignore_errors=True)
     return target
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import git
 import pytest
+from test_bot_local_loop import _commit
 
 BENCH_DIR = "modeling/transformers/src/tilegym_hf_bench"
 # What the bench reports: a file a qwen3 experiment may change (its inventory folder).
@@ -58,15 +59,6 @@ HOLD = textwrap.dedent(
         time.sleep(120)
     """
 )
-
-
-def _commit(r: git.Repo, files: dict[str, str], message: str) -> str:
-    root = Path(r.working_tree_dir)
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    r.index.add(list(files))
-    return r.index.commit(message).hexsha
 
 
 @pytest.fixture
