@@ -54,13 +54,17 @@ def run(options: BenchOptions, progress: Progress) -> None:
     )
     baseline = loaded.model
 
-    cutile_reason = _cutile_unmeasured_reason(options, device)
-    cutile_model = None
     tree = measured_tree()
+    patch_table = tree.patch_table()
+    unpatched = None if loaded.model_type in patch_table else no_patch_reason(loaded.model_type)
+    if unpatched:
+        log(f"cuTile patch not applied: {unpatched}")
+    cutile_reason = _cutile_unmeasured_reason(options, device) or unpatched
+    cutile_model = None
     if cutile_reason is None:
         cutile_model = twin_sharing_weights(baseline)
         before = weight_fingerprint(baseline)
-        report = apply_patch(cutile_model, loaded.model_type, tree.patch_table())
+        report = apply_patch(cutile_model, loaded.model_type, patch_table)
         for line in report.lines():
             log(line)
         if not torch.equal(before, weight_fingerprint(baseline)):
@@ -112,9 +116,12 @@ def run(options: BenchOptions, progress: Progress) -> None:
         result = check_correctness(Generator(baseline, ids, device), cutile_gen, wl)
         progress.part("correctness", result)
 
-    coverage_reason = _coverage_unmeasured_reason(options, device, cutile_reason)
+    # without a patch the PyTorch model is profiled: 0% coverage and the map of where its GPU
+    # time goes, which is where a new family's first experiment starts
+    profiled = baseline if unpatched else cutile_model
+    coverage_reason = _coverage_unmeasured_reason(options, device, cutile_reason, unpatched)
     if coverage_reason is None:
-        block = _coverage(options, cutile_model, ids, device, wl.output_length, tree)
+        block = _coverage(options, profiled, ids, device, wl.output_length, tree)
         if block is None:
             progress.update(coverage_pending="nsys")
         else:
@@ -132,14 +139,18 @@ def _cutile_unmeasured_reason(options: BenchOptions, device: str) -> str | None:
     return None
 
 
+def no_patch_reason(model_type: str) -> str:
+    return f"no patch for model type {model_type!r}"
+
+
 def _coverage_unmeasured_reason(
-    options: BenchOptions, device: str, cutile_reason: str | None
+    options: BenchOptions, device: str, cutile_reason: str | None, unpatched: str | None = None
 ) -> str | None:
     if options.skip_coverage:
         return "--skip-coverage"
     if not device.startswith("cuda"):
         return f"coverage is GPU kernel time; device is {device}"
-    if cutile_reason is not None:
+    if cutile_reason is not None and unpatched is None:
         return f"no kernelized model ({cutile_reason})"
     return None
 
