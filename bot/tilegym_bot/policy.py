@@ -86,7 +86,7 @@ class Decision:
     def coverage_delta_pp(self) -> float | None:
         if self.coverage_base is None or self.coverage_head is None:
             return None
-        return self.coverage_head - self.coverage_base
+        return _finite(self.coverage_head - self.coverage_base)
 
     def to_json(self) -> dict[str, Any]:
         """The DESIGN.md decision object (exactly its fields)."""
@@ -256,6 +256,11 @@ def differences(base: Any, head: Any) -> list[str]:
         b, h = dig(base, *keys), dig(head, *keys)
         if b is not None and h is not None and b != h:
             found.append(f"{label} differs (base {b!r}, head {h!r})")
+    # eager and static generate() time different things; a file without a mode (version 1 of
+    # the metrics schema) ran eager
+    b, h = (dig(doc, "workload", "mode") or "eager" for doc in (base, head))
+    if b != h:
+        found.append(f"mode differs (base {b!r}, head {h!r})")
     return found
 
 
@@ -332,7 +337,9 @@ def recount_coverage(doc: Any, kernel_names: frozenset[str] | None) -> _Recounte
             f"stored coverage {_pct(stored)} but its own kernel list gives "
             f"{_pct(fresh['gpu_time_pct'])}"
         )
-    return _Recounted(fresh["gpu_time_pct"], per_token[0], per_token[1], problem)
+    return _Recounted(
+        _finite(fresh["gpu_time_pct"]), _finite(per_token[0]), _finite(per_token[1]), problem
+    )
 
 
 def _summary(base: Any, head: Any, base_cov: _Recounted, head_cov: _Recounted) -> dict[str, Any]:

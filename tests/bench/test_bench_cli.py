@@ -15,6 +15,8 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 THROUGHPUT = re.compile(r"^Average throughput: (\d+\.\d\d) ± (\d+\.\d\d) tokens/sec$")
 NOT_MEASURED_T = re.compile(r"^Average throughput: not measured \(.+\)$")
 NOT_MEASURED_C = re.compile(r"^>>> cuTile Kernel Coverage \(GPU Time\): not measured \(.+\) <<<$")
+EAGER_LINE = "mode: eager (each side's default KV cache, eager generate())"
+STATIC_LINE = "mode: static (static KV cache, compiled decode step)"
 FAST = ["--input-length", "24", "--output-length", "6", "--timed-runs", "3", "--warmup-runs", "1"]
 
 
@@ -47,8 +49,10 @@ def test_tiny_preset_end_to_end_on_cpu(tmp_path, key):
     assert NOT_MEASURED_C.match(lines[2])
     assert r.stdout.splitlines()[-4:-1] == lines  # the three lines close the report
     assert "weights: random" in r.stdout
+    assert EAGER_LINE in r.stdout.splitlines()
     doc = json.loads(out.read_text())
     assert validation_errors(doc) == []
+    assert doc["schema"] == "tilegym-bench-metrics/2"
     assert doc["status"] == "ok" and doc["commit"] == COMMIT and doc["model_key"] == key
     assert doc["cutile"] is None and doc["coverage"] is None
     samples = doc["baseline"]["throughput"]["samples"]
@@ -65,7 +69,34 @@ def test_tiny_preset_end_to_end_on_cpu(tmp_path, key):
         "warmup_runs": 1,
         "timed_runs": 3,
         "seed": 0,
+        "mode": "eager",
     }
+    compile_s = doc["baseline"]["compile_s"]
+    assert compile_s is not None and compile_s >= 0
+
+
+def test_static_mode_end_to_end_on_cpu(tmp_path):
+    """Static KV cache with the compiled decode step on the PyTorch side (Inductor on the CPU);
+    the compile is warm-up, reported apart; the cuTile side says why it is not measured."""
+    out = tmp_path / "metrics.json"
+    r = bench(
+        "--model-key", "tiny-qwen3", "--device", "cpu", "--mode", "static",
+        "--metrics-out", str(out), "--commit", COMMIT, *FAST,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = grep_lines(r.stdout)
+    assert len(lines) == 3 and r.stdout.splitlines()[-4:-1] == lines
+    assert THROUGHPUT.match(lines[0])  # first: PyTorch, in static mode
+    assert NOT_MEASURED_T.match(lines[1]) and NOT_MEASURED_C.match(lines[2])
+    assert r.stdout.splitlines().count(STATIC_LINE) == 2  # in the log and in the report
+    doc = json.loads(out.read_text())
+    assert validation_errors(doc) == []
+    assert doc["schema"] == "tilegym-bench-metrics/2" and doc["workload"]["mode"] == "static"
+    base = doc["baseline"]
+    assert doc["cutile"] is None and doc["coverage"] is None and doc["correctness"]["passed"]
+    run_s = [6 / tps for tps in base["throughput"]["samples"]]
+    assert base["compile_s"] > max(run_s)  # compiling happened in warm-up, not in a timed run
+    assert f"compile/capture {base['compile_s']:.2f} s (warm-up, not timed)" in r.stdout
 
 
 def test_pretrained_directory_is_loaded_and_reported(tmp_path):
@@ -166,6 +197,8 @@ def test_bad_model_dir_is_a_crash_with_metrics(tmp_path):
         (["--model-key", "qwen3", "--device", "tpu"], "--device must be"),
         (["--model-key", "qwen3", "--commit", "abc"], "--commit must be 40"),
         (["--model-key", "qwen3", "--profiler", "ncu"], "invalid choice: 'ncu'"),
+        (["--model-key", "qwen3", "--mode", "graph"], "invalid choice: 'graph'"),
+        (["--model-key", "qwen3", "--mode", "static", "--warmup-runs", "0"], "--warmup-runs >= 1"),
     ],
 )
 def test_usage_errors_exit_2_with_one_error_line(args, message, tmp_path, capsys):

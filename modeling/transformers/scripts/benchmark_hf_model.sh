@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One benchmark of one model (DESIGN.md "Benchmark output"). Run from modeling/transformers/:
-#   bash scripts/benchmark_hf_model.sh --model-key qwen3 [--workload decode] [--metrics-out m.json]
+#   bash scripts/benchmark_hf_model.sh --model-key qwen3 [--workload decode] [--mode static]
+#     [--metrics-out m.json]
+# --mode eager (default) times eager generate(); --mode static a static KV cache with the compiled
+# decode step (CUDA graphs), where the kernels rather than the host set the pace.
 # Every flag goes to tilegym-hf-bench unchanged. Uses the project's .venv when there is one,
 # otherwise the python on PATH with this checkout's packages on PYTHONPATH.
 set -euo pipefail

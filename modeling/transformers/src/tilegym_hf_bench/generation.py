@@ -1,14 +1,18 @@
-"""Seeded prompts and exactly-N-token greedy generation, timed with device synchronization."""
+"""Seeded prompts and exactly-N-token greedy generation in a ``--mode``, timed with device
+synchronization."""
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 
 import torch
-from transformers import GenerationConfig
+from transformers import CompileConfig, GenerationConfig
 
+from tilegym_hf_bench.compile_guard import require_guard
 from tilegym_hf_bench.errors import BenchError
+from tilegym_hf_bench.modes import DEFAULT_MODE, MODES
 
 
 def make_input_ids(vocab_size: int, batch: int, length: int, seed: int, device: str):
@@ -24,8 +28,29 @@ def _first(token_ids):
     return token_ids
 
 
-def greedy_config(model, new_tokens: int) -> GenerationConfig:
-    """Greedy, with min_new_tokens == max_new_tokens so EOS can never end a run early."""
+def mode_settings(mode: str, device: str | None = None) -> dict:
+    """The GenerationConfig fields of ``mode``: its cache and the decode step's compile config.
+
+    transformers compiles the decode step only on accelerators; on a CPU ``device`` the config
+    asks it to compile anyway (``_compile_all_devices``, which transformers keeps for testing),
+    so a CPU run of a mode takes the path the GPU run takes."""
+    m = MODES[mode]
+    settings: dict = {}
+    if m.cache_implementation is not None:
+        settings["cache_implementation"] = m.cache_implementation
+    if m.compile_config is not None:
+        compile_config = CompileConfig(**m.compile_config)
+        if device == "cpu":
+            compile_config._compile_all_devices = True
+        settings["compile_config"] = compile_config
+    return settings
+
+
+def greedy_config(
+    model, new_tokens: int, mode: str = DEFAULT_MODE, device: str | None = None
+) -> GenerationConfig:
+    """Greedy, with min_new_tokens == max_new_tokens so EOS can never end a run early, in the
+    cache and compile configuration of ``mode``."""
     eos = model.generation_config.eos_token_id
     if eos is None:
         eos = getattr(model.config, "eos_token_id", None)
@@ -40,6 +65,7 @@ def greedy_config(model, new_tokens: int) -> GenerationConfig:
         eos_token_id=eos,
         pad_token_id=pad,
         use_cache=True,
+        **mode_settings(mode, device),
     )
 
 
@@ -50,10 +76,15 @@ def synchronizer(device: str) -> Callable[[], None]:
 
 
 class Generator:
-    """``generate()`` of one model on fixed inputs, for a given number of new tokens."""
+    """``generate()`` of one model on fixed inputs in one ``--mode``, for a given number of new
+    tokens."""
 
-    def __init__(self, model, input_ids, device: str):
+    def __init__(self, model, input_ids, device: str, mode: str = DEFAULT_MODE):
+        if MODES[mode].compile_config is not None:
+            require_guard(mode)
         self.model = model
+        self.mode = mode
+        self.device = device
         self.sync = synchronizer(device)
         self._configs: dict[int, GenerationConfig] = {}
         self.use_prompt(input_ids)
@@ -63,18 +94,22 @@ class Generator:
         self.input_ids = input_ids
         self.attention_mask = torch.ones_like(input_ids)
 
-    def _generate(self, new_tokens: int, **extra):
+    def config(self, new_tokens: int) -> GenerationConfig:
+        """The one GenerationConfig every generate() of ``new_tokens`` tokens uses."""
         config = self._configs.get(new_tokens)
         if config is None:
-            config = self._configs[new_tokens] = greedy_config(self.model, new_tokens)
+            config = greedy_config(self.model, new_tokens, self.mode, self.device)
+            self._configs[new_tokens] = config
+        return config
+
+    def _generate(self, config: GenerationConfig, new_tokens: int):
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=self.input_ids,
                 attention_mask=self.attention_mask,
                 generation_config=config,
-                **extra,
             )
-        sequences = out.sequences if extra else out
+        sequences = out.sequences if config.return_dict_in_generate else out
         expected = self.input_ids.shape[1] + new_tokens
         if sequences.shape[1] != expected:
             raise BenchError(
@@ -83,12 +118,15 @@ class Generator:
         return out
 
     def generate(self, new_tokens: int):
-        return self._generate(new_tokens)
+        return self._generate(self.config(new_tokens), new_tokens)
 
     def generate_with_logits(self, new_tokens: int):
         """(sequences, fp32 logits [B, N, V] of each generated token) from the same generate()
         call the timed runs make: same model, same cache class, same kernels."""
-        out = self._generate(new_tokens, output_logits=True, return_dict_in_generate=True)
+        config = copy.deepcopy(self.config(new_tokens))  # an equal compile config: no recompile
+        config.output_logits = True
+        config.return_dict_in_generate = True
+        out = self._generate(config, new_tokens)
         return out.sequences, torch.stack([step.float() for step in out.logits], dim=1)
 
     def timed(self, new_tokens: int) -> tuple[float, torch.Tensor]:

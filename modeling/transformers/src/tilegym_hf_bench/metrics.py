@@ -1,4 +1,4 @@
-"""The metrics document (``tilegym-bench-metrics/1``): assembled from parts, written atomically.
+"""The metrics document (``tilegym-bench-metrics/2``): assembled from parts, written atomically.
 
 Pure except ``write_atomic``. A run that did not complete (crash, timeout) carries no measured
 block at all, so no consumer can read a number from it.
@@ -21,8 +21,11 @@ def throughput_block(
     ttft_ms: list[float],
     decode_tokens_per_s: list[float],
     interleaved: bool,
+    compile_s: float | None = None,
 ) -> dict[str, Any]:
-    """One side's ``throughput`` / ``ttft_ms`` / ``decode_tokens_per_s`` from raw samples."""
+    """One side's ``throughput`` / ``ttft_ms`` / ``decode_tokens_per_s`` from raw samples, and
+    the warm-up's one-time cost ``compile_s`` (seconds, None when not measured), kept apart
+    from the timed samples it must never be part of."""
     s = summarize(tokens_per_s)
     return {
         "throughput": {
@@ -37,6 +40,7 @@ def throughput_block(
             "samples": list(decode_tokens_per_s),
             "mean": summarize(decode_tokens_per_s).mean,
         },
+        "compile_s": None if compile_s is None else round(max(compile_s, 0.0), 3),
     }
 
 

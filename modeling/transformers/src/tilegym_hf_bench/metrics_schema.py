@@ -1,5 +1,7 @@
-"""The metrics file contract (``tilegym-bench-metrics/1``): load and validate with jsonschema.
+"""The metrics file contract (``tilegym-bench-metrics/2``): load and validate with jsonschema.
 
+The benchmark writes version 2; version-1 files (written before ``--mode``) stay valid and mean
+eager mode: one schema file holds both, and version 1 may carry none of version 2's fields.
 Torch-free on purpose: the bot validates metrics on machines that never run a model.
 """
 
@@ -12,7 +14,8 @@ from typing import Any
 
 import jsonschema
 
-SCHEMA_ID = "tilegym-bench-metrics/1"
+SCHEMA_ID = "tilegym-bench-metrics/2"
+READABLE_SCHEMA_IDS = ("tilegym-bench-metrics/1", SCHEMA_ID)
 
 
 @functools.cache

@@ -9,6 +9,7 @@ import argparse
 import re
 from dataclasses import asdict, dataclass
 
+from tilegym_hf_bench.modes import DEFAULT_MODE, MODES, warmup_problem
 from tilegym_hf_bench.presets import PRESETS
 from tilegym_hf_bench.workloads import WORKLOADS, Workload, resolve_workload
 
@@ -80,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model-id", help="local directory or hub id of real weights (default: random)")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="default")
+    p.add_argument(
+        "--mode",
+        choices=list(MODES),
+        default=DEFAULT_MODE,
+        help="eager: eager generate() (default); static: static KV cache, compiled decode step",
+    )
     p.add_argument("--batch-size", type=_positive_int)
     p.add_argument("--input-length", type=_positive_int)
     p.add_argument("--output-length", type=_positive_int)
@@ -122,7 +129,11 @@ def parse_options(argv: list[str]) -> BenchOptions:
         warmup_runs=ns.warmup_runs,
         timed_runs=ns.timed_runs,
         seed=ns.seed,
+        mode=ns.mode,
     )
+    problem = warmup_problem(workload.mode, workload.warmup_runs)
+    if problem is not None:
+        raise UsageError(problem)
     return BenchOptions(
         model_key=ns.model_key,
         model_id=ns.model_id,

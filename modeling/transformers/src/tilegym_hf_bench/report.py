@@ -1,14 +1,16 @@
 """Text the auto-kernelize loop reads. Pure formatting.
 
 The three grep lines (DESIGN.md) come last and in this order: baseline throughput, cuTile
-throughput, coverage. A part that was not measured keeps its line's place but says
-``not measured (reason)`` instead of a number.
+throughput, coverage, in every ``--mode``; the details before them say which mode it was. A
+part that was not measured keeps its line's place but says ``not measured (reason)`` instead of
+a number.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from tilegym_hf_bench.modes import mode_line, mode_of
 from tilegym_hf_bench.profiling.attribution import Coverage
 
 SIDES = (("baseline", "PyTorch baseline"), ("cutile", "cuTile"))
@@ -29,8 +31,10 @@ def coverage_line(block: dict | None, reason: str | None) -> str:
 
 
 def detail_lines(doc: dict[str, Any], not_measured: dict[str, str]) -> list[str]:
-    """Everything else worth a glance: CI, TTFT, decode rate, correctness, speedup."""
+    """Everything else worth a glance: mode, CI, TTFT, decode rate, warm-up cost, correctness,
+    speedup."""
     lines = [f"weights: {doc['weights']}" + (f" ({doc['model_id']})" if doc["model_id"] else "")]
+    lines.append(mode_line(mode_of(doc["workload"])))
     for key, label in SIDES:
         block = doc[key]
         if block is None:
@@ -45,6 +49,7 @@ def detail_lines(doc: dict[str, Any], not_measured: dict[str, str]) -> list[str]
             f"{label}: {t['mean']:.2f} tok/s, 95% CI {ci_text}, n={len(t['samples'])}; "
             f"TTFT {ttft:.1f} ms (1-token generate); "
             + (f"decode {dec:.2f} tok/s" if dec is not None else "decode n/a")
+            + f"; {compile_text(block.get('compile_s'))}"
         )
     base, cut = doc["baseline"], doc["cutile"]
     if base and cut:
@@ -73,6 +78,13 @@ def summary_lines(doc: dict[str, Any], not_measured: dict[str, str]) -> list[str
         throughput_line(doc["cutile"], not_measured.get("cutile")),
         coverage_line(doc["coverage"], not_measured.get("coverage")),
     ]
+
+
+def compile_text(seconds: float | None) -> str:
+    """The warm-up's one-time cost, said apart from the timed numbers it is not part of."""
+    if seconds is None:
+        return "compile/capture n/a (fewer than two warm-up runs)"
+    return f"compile/capture {seconds:.2f} s (warm-up, not timed)"
 
 
 def _num(x: float | None) -> str:

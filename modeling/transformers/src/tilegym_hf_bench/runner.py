@@ -20,6 +20,7 @@ from tilegym_hf_bench.model_factory import (
     twin_sharing_weights,
     weight_fingerprint,
 )
+from tilegym_hf_bench.modes import cutile_unsupported_reason, mode_line
 from tilegym_hf_bench.options import BenchOptions
 from tilegym_hf_bench.profiling.attribution import aggregate, coverage_block
 from tilegym_hf_bench.progress import Progress
@@ -77,21 +78,22 @@ def run(options: BenchOptions, progress: Progress) -> None:
     ids = make_input_ids(vocab, wl.batch_size, wl.input_length, wl.seed, device)
     sides: dict[str, Generator] = {}
     if not options.skip_baseline:
-        sides[BASELINE] = Generator(baseline, ids, device)
+        sides[BASELINE] = Generator(baseline, ids, device, wl.mode)
     else:
         progress.not_measured(BASELINE, "--skip-baseline")
     if cutile_model is not None:
-        sides[CUTILE] = Generator(cutile_model, ids, device)
+        sides[CUTILE] = Generator(cutile_model, ids, device, wl.mode)
 
     if sides:
-        from tilegym_hf_bench.throughput import measure, warm_up
+        from tilegym_hf_bench.throughput import measure, warm_up_sides
 
         log(
             f"workload {wl.name}: batch {wl.batch_size}, {wl.input_length} in, "
             f"{wl.output_length} out; warm-up >= {wl.warmup_runs}, timed {wl.timed_runs} a side"
         )
-        warmups = warm_up(sides, wl.output_length, wl.warmup_runs, log)
-        progress.update(warmup_runs=warmups)
+        log(mode_line(wl.mode))
+        warmups = warm_up_sides(sides, wl.output_length, wl.warmup_runs, log)
+        progress.update(warmup_runs=warmups.runs)
         samples = measure(
             sides,
             wl.batch_size,
@@ -106,14 +108,22 @@ def run(options: BenchOptions, progress: Progress) -> None:
         for name, s in samples.items():
             progress.part(
                 name,
-                throughput_block(s.tokens_per_s, s.ttft_ms, s.decode_tokens_per_s, interleaved),
+                throughput_block(
+                    s.tokens_per_s,
+                    s.ttft_ms,
+                    s.decode_tokens_per_s,
+                    interleaved,
+                    warmups.compile_s(name),
+                ),
             )
 
     if options.skip_correctness:
         progress.not_measured("correctness", "--skip-correctness")
     else:
-        cutile_gen = Generator(cutile_model, ids, device) if cutile_model is not None else None
-        result = check_correctness(Generator(baseline, ids, device), cutile_gen, wl)
+        cutile_gen = None
+        if cutile_model is not None:
+            cutile_gen = Generator(cutile_model, ids, device, wl.mode)
+        result = check_correctness(Generator(baseline, ids, device, wl.mode), cutile_gen, wl)
         progress.part("correctness", result)
 
     # without a patch the PyTorch model is profiled: 0% coverage and the map of where its GPU
@@ -136,7 +146,7 @@ def _cutile_unmeasured_reason(options: BenchOptions, device: str) -> str | None:
         return "--skip-cutile"
     if not device.startswith("cuda"):
         return f"cuTile kernels need a CUDA GPU; device is {device}"
-    return None
+    return cutile_unsupported_reason(options.workload.mode)
 
 
 def no_patch_reason(model_type: str) -> str:
@@ -199,7 +209,7 @@ def _finite(x: float) -> bool:
 
 
 def _coverage(options: BenchOptions, model, ids, device: str, tokens: int, tree) -> dict | None:
-    gen = Generator(model, ids, device)
+    gen = Generator(model, ids, device, options.workload.mode)
     classifier = tree.classifier()
     if not classifier.can_demangle:
         log("warning: cuda.tile.compilation is not importable; classifying by prefixes only")

@@ -1,10 +1,16 @@
-"""Warm-up until timings settle, then timed runs interleaved A B A B across the sides."""
+"""Warm-up until timings settle, then timed runs interleaved A B A B across the sides.
+
+Warm-up pays every one-time cost (torch.compile, CUDA-graph capture, cuTile JIT) and reports
+it as ``compile_s``; each timed run is guarded so that it cannot compile (``compile_guard``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
+from tilegym_hf_bench.compile_guard import no_compile
 from tilegym_hf_bench.generation import Generator
 from tilegym_hf_bench.stats import first_run_outlier, settled
 
@@ -20,7 +26,32 @@ class SideSamples:
     last_output: object = None
 
 
+@dataclass(frozen=True)
+class WarmUp:
+    runs: int
+    times: dict[str, list[float]]  # each side's full generate() seconds, in order
+
+    def compile_s(self, name: str) -> float | None:
+        """Seconds ``name``'s first warm-up generate() took beyond its last (warm) one: the
+        one-time cost of compiling, capturing CUDA graphs and JIT-compiling kernels. None
+        without two warm-up runs to compare."""
+        return first_run_excess(self.times.get(name, []))
+
+
+def first_run_excess(times: list[float]) -> float | None:
+    """The first time minus the last, never below zero (None with fewer than two times)."""
+    if len(times) < 2:
+        return None
+    return max(times[0] - times[-1], 0.0)
+
+
 def warm_up(sides: dict[str, Generator], tokens: int, min_runs: int, log: Callable) -> int:
+    """Full generate() runs of every side, interleaved, until each side's time settled; the
+    number of runs (``warm_up_sides`` also returns their times)."""
+    return warm_up_sides(sides, tokens, min_runs, log).runs
+
+
+def warm_up_sides(sides: dict[str, Generator], tokens: int, min_runs: int, log: Callable) -> WarmUp:
     """Full generate() runs of every side, interleaved, until each side's time settled."""
     times: dict[str, list[float]] = {name: [] for name in sides}
     runs = 0
@@ -39,7 +70,15 @@ def warm_up(sides: dict[str, Generator], tokens: int, min_runs: int, log: Callab
         )
     if limit and not all(settled(t, min_runs) for t in times.values()):
         log(f"warning: warm-up timings still moved by more than 10% after {runs} runs")
-    return runs
+    result = WarmUp(runs, times)
+    for name in sides:
+        seconds = result.compile_s(name)
+        if seconds is not None:
+            log(
+                f"{name}: first warm-up generate() took {seconds:.2f} s beyond a warm one "
+                "(compile, graph capture, JIT: warm-up, not timed)"
+            )
+    return result
 
 
 def measure(
@@ -49,10 +88,12 @@ def measure(
     runs: int,
     log: Callable,
     prompt: Callable[[int], object] | None = None,
+    guard: Callable[[str], AbstractContextManager] = no_compile,
 ) -> dict[str, SideSamples]:
     """``runs`` rounds; each round times every side (in order) once: a 1-token generate (time to
     first token), then the full generate. tokens/s = batch*tokens / wall time of generate().
-    ``prompt(i)``: the input ids of round i, the same for every side (default: each side's own)."""
+    ``prompt(i)``: the input ids of round i, the same for every side (default: each side's own).
+    ``guard(label)`` wraps each side's two timed calls: by default a compile there is an error."""
     out = {name: SideSamples() for name in sides}
     for i in range(runs):
         parts = []
@@ -60,8 +101,9 @@ def measure(
         for name, gen in sides.items():
             if ids is not None:
                 gen.use_prompt(ids)
-            ttft_s, _ = gen.timed(1)
-            total_s, output = gen.timed(tokens)
+            with guard(f"timed run {i + 1}/{runs}, {name}"):
+                ttft_s, _ = gen.timed(1)
+                total_s, output = gen.timed(tokens)
             s = out[name]
             s.tokens_per_s.append(batch * tokens / total_s)
             s.ttft_ms.append(1000.0 * ttft_s)

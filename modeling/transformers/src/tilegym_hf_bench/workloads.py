@@ -1,8 +1,11 @@
-"""Named workloads (batch, prompt length, generated length) and flag overrides. Pure."""
+"""Named workloads (batch, prompt length, generated length), flag overrides and the ``--mode``
+both sides generate in. Pure."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+
+from tilegym_hf_bench.modes import DEFAULT_MODE
 
 DEFAULT_SEED = 0
 
@@ -16,6 +19,7 @@ class Workload:
     warmup_runs: int = 2
     timed_runs: int = 10
     seed: int = DEFAULT_SEED
+    mode: str = DEFAULT_MODE  # modes.MODES: how both sides run generate()
 
     def as_metrics(self) -> dict:
         """The metrics file's ``workload`` object."""
@@ -36,8 +40,8 @@ CPU_WORKLOADS: dict[str, Workload] = {
 }
 
 
-def resolve_workload(name: str, cpu_sized: bool = False, **overrides: int | None) -> Workload:
+def resolve_workload(name: str, cpu_sized: bool = False, **overrides: int | str | None) -> Workload:
     """The named workload (its CPU-sized variant for tiny presets) with every override that is
-    not None applied."""
+    not None applied (the sizes, the seed, the mode)."""
     base = (CPU_WORKLOADS if cpu_sized else WORKLOADS)[name]
     return replace(base, **{k: v for k, v in overrides.items() if v is not None})
