@@ -7,7 +7,7 @@ the schema, and every name of a commit or PR must agree across ``pr.json``, ``ba
 the caller checked is on the default branch).
 
 Artifact folder: ``pr.json`` (``{"pr": N, "base_sha": ..., "head_sha": ...}``), ``base.json``
-and ``head.json`` (metrics files, ``tilegym-bench-metrics/1``).
+and ``head.json`` (metrics files, ``tilegym-bench-metrics/1`` or ``/2``).
 """
 
 from __future__ import annotations
