@@ -13,29 +13,12 @@
 # (write flush) and rope_bench_read.txt (read flush).
 # Cold compiles dominate, so step 1 runs the pytest shards and WARM "--warm I/N" benchmark
 # workers in parallel (they fill cuTile's disk cache, build/cutile-cache, for the timed run).
-set -o pipefail
-cd "$(dirname "$0")/../.." || exit 1
-OUT="${OUT:-gpu_check_out}"
-mkdir -p "$OUT" build/cutile-cache
-export CUDA_TILE_CACHE_DIR="$PWD/build/cutile-cache"
-export PYTHONPATH="$PWD/src:$PWD/modeling/transformers/src${PYTHONPATH:+:$PYTHONPATH}"
-PY="${PYTHON:-python3}"
-WARM="${WARM:-5}"
+FAMILY=rope
 TT="${TEST_TIMEOUT:-140}"
-status=0
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$OUT/rope_env.txt"
-"$PY" -c "import torch, transformers, cuda.tile as ct; print(torch.__version__, transformers.__version__, ct.__version__)" 2>&1 | tee -a "$OUT/rope_env.txt"
-git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/rope_env.txt"
-start=$(date +%s)
+# shellcheck source=benchmarks/ops/_gpu_check_lib.sh
+source "$(dirname "$0")/_gpu_check_lib.sh"
 
 # 1. tests (sharded) and cache-warming benchmark workers, all in parallel
-pids=()
-shard() {  # name, then pytest arguments
-    local name=$1
-    shift
-    timeout "$TT" "$PY" -m pytest -q -rA -p no:cacheprovider "$@" >"$OUT/rope_tests_$name.txt" 2>&1 &
-    pids+=($!)
-}
 shard rope tests/ops/test_rope.py tests/ops/test_rope_aot.py
 shard patches tests/transformers/test_patch_models.py
 SHARDS="${SHARDS:-5}"
@@ -44,26 +27,9 @@ for ((i = 0; i < SHARDS; i++)); do  # every RoPE / qk variant, disjoint shards (
         tests/ops/test_rope_variants.py >"$OUT/rope_tests_variants_$i.txt" 2>&1 &
     pids+=($!)
 done
-# inventory runtime parity of this family's Solutions (entry points, sampled shapes)
-KS=src/tilegym/transformers
-SOL=("$KS/qwen3/kernel_solutions/qwen3_qk_norm_rope.json" "$KS/llama/kernel_solutions/llama_rope.json")
-{ timeout "$TT" "$PY" -m tilegym.kernel_inventory.cli parity "${SOL[@]}" \
-    && echo "inventory parity: ok"; } >"$OUT/rope_tests_inventory.txt" 2>&1 &
-pids+=($!)
-for ((i = 0; i < WARM; i++)); do
-    timeout "$TT" "$PY" benchmarks/ops/bench_rope.py --warm "$i/$WARM" \
-        >"$OUT/rope_warm_$i.txt" 2>&1 &
-    pids+=($!)
-done
-for p in "${pids[@]}"; do wait "$p" || status=1; done
-echo "step 1 (tests + warm) took $(($(date +%s) - start)) s, status $status" | tee "$OUT/rope_summary.txt"
-for f in "$OUT"/rope_tests_*.txt; do
-    echo "== $f: $(tail -n 1 "$f")" | tee -a "$OUT/rope_summary.txt"
-    grep -E "^(FAILED|ERROR)" "$f" | head -20 | tee -a "$OUT/rope_summary.txt"
-done
-for f in "$OUT"/rope_warm_*.txt; do
-    [ -s "$f" ] && { echo "== $f (should be empty)"; tail -n 5 "$f"; } | tee -a "$OUT/rope_summary.txt"
-done
+parity "$KS/qwen3/kernel_solutions/qwen3_qk_norm_rope.json" "$KS/llama/kernel_solutions/llama_rope.json"
+warm benchmarks/ops/bench_rope.py "$TT"
+finish_step1
 
 # 2. timed benchmarks, one at a time (GPU to themselves); rows print as they finish. First with
 # the default write flush (comparable with the earlier tables), then the prefill shapes again
