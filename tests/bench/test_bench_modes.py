@@ -23,11 +23,9 @@ from tilegym_hf_bench.metrics_schema import (
 )
 from tilegym_hf_bench.model_factory import random_model
 from tilegym_hf_bench.modes import (
-    CUTILE_STATIC_UNSUPPORTED,
     DECODE_STEP_COMPILE,
     EAGER,
     STATIC,
-    cutile_unsupported_reason,
     mode_line,
     mode_of,
 )
@@ -89,12 +87,10 @@ def test_the_pinned_decode_compile_is_transformers_default():
     assert CompileConfig(**DECODE_STEP_COMPILE) == CompileConfig()
 
 
-def test_cutile_side_waits_for_issue_21_in_static_mode():
-    assert cutile_unsupported_reason(EAGER) is None
-    assert cutile_unsupported_reason(STATIC) == CUTILE_STATIC_UNSUPPORTED
+def test_cutile_side_runs_in_both_modes_on_a_gpu():
     static = parse_options(["--model-key", "qwen3", "--mode", "static"])
     eager = parse_options(["--model-key", "qwen3"])
-    assert _cutile_unmeasured_reason(static, "cuda") == CUTILE_STATIC_UNSUPPORTED
+    assert _cutile_unmeasured_reason(static, "cuda") is None
     assert _cutile_unmeasured_reason(eager, "cuda") is None
     assert "need a CUDA GPU" in _cutile_unmeasured_reason(static, "cpu")
 
@@ -261,12 +257,12 @@ def test_version_1_files_stay_valid_and_may_not_carry_version_2_fields():
 
 def test_report_says_the_mode_of_version_1_and_2_documents():
     static = _doc()
-    lines = detail_lines(static, {"cutile": CUTILE_STATIC_UNSUPPORTED})
+    lines = detail_lines(static, {"cutile": "--skip-cutile"})
     assert "mode: static (static KV cache, compiled decode step)" in lines
     assert any("compile/capture 2.50 s (warm-up, not timed)" in line for line in lines)
-    assert summary_lines(static, {"cutile": CUTILE_STATIC_UNSUPPORTED}) == [
+    assert summary_lines(static, {"cutile": "--skip-cutile"}) == [
         "Average throughput: 10.50 ± 0.71 tokens/sec",
-        f"Average throughput: not measured ({CUTILE_STATIC_UNSUPPORTED})",
+        "Average throughput: not measured (--skip-cutile)",
         ">>> cuTile Kernel Coverage (GPU Time): not measured (skipped) <<<",
     ]
     v1 = json.loads(V1_FILE.read_text())

@@ -541,3 +541,48 @@ def test_bench_decode_variants_are_valid_arguments():
             assert key in tested or kw.get("num_splits") == 1, kw
         for kw in variants.values():
             assert set(kw) <= set(params) and kw.get("mode", "pdl") in DECODE_MODES
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", sorted(HEADS))
+@pytest.mark.parametrize("b", [1, 8])
+@pytest.mark.parametrize("pos", [0, 63, 1000, 8191])
+def test_decode_device_position_sees_keys_up_to_it(model, b, pos, gen, poison_empty):
+    """A static cache's decode: keys ``[0, position]`` read from a device tensor; the slots
+    after it (stale or never written) must not leak in, with or without padding."""
+    from tilegym.ops.attention import decode_attention
+
+    hq, hkv, d = HEADS[model]
+    skv = 8192 + 64
+    q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
+    k, v = k.clone(), v.clone()
+    k[:, :, pos + 1 :] = float("nan")
+    v[:, :, pos + 1 :] = float("nan")
+    position = torch.tensor([pos], device="cuda", dtype=torch.int32)
+    got = decode_attention(q, k, v, scale=0.07, position=position)
+    ref = reference_attention(
+        q,
+        k.nan_to_num(),
+        v.nan_to_num(),
+        reference_mask(b, 1, skv, q_start=pos, device="cuda"),
+        0.07,
+    )
+    assert_close_rel(got, ref)
+    valid = torch.ones((b, skv), dtype=torch.bool, device="cuda")
+    valid[0, : pos // 2] = False  # the first sequence left-padded
+    got = decode_attention(q, k, v, scale=0.07, position=position, key_valid=valid)
+    mask = reference_mask(b, 1, skv, q_start=pos, key_valid=valid, device="cuda")
+    assert_close_rel(got, reference_attention(q, k.nan_to_num(), v.nan_to_num(), mask, 0.07))
+
+
+@pytest.mark.gpu
+def test_decode_position_rejects_a_bad_tensor_and_kv_lens_together(gen):
+    from tilegym.ops.attention import AttentionInputError, decode_attention
+
+    hq, hkv, d = HEADS["qwen3"]
+    q, k, v = _qkv(2, hq, hkv, 1, 64, d, gen)
+    with pytest.raises(AttentionInputError, match="int32 tensor of shape"):
+        decode_attention(q, k, v, position=torch.tensor([3], device="cuda"))
+    pos = torch.tensor([3], device="cuda", dtype=torch.int32)
+    with pytest.raises(AttentionInputError, match="not both"):
+        decode_attention(q, k, v, position=pos, kv_lens=pos.expand(2))

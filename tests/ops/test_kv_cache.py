@@ -86,3 +86,49 @@ def test_buffer_append_on_gpu_matches_reference_through_growth_and_rejects_bad_i
     with pytest.raises(AttentionInputError, match="dtype"):
         buf.append(ks[1].half(), vs[1].half())
     assert buf.length == 140
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pos,s_new", [(0, 1), (0, 77), (5, 1), (255, 64), (511, 1)])
+def test_kv_cache_write_at_device_position_advances_the_length(pos, s_new, gen):
+    from tilegym.ops.kv_cache import kv_cache_write_at
+
+    b, h, cap, d = 2, 8, 512 + 64, 128
+    k_new = torch.randn(b, s_new, h, d, device="cuda", generator=gen).bfloat16().transpose(1, 2)
+    v_new = torch.randn(b, h, s_new, d, device="cuda", generator=gen).bfloat16()
+    k_cache = torch.full((b, h, cap, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.full_like(k_cache, float("nan"))
+    length = torch.tensor(-7, device="cuda")  # a StaticLayer's 0-d int64 counter, stale
+    kv_cache_write_at(
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        torch.tensor([pos], device="cuda", dtype=torch.int32),
+        length,
+    )
+    assert int(length) == pos + s_new
+    assert torch.equal(k_cache[:, :, pos : pos + s_new], k_new)
+    assert torch.equal(v_cache[:, :, pos : pos + s_new], v_new)
+    untouched = torch.ones(cap, dtype=torch.bool, device="cuda")
+    untouched[pos : pos + s_new] = False
+    assert (
+        torch.isnan(k_cache[:, :, untouched]).all() and torch.isnan(v_cache[:, :, untouched]).all()
+    )
+
+
+def test_kv_cache_write_at_reference_and_input_checks():
+    from tilegym.ops.attention import AttentionInputError
+    from tilegym.ops.kv_cache import kv_cache_write_at, reference_kv_cache_write_at
+
+    k_new, v_new = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    k_cache, v_cache = torch.zeros(1, 2, 10, 8), torch.zeros(1, 2, 10, 8)
+    length = torch.tensor(0)
+    reference_kv_cache_write_at(
+        k_new, v_new, k_cache, v_cache, torch.tensor([4], dtype=torch.int32), length
+    )
+    assert int(length) == 7 and torch.equal(k_cache[:, :, 4:7], k_new)
+    with pytest.raises(AttentionInputError, match="position must be int32"):
+        kv_cache_write_at(k_new, v_new, k_cache, v_cache, torch.tensor([4]), length)
+    with pytest.raises(AttentionInputError, match="does not fit"):
+        kv_cache_write_at(k_new, v_new, k_cache[:, :1], v_cache[:, :1], torch.tensor([4]), length)

@@ -166,12 +166,13 @@ def test_linear_repacks_weights_once_and_undo_frees_them():
     glue = mp.FAMILIES["llama"].glue()
     attn = model.model.layers[0].self_attn
     fused = handle.repacked
-    assert len(fused._by_module) == 2 * len(model.model.layers)  # QKV and gate+up, at patch time
+    assert len(fused) == 2 * len(model.model.layers)  # QKV and gate+up, at patch time
     w, _ = fused.get(attn, glue.QKV)
     expect = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
     assert torch.equal(w, expect)
     handle.undo()
-    assert len(fused._by_module) == 0
+    assert len(fused) == 0
+    assert not any("_tilegym_fused" in name for m in model.modules() for name in vars(m))
 
 
 def test_config_copy_keeps_models_independent():

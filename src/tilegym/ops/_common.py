@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import cuda.tile as ct
 import torch
 from cuda.tile.compilation import ArrayConstraint, CallingConvention, KernelSignature
@@ -107,3 +111,27 @@ def sm_count(device: torch.device) -> int:
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SM_COUNT[idx]
+
+
+_PRIVATE = threading.local()
+
+
+@contextmanager
+def private_buffers() -> Iterator[None]:
+    """Within this block the ops allocate their scratch tensors (split-K workspace, tile
+    counters, placeholders) per call instead of reusing process-wide ones.
+
+    The compiled (``torch.compile`` + CUDA graph) path runs the ops inside it: a captured graph
+    keeps the addresses it was recorded with, so its scratch memory must belong to the graph's
+    own pool, not to a cache that eager code may later grow and free."""
+    before = getattr(_PRIVATE, "on", False)
+    _PRIVATE.on = True
+    try:
+        yield
+    finally:
+        _PRIVATE.on = before
+
+
+def buffers_private() -> bool:
+    """True inside ``private_buffers()``."""
+    return getattr(_PRIVATE, "on", False)

@@ -18,6 +18,9 @@ Masking is described compactly instead of as a dense ``[B, 1, Sq, Skv]`` tensor:
 - ``window``: sliding window; additionally ``j > i + q_start - window``.
 - ``key_valid``: optional ``[B, Skv]`` per-key validity (transformers' 2D padding mask).
 - ``kv_lens`` (decode only): optional per-sequence number of valid keys from index 0.
+- ``position`` (decode only): a one-element int32 device tensor holding the new token's cache
+  index; every sequence sees keys ``[0, position]``. A static cache's decode step reads it on
+  the device, so one captured CUDA graph serves every step.
 
 Query rows that can see no key (left-padding rows) produce zeros.
 """
@@ -32,7 +35,7 @@ import cuda.tile as ct
 import torch
 from cuda.tile import RoundingMode as RMd
 
-from tilegym.ops._common import sm_count, stream, with_occupancy
+from tilegym.ops._common import buffers_private, sm_count, stream, with_occupancy
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -164,6 +167,9 @@ _dummy_masks: dict[torch.device, torch.Tensor] = {}
 
 
 def _dummy_mask(device: torch.device) -> torch.Tensor:
+    """Placeholder key-validity mask (never read); per call inside ``private_buffers()``."""
+    if buffers_private():
+        return torch.ones((1, 128), dtype=torch.int8, device=device)
     t = _dummy_masks.get(device)
     if t is None:
         t = torch.ones((1, 128), dtype=torch.int8, device=device)
@@ -273,6 +279,13 @@ def prefill_attention(
 # Decode (one query token per sequence), split over the key/value length
 # --------------------------------------------------------------------------------------------
 
+LENS_NONE = 0
+"""Decode key range: ``[0, kv_end)`` for every sequence (a launch argument)."""
+LENS_PER_SEQUENCE = 1
+"""Decode key range: ``[0, kv_lens[b])``, read on the device."""
+LENS_POSITION = 2
+"""Decode key range: ``[0, position[0]]`` for every sequence, read on the device (static cache)."""
+
 EPI_OUT = 0
 """Decode epilogue: one split, normalize and write the output."""
 EPI_PARTS = 1
@@ -377,7 +390,7 @@ def decode_attention_kernel(
     TILE_N: ConstInt,
     SLIDING: ConstBool,
     HAS_PAD: ConstBool,
-    HAS_LENS: ConstBool,
+    LENS: ConstInt,
     ROWS: ConstBool,
     EPI: ConstInt,
 ):
@@ -393,8 +406,10 @@ def decode_attention_kernel(
     hk = bh % hkv
 
     end = kv_end
-    if HAS_LENS:
+    if LENS == LENS_PER_SEQUENCE:
         end = ct.gather(KvLens, b)
+    if LENS == LENS_POSITION:
+        end = ct.gather(KvLens, 0) + 1
     start = end * 0
     if SLIDING:
         start = ct.maximum(end - window, 0)
@@ -403,9 +418,9 @@ def decode_attention_kernel(
 
     args = (Qg, K, V, KeyValid, b, hk, j0, j1, start, end, qk_scale, D, GP, TILE_N)
     if ROWS:
-        o, lse = _decode_rows(*args, HAS_PAD, HAS_LENS)
+        o, lse = _decode_rows(*args, HAS_PAD, LENS != LENS_NONE)
     else:
-        o, lse = _decode_cols(*args, HAS_PAD, HAS_LENS)
+        o, lse = _decode_cols(*args, HAS_PAD, LENS != LENS_NONE)
 
     if EPI == EPI_OUT:
         ct.store(Out, index=(b, hk, 0, 0), tile=o.reshape((1, 1, GP, D)).astype(Out.dtype))
@@ -586,13 +601,15 @@ _dummy_parts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Unused split buffers of the right rank for the single-split launch."""
-    t = _dummy_parts.get(device)
+    private = buffers_private()
+    t = None if private else _dummy_parts.get(device)
     if t is None:
         t = (
             torch.zeros((1, 1, 1, 1, 128), dtype=torch.float32, device=device),
             torch.zeros((1, 1, 1, 1), dtype=torch.float32, device=device),
         )
-        _dummy_parts[device] = t
+        if not private:
+            _dummy_parts[device] = t
     return t
 
 
@@ -604,6 +621,7 @@ def decode_attention(
     scale: float | None = None,
     kv_end: int | None = None,
     kv_lens: torch.Tensor | None = None,
+    position: torch.Tensor | None = None,
     window: int | None = None,
     key_valid: torch.Tensor | None = None,
     num_splits: int | None = None,
@@ -618,7 +636,9 @@ def decode_attention(
     """Attention of one new token per sequence; returns ``[B, 1, Hq, D]``.
 
     The token sees keys ``[0, kv_end)`` (default all of ``k``), or ``[0, kv_lens[b])`` per
-    sequence, intersected with the sliding window and ``key_valid``. ``mode`` picks the launch
+    sequence, or ``[0, position[0]]`` (``position``: int32 ``[1]`` on the device, the token's
+    cache index; no host synchronization, the launch does not depend on its value), intersected
+    with the sliding window and ``key_valid``. ``mode`` picks the launch
     scheme (see ``DECODE_MODES``, ``plan_decode``), ``form`` the MMA orientation; ``tile_n``,
     ``split_waves``, ``min_split_keys`` and ``num_splits`` override the split plan and
     ``occupancy`` the decode kernel's occupancy hint.
@@ -644,13 +664,22 @@ def decode_attention(
     if qg.stride(-1) != 1:
         qg = qg.contiguous()
     kv_arg = _key_valid_arg(key_valid, b, skv)
+    lens = LENS_NONE
+    span = kv_end
+    if kv_lens is not None and position is not None:
+        raise AttentionInputError("give kv_lens or position, not both")
     if kv_lens is not None:
         if kv_lens.shape != (b,):
             raise AttentionInputError(f"kv_lens shape {tuple(kv_lens.shape)} != {(b,)}")
         kv_lens = kv_lens.to(torch.int32).contiguous()
-        span = skv
-    else:
-        span = kv_end
+        lens, span = LENS_PER_SEQUENCE, skv
+    elif position is not None:
+        if position.shape != (1,) or position.dtype != torch.int32:
+            raise AttentionInputError(
+                f"position must be an int32 tensor of shape (1,), got {position.dtype} "
+                f"{tuple(position.shape)}"
+            )
+        kv_lens, lens, span = position, LENS_POSITION, skv
     plan, cfg = _decode_config(
         b * hkv,
         span,
@@ -659,7 +688,7 @@ def decode_attention(
         sm_count(q.device),
         window,
         kv_arg is not None,
-        kv_lens is not None,
+        lens,
         mode,
         form,
         tile_n,
@@ -694,14 +723,14 @@ def _decode_config(bh, span, d, group, sms, window, pad, lens, mode, form, tile_
 
 
 def decode_kernel_config(
-    plan: DecodePlan, group: int, sliding: bool = False, pad: bool = False, lens: bool = False
+    plan: DecodePlan, group: int, sliding: bool = False, pad: bool = False, lens: int = LENS_NONE
 ) -> tuple:
-    """Compile-time parameters ``(GP, TILE_N, SLIDING, HAS_PAD, HAS_LENS, ROWS, EPI)``
+    """Compile-time parameters ``(GP, TILE_N, SLIDING, HAS_PAD, LENS, ROWS, EPI)``
     of the decode kernel for one plan (pure; ``decode_kernel_configs`` lists the AOT ones)."""
     rows = plan.form == "rows"
     gp = DECODE_ROWS_GP if rows else max(8, _next_pow2(group))
     epi = EPI_OUT if plan.scheme == "one" else EPI_PARTS
-    return (gp, plan.tile_n, sliding, pad, lens, rows, epi)
+    return (gp, plan.tile_n, sliding, pad, int(lens), rows, epi)
 
 
 def _launch_decode(q, qg, k, v, out, kv_arg, kv_lens, kv_end, window, scale, plan, cfg):
@@ -763,6 +792,8 @@ def _launch_decode(q, qg, k, v, out, kv_arg, kv_lens, kv_end, window, scale, pla
 
 
 def _dummy_lens_for(device: torch.device) -> torch.Tensor:
+    if buffers_private():
+        return torch.zeros((1,), dtype=torch.int32, device=device)
     t = _dummy_lens.get(device)
     if t is None:
         t = torch.zeros((1,), dtype=torch.int32, device=device)
@@ -883,10 +914,11 @@ def prefill_signatures(head_dim: int, num_q_heads: int, group: int, dtype=ct.bfl
 
 
 def decode_kernel_configs(head_dim: int, group: int) -> list[tuple]:
-    """Compile-time parameters ``(GP, TILE_N, SLIDING, HAS_PAD, HAS_LENS, ROWS, EPI)`` of the
+    """Compile-time parameters ``(GP, TILE_N, SLIDING, HAS_PAD, LENS, ROWS, EPI)`` of the
     decode kernel variants: every form x epilogue at the tiles ``plan_decode`` picks by default
-    (the split tile, and the one-split tile of short caches), and the padding (+ window) flags of
-    the one-split epilogue in the default form, as a model's batched decode has.
+    (the split tile, and the one-split tile of short caches), the padding (+ window) flags of
+    the one-split epilogue in the default form, as a model's batched decode has, and the padded
+    device-position variants a static cache's decode step runs.
     (Each variant takes ~5-25 s per architecture to compile; the rest JIT-compile on first use.)"""
     g2 = _next_pow2(group)
     base = default_decode_tile_n(head_dim)
@@ -896,12 +928,14 @@ def decode_kernel_configs(head_dim: int, group: int) -> list[tuple]:
     for rows in (False, True):
         gp = DECODE_ROWS_GP if rows else max(8, g2)
         for epi, tile in epis:
-            out.append((gp, tile, False, False, False, rows, epi))
+            out.append((gp, tile, False, False, LENS_NONE, rows, epi))
     rows = DECODE_FORM == "rows"
     gp = DECODE_ROWS_GP if rows else max(8, g2)
     for sliding in (False, True):
         for epi, tile in epis:
-            out.append((gp, tile, sliding, True, False, rows, epi))
+            out.append((gp, tile, sliding, True, LENS_NONE, rows, epi))
+    for epi, tile in epis:
+        out.append((gp, tile, False, True, LENS_POSITION, rows, epi))
     return list(dict.fromkeys(out))
 
 

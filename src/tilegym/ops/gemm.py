@@ -27,7 +27,7 @@ import math
 import cuda.tile as ct
 import torch
 
-from tilegym.ops._common import sm_count, stream, with_hints
+from tilegym.ops._common import buffers_private, sm_count, stream, with_hints
 from tilegym.ops.gemm_configs import TileConfig, choose_config
 
 ConstInt = ct.Constant[int]
@@ -403,8 +403,8 @@ def tilegym_splitk_reduce_kernel(
 class _DeviceBuffers:
     """Per-device split-K workspace (grown on demand) and zeroed tile counters.
 
-    Allocate before CUDA-graph capture (one eager call of each shape does it); the counters
-    are reset by the kernels themselves, so they stay zero between launches.
+    The counters are reset by the kernels themselves, so they stay zero between launches.
+    Inside ``private_buffers()`` (the compiled path) every call gets its own tensors instead.
     """
 
     def __init__(self) -> None:
@@ -413,13 +413,18 @@ class _DeviceBuffers:
         self._dummy: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def workspace(self, device: torch.device, numel: int) -> torch.Tensor:
+        if buffers_private():
+            return torch.empty(max(numel, 1), dtype=torch.float32, device=device)
         ws = self._ws.get(device)
         if ws is None or ws.numel() < numel:
             ws = torch.empty(max(numel, 1 << 20), dtype=torch.float32, device=device)
             self._ws[device] = ws
         return ws
 
-    def counters(self, device: torch.device) -> torch.Tensor:
+    def counters(self, device: torch.device, tiles: int) -> torch.Tensor:
+        """Zeroed counters for ``tiles`` output tiles (the shared ones hold ``_COUNTER_SLOTS``)."""
+        if buffers_private():
+            return torch.zeros(max(1, min(tiles, _COUNTER_SLOTS)), dtype=torch.int32, device=device)
         cnt = self._cnt.get(device)
         if cnt is None:
             cnt = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
@@ -430,6 +435,10 @@ class _DeviceBuffers:
         self, device: torch.device, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A 1-D and a 2-D placeholder for absent bias / residual (never read)."""
+        if buffers_private():
+            return torch.empty(16, dtype=dtype, device=device), torch.empty(
+                16, 16, dtype=dtype, device=device
+            )
         key = (device, dtype)
         if key not in self._dummy:
             self._dummy[key] = (
@@ -489,10 +498,10 @@ def _split_args(cfg: TileConfig, m: int, n: int, parts: int, device: torch.devic
 
     An unsplit launch gets one-element placeholders; so does a "cta" split whose output has
     more tiles than there are counters (it runs unsplit)."""
-    cnt = _BUFFERS.counters(device)
     tiles = math.ceil(m / cfg.tm) * math.ceil(n / cfg.tn)
     mode = split_mode(cfg)
-    if mode == NO_SPLIT or (mode == SPLIT_CTA and tiles > cnt.numel()):
+    cnt = _BUFFERS.counters(device, tiles if mode == SPLIT_CTA else 1)
+    if mode == NO_SPLIT or (mode == SPLIT_CTA and tiles > _COUNTER_SLOTS):
         return 1, NO_SPLIT, _BUFFERS.workspace(device, 1).view(-1)[:1].view(1, 1, 1), cnt
     numel = parts * cfg.split * m * n
     ws = _BUFFERS.workspace(device, numel)[:numel].view(parts * cfg.split, m, n)

@@ -34,6 +34,30 @@ def kv_cache_write_kernel(KNew, VNew, KCache, VCache, pos: int, D: ConstInt, TIL
     ct.store(v_dst, index=(b, h, t, 0), tile=v)
 
 
+@ct.kernel
+def kv_cache_write_at_kernel(
+    KNew, VNew, KCache, VCache, Position, Length, D: ConstInt, TILE_S: ConstInt
+):
+    """``kv_cache_write_kernel`` at the position held in ``Position[0]`` (read on the device),
+    and ``Length[0] = position + S`` (written by block (0, 0); ``Position`` is a separate
+    tensor, so no block reads a length another one has already advanced)."""
+    t = ct.bid(0)
+    bh = ct.bid(1)
+    h_all = KNew.shape[1]
+    b = bh // h_all
+    h = bh % h_all
+    s_new = KNew.shape[2]
+    pos = ct.gather(Position, 0)
+    k_dst = KCache.slice(axis=2, start=pos, stop=pos + s_new)
+    v_dst = VCache.slice(axis=2, start=pos, stop=pos + s_new)
+    k = ct.load(KNew, index=(b, h, t, 0), shape=(1, 1, TILE_S, D), padding_mode=ct.PaddingMode.ZERO)
+    v = ct.load(VNew, index=(b, h, t, 0), shape=(1, 1, TILE_S, D), padding_mode=ct.PaddingMode.ZERO)
+    ct.store(k_dst, index=(b, h, t, 0), tile=k)
+    ct.store(v_dst, index=(b, h, t, 0), tile=v)
+    end = (pos + s_new).astype(Length.dtype)
+    ct.scatter(Length, 0, end, mask=(t + bh) == 0)
+
+
 def _tile_s(s_new: int) -> int:
     return 1 if s_new == 1 else 64
 
@@ -72,6 +96,58 @@ def _launch_write(k_new, v_new, k_cache, v_cache, pos: int) -> None:
         kv_cache_write_kernel,
         (k_new, v_new, k_cache, v_cache, pos, d, tile_s),
     )
+
+
+def kv_cache_write_at(
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    position: torch.Tensor,
+    length: torch.Tensor,
+) -> None:
+    """Static-cache write: ``k_cache[:, :, p:p+S] = k_new`` (and values) for ``p = position[0]``
+    read on the device, then ``length.fill_(p + S)``; one launch, no host synchronization.
+
+    ``position`` is int32 ``[1]``; ``length`` a one-element int32/int64 tensor (transformers'
+    ``StaticLayer.cumulative_length``, 0-d). A position past the capacity is not checked (it
+    would need the value on the host): the caller's mask says where the token goes.
+    """
+    if k_new.shape != v_new.shape or k_new.ndim != 4:
+        raise AttentionInputError(f"new keys/values shapes {k_new.shape}/{v_new.shape} differ")
+    b, h, s_new, d = k_new.shape
+    if k_cache.shape[:2] != (b, h) or k_cache.shape[3] != d or k_cache.shape != v_cache.shape:
+        raise AttentionInputError(f"cache {tuple(k_cache.shape)} does not fit {tuple(k_new.shape)}")
+    if s_new > k_cache.shape[2]:
+        raise AttentionInputError(f"{s_new} new tokens exceed capacity {k_cache.shape[2]}")
+    if k_new.dtype != k_cache.dtype or v_new.dtype != v_cache.dtype:
+        raise AttentionInputError(f"dtype {k_new.dtype} does not match the cache's {k_cache.dtype}")
+    if position.shape != (1,) or position.dtype != torch.int32:
+        raise AttentionInputError(
+            f"position must be int32 of shape (1,), got {position.dtype} {tuple(position.shape)}"
+        )
+    if length.numel() != 1 or length.dtype not in (torch.int32, torch.int64):
+        raise AttentionInputError(f"length must be one int32/int64 element, got {length.dtype}")
+    if not s_new:
+        return
+    if k_new.stride(-1) != 1:
+        k_new = k_new.contiguous()
+    if v_new.stride(-1) != 1:
+        v_new = v_new.contiguous()
+    tile_s = _tile_s(s_new)
+    ct.launch(
+        stream(),
+        (ct.cdiv(s_new, tile_s), b * h, 1),
+        kv_cache_write_at_kernel,
+        (k_new, v_new, k_cache, v_cache, position, length.view(1), d, tile_s),
+    )
+
+
+def reference_kv_cache_write_at(k_new, v_new, k_cache, v_cache, position, length) -> None:
+    """PyTorch reference of ``kv_cache_write_at`` (reads the position on the host)."""
+    pos = int(position[0])
+    reference_kv_cache_write(k_new, v_new, k_cache, v_cache, pos)
+    length.fill_(pos + k_new.shape[2])
 
 
 def reference_kv_cache_write(k_new, v_new, k_cache, v_cache, pos: int) -> None:
@@ -160,4 +236,17 @@ def aot_signatures(head_dim: int = 128):
         )
         for tile_s in (1, 64)
     ]
-    return {kv_cache_write_kernel: sigs}
+    at_sigs = [
+        KernelSignature(
+            [
+                *(array_constraint(ct.bfloat16, 4) for _ in range(4)),
+                array_constraint(ct.int32, 1),
+                array_constraint(ct.int64, 1),
+                head_dim,
+                tile_s,
+            ],
+            CallingConvention.cutile_python_v1(),
+        )
+        for tile_s in (1, 64)
+    ]
+    return {kv_cache_write_kernel: sigs, kv_cache_write_at_kernel: at_sigs}

@@ -29,6 +29,8 @@ still wins), and returns a callable that restores the default.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,13 +43,9 @@ from transformers.masking_utils import (
     causal_mask_function,
 )
 
-from tilegym.ops.attention import (
-    SUPPORTED_HEAD_DIMS,
-    aligned_key_valid,
-    decode_attention,
-    prefill_attention,
-)
+from tilegym.ops.attention import SUPPORTED_HEAD_DIMS, aligned_key_valid
 from tilegym.ops.kv_cache import KVBuffer
+from tilegym.ops.library import decode_attention, prefill_attention
 
 NAME = "tilegym"
 
@@ -61,12 +59,14 @@ class TileMask:
     """Compact attention mask: what the kernels need instead of a dense 4D tensor.
 
     Query row ``i`` may see key ``j`` when ``j <= i + q_start`` (if causal), ``j > i + q_start -
-    window`` (if window) and ``key_valid[b, j]`` (if given).
+    window`` (if window) and ``key_valid[b, j]`` (if given). Under a static cache ``q_start`` is
+    an int32 ``[1]`` device tensor (the first new token's cache index), so building the mask
+    reads nothing on the host and a compiled decode step does not depend on the step.
     """
 
     q_length: int
     kv_length: int
-    q_start: int
+    q_start: int | torch.Tensor
     causal: bool = True
     window: int | None = None
     key_valid: torch.Tensor | None = None
@@ -113,18 +113,31 @@ def _as_int(x) -> int:
     return int(x.item()) if isinstance(x, torch.Tensor) else int(x)
 
 
+def device_position(mask) -> torch.Tensor | None:
+    """The device-tensor ``q_start`` of a static-cache ``TileMask``, else None."""
+    if isinstance(mask, TileMask) and isinstance(mask.q_start, torch.Tensor):
+        return mask.q_start
+    return None
+
+
 def key_validity(
-    attention_mask: torch.Tensor | None, kv_length: int, kv_offset: int
+    attention_mask: torch.Tensor | None, kv_length: int, kv_offset: int, static: bool = False
 ) -> torch.Tensor | None:
-    """Per-key validity ``[B, kv_length]`` (int8) from the 2D padding mask; None if all valid."""
+    """Per-key validity ``[B, kv_length]`` (int8) from the 2D padding mask; None if all valid.
+
+    ``static``: the cache holds ``kv_length`` slots of which the 2D mask covers the written
+    ones; the causal bound already excludes the rest, so a mask with no padding gives None.
+    While compiling the mask is always built (deciding would read device data on the host)."""
     if attention_mask is None:
+        return None
+    if static and not torch.compiler.is_compiling() and bool(attention_mask.all()):
         return None
     pad = attention_mask.to(torch.bool)
     missing = kv_length + kv_offset - pad.shape[-1]
     if missing > 0:
         pad = torch.nn.functional.pad(pad, (0, missing))
     pad = pad[:, kv_offset : kv_offset + kv_length]
-    if bool(pad.all()):
+    if not static and bool(pad.all()):
         return None
     return aligned_key_valid(pad)
 
@@ -147,14 +160,23 @@ def tilegym_mask(
             "tilegym attention does not support or/and mask functions (vmap masks)"
         )
     causal, window = recognize_pattern(mask_function, local_size)
-    q_offset, kv_offset = _as_int(q_offset), _as_int(kv_offset)
+    kv_offset = _as_int(kv_offset)
+    static = isinstance(q_offset, torch.Tensor)
+    if static and window is not None:
+        raise TilegymAttentionError(
+            "tilegym attention does not support sliding-window layers of a static cache"
+        )
+    if static:  # transformers' StaticLayer: its length counter, a device tensor (copied here)
+        q_start = (q_offset - kv_offset).to(torch.int32).reshape(1)
+    else:
+        q_start = _as_int(q_offset) - kv_offset
     return TileMask(
         q_length=q_length,
         kv_length=kv_length,
-        q_start=q_offset - kv_offset,
+        q_start=q_start,
         causal=causal,
         window=window,
-        key_valid=key_validity(attention_mask, kv_length, kv_offset),
+        key_valid=key_validity(attention_mask, kv_length, kv_offset, static),
     )
 
 
@@ -212,6 +234,20 @@ def tilegym_attention_forward(
     mask = _describe_mask(module, attention_mask, q_len, kv_len, is_causal)
     if scaling is None:
         scaling = getattr(module, "scaling", None)
+    position = device_position(mask)
+    if position is not None and q_len == 1 and mask.causal:
+        out = decode_attention(
+            query,
+            key,
+            value,
+            scale=scaling,
+            position=position,
+            window=mask.window,
+            key_valid=mask.key_valid,
+        )
+        return out, None
+    if position is not None:  # a static cache's prefill (eager): read the start once
+        mask = dataclasses.replace(mask, q_start=int(position[0]))
     if q_len == 1 and (not mask.causal or mask.q_start >= 0):
         kv_end = min(kv_len, mask.q_start + 1) if mask.causal else kv_len
         out = decode_attention(
@@ -259,6 +295,51 @@ def unsupported_reason(config) -> str | None:
     if head_dim not in SUPPORTED_HEAD_DIMS:
         return f"head_dim {head_dim} is not supported (cuTile attention: {SUPPORTED_HEAD_DIMS})"
     return None
+
+
+_MASK_FACTORIES = ("create_causal_mask", "create_sliding_window_causal_mask")
+
+
+def pass_tile_masks(module) -> Callable[[], None]:
+    """Make ``module``'s mask factories hand back a ``TileMask`` given as ``attention_mask``.
+
+    For a static cache ``generate`` builds the masks before the compiled decode step, and some
+    model forwards (Llama's) hand that prepared mask to ``create_causal_mask`` again, which
+    passes through only 4D tensors and BlockMasks. The wrapper returns a TileMask as it is and
+    calls the original for anything else. Installed once per module however many models are
+    patched (reference counted); the returned callable takes one reference back."""
+    undo = []
+    for name in _MASK_FACTORIES:
+        fn = getattr(module, name, None)
+        if fn is None:
+            continue
+        if not hasattr(fn, "_tilegym_original"):
+            fn = _tile_mask_passthrough(fn)
+            setattr(module, name, fn)
+        fn._tilegym_users += 1
+        undo.append((name, fn))
+
+    def restore() -> None:
+        for name, fn in undo:
+            fn._tilegym_users -= 1
+            if fn._tilegym_users == 0 and getattr(module, name) is fn:
+                setattr(module, name, fn._tilegym_original)
+        undo.clear()
+
+    return restore
+
+
+def _tile_mask_passthrough(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def create(*args, **kwargs):
+        mask = kwargs.get("attention_mask", args[2] if len(args) > 2 else None)
+        if isinstance(mask, TileMask):
+            return mask
+        return original(*args, **kwargs)
+
+    create._tilegym_original = original
+    create._tilegym_users = 0
+    return create
 
 
 def enable(model: torch.nn.Module) -> Callable[[], None]:

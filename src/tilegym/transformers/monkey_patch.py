@@ -158,7 +158,7 @@ def _apply(family: ModelFamily, flags: dict[str, bool], model) -> PatchHandle:
 
     gemm = None
     if flags["linear"]:
-        gemm, reason = optional_module("tilegym.ops.gemm", GEMM_API)
+        gemm, reason = optional_module("tilegym.ops.library", GEMM_API)
         if reason:
             handle.not_applied["linear"] = reason
     swiglu = flags["swiglu"]
@@ -196,7 +196,7 @@ def _apply(family: ModelFamily, flags: dict[str, bool], model) -> PatchHandle:
                 patcher.cls(classes[part], fn)
         else:
             _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, glue)
-        _apply_attention(flags["attn"], model, handle)
+        _apply_attention(flags["attn"], model, handle, glue.UPSTREAM_MODULE)
     except Exception:
         handle.undo()
         raise
@@ -233,7 +233,7 @@ def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, glue
         patcher.instance(head, lm_head_forward)
 
 
-def _apply_attention(wanted: bool, model, handle: PatchHandle) -> None:
+def _apply_attention(wanted: bool, model, handle: PatchHandle, upstream_module: str) -> None:
     if not wanted:
         return
     attention, reason = optional_module(
@@ -253,6 +253,7 @@ def _apply_attention(wanted: bool, model, handle: PatchHandle) -> None:
         handle.not_applied["attn"] = unsupported
         return
     handle._undo.append(attention.enable(model))
+    handle._undo.append(attention.pass_tile_masks(importlib.import_module(upstream_module)))
 
 
 def use_tile_kv_cache(handle: PatchHandle, model) -> None:

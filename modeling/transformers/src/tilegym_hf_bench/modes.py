@@ -25,11 +25,6 @@ DECODE_STEP_COMPILE: dict[str, Any] = {
     "mode": "reduce-overhead",
 }
 
-CUTILE_STATIC_UNSUPPORTED = (
-    "cuTile under a static cache and CUDA graphs is not supported yet (the patched model's ops "
-    "are not torch.compile/CUDA-graph safe)"
-)
-
 
 @dataclass(frozen=True)
 class Mode:
@@ -54,13 +49,6 @@ def mode_of(workload: dict[str, Any] | None) -> str:
     """The mode of a metrics file's ``workload``; a version-1 file has none and ran eager."""
     mode = (workload or {}).get("mode")
     return mode if isinstance(mode, str) else DEFAULT_MODE
-
-
-def cutile_unsupported_reason(name: str) -> str | None:
-    """Why the cuTile side cannot run in this mode (None: it can). Static mode waits for the
-    patched model to survive torch.compile and CUDA graphs; until then the cuTile
-    side is reported as not measured rather than timed under a different generate()."""
-    return CUTILE_STATIC_UNSUPPORTED if name == STATIC else None
 
 
 def warmup_problem(name: str, warmup_runs: int) -> str | None:

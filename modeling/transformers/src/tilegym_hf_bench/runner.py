@@ -20,7 +20,7 @@ from tilegym_hf_bench.model_factory import (
     twin_sharing_weights,
     weight_fingerprint,
 )
-from tilegym_hf_bench.modes import cutile_unsupported_reason, mode_line
+from tilegym_hf_bench.modes import mode_line
 from tilegym_hf_bench.options import BenchOptions
 from tilegym_hf_bench.profiling.attribution import aggregate, coverage_block
 from tilegym_hf_bench.progress import Progress
@@ -146,7 +146,7 @@ def _cutile_unmeasured_reason(options: BenchOptions, device: str) -> str | None:
         return "--skip-cutile"
     if not device.startswith("cuda"):
         return f"cuTile kernels need a CUDA GPU; device is {device}"
-    return cutile_unsupported_reason(options.workload.mode)
+    return None
 
 
 def no_patch_reason(model_type: str) -> str:

@@ -16,10 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import StaticLayer
 
-from tilegym.ops.rms_norm import add_rms_norm, rms_norm
-from tilegym.ops.rope import apply_rope, qk_norm_rope
-from tilegym.ops.silu_and_mul import silu_and_mul
+from tilegym.ops.library import (
+    add_rms_norm,
+    apply_rope,
+    kv_cache_write_at,
+    qk_norm_rope,
+    rms_norm,
+    silu_and_mul,
+)
+from tilegym.transformers.attention import device_position
 
 
 @dataclass(frozen=True)
@@ -34,13 +41,18 @@ class Routes:
 
 
 class FusedWeights:
-    """Concatenated projection weights (QKV, gate+up) built once per module, freed on undo."""
+    """Concatenated projection weights (QKV, gate+up) built once per module, freed on undo.
+
+    Kept on the module as a plain attribute (``_tilegym_fused_<names>``), which ``torch.compile``
+    reads like any module attribute, and marked as a static address so that a CUDA graph uses
+    the weight in place instead of copying it in before every replay."""
 
     def __init__(self) -> None:
-        self._by_module: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._owners: list[tuple[weakref.ref, str]] = []
 
     def get(self, module: torch.nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
-        cached = self._by_module.get(module)
+        attr = "_tilegym_fused_" + "_".join(names)
+        cached = getattr(module, attr, None)
         if cached is None:
             projs = [getattr(module, n) for n in names]
             weight = torch.cat([p.weight.detach() for p in projs], dim=0)
@@ -53,15 +65,27 @@ class FusedWeights:
                         for b, p in zip(biases, projs, strict=True)
                     ]
                 )
+            for t in (weight, bias):
+                if t is not None:
+                    torch._dynamo.mark_static_address(t)
             cached = (weight, bias)
-            self._by_module[module] = cached
+            setattr(module, attr, cached)
+            self._owners.append((weakref.ref(module), attr))
         return cached
 
     def build(self, module: torch.nn.Module, names: tuple[str, ...]) -> None:
         self.get(module, names)
 
+    def __len__(self) -> int:
+        """How many repacked weights this holds (each on its module)."""
+        return len(self._owners)
+
     def clear(self) -> None:
-        self._by_module = weakref.WeakKeyDictionary()
+        for ref, attr in self._owners:
+            module = ref()
+            if module is not None:
+                module.__dict__.pop(attr, None)
+        self._owners = []
 
 
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -155,10 +179,7 @@ def make_attention_forward(
                 q, k = _torch_rope(q, k, cos, sin)
         v = v.transpose(1, 2)
         if cache is not None:
-            if takes_kwargs:
-                k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
-            else:
-                k, v = cache.update(k, v, self.layer_idx)
+            k, v = _update_cache(cache, self.layer_idx, k, v, attention_mask, takes_kwargs, kwargs)
         attention_interface = all_attention.get_interface(
             self.config._attn_implementation, eager_fn
         )
@@ -185,6 +206,26 @@ def make_attention_forward(
         return (out if residual is None else residual + out), attn_weights
 
     return forward
+
+
+def _update_cache(cache, layer_idx, k, v, mask, takes_kwargs, kwargs):
+    """Write the new keys/values into the cache and return what attention reads.
+
+    A transformers ``StaticLayer`` under a tilegym mask with a device position (a static cache)
+    is written by one cuTile launch at that position, which also advances the layer's length:
+    no host value changes from one decode step to the next, so one compiled CUDA graph serves
+    them all. Any other cache goes through its own ``update``."""
+    position = device_position(mask)
+    layers = getattr(cache, "layers", None)
+    if position is not None and layers is not None and type(layers[layer_idx]) is StaticLayer:
+        layer = layers[layer_idx]
+        if not layer.is_initialized:
+            layer.lazy_initialization(k, v)
+        kv_cache_write_at(k, v, layer.keys, layer.values, position, layer.cumulative_length)
+        return layer.keys, layer.values
+    if takes_kwargs:
+        return cache.update(k, v, layer_idx, kwargs=kwargs)
+    return cache.update(k, v, layer_idx)
 
 
 def _torch_rope(q, k, cos, sin):

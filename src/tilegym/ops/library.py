@@ -1,0 +1,380 @@
+"""The cuTile ops as PyTorch custom operators (``torch.ops.tilegym.*``), for ``torch.compile``.
+
+Dynamo cannot trace into a cuTile launch; a compiled, CUDA-graph-captured decode step needs
+each op as one opaque node with a known output (its fake implementation) and its mutations
+declared. Each op has a CUDA implementation (the cuTile function, run under
+``private_buffers()`` so a captured graph owns its scratch memory) and a CPU one (the PyTorch
+reference), so a patched model also traces, compiles and runs on a machine without a GPU.
+
+The plain functions at the end are what the model glue calls. In eager mode on CUDA they call
+the cuTile function directly: a custom-op dispatch costs host microseconds, and an eager decode
+step is host-bound. While compiling, or on the CPU, they call the custom op.
+
+(No ``from __future__ import annotations`` here: ``custom_op`` reads the schema from the
+annotations.)
+"""
+
+import math
+
+import torch
+from torch import Tensor
+
+from tilegym.ops import attention as _attention
+from tilegym.ops import gemm as _gemm
+from tilegym.ops import kv_cache as _kv_cache
+from tilegym.ops import rms_norm as _rms_norm
+from tilegym.ops import rope as _rope
+from tilegym.ops import silu_and_mul as _silu
+from tilegym.ops._common import private_buffers
+
+_NS = "tilegym"
+
+
+def _op(name: str, mutates_args=()):
+    return torch.library.custom_op(f"{_NS}::{name}", mutates_args=mutates_args, device_types="cuda")
+
+
+def _promote(a: Tensor, b: Tensor) -> torch.dtype:
+    return torch.promote_types(a.dtype, b.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Norms
+# ---------------------------------------------------------------------------------------------
+
+
+@_op("rms_norm")
+def rms_norm_op(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    with private_buffers():
+        return _rms_norm.rms_norm(x, weight, eps)
+
+
+@rms_norm_op.register_kernel("cpu")
+def _(x, weight, eps):
+    return _rms_norm.rms_norm_reference(x, weight, eps).contiguous()
+
+
+@rms_norm_op.register_fake
+def _(x, weight, eps):
+    return x.new_empty(x.shape, dtype=_promote(x, weight))
+
+
+@_op("add_rms_norm")
+def add_rms_norm_op(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor]:
+    with private_buffers():
+        return _rms_norm.add_rms_norm(x, residual, weight, eps)
+
+
+@add_rms_norm_op.register_kernel("cpu")
+def _(x, residual, weight, eps):
+    total, normed = _rms_norm.add_rms_norm_reference(x, residual, weight, eps)
+    return total.contiguous(), normed.contiguous()
+
+
+@add_rms_norm_op.register_fake
+def _(x, residual, weight, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape, dtype=_promote(x, weight))
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE
+# ---------------------------------------------------------------------------------------------
+
+
+@_op("apply_rope")
+def apply_rope_op(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    with private_buffers():
+        return _rope.apply_rope(q, k, cos, sin)
+
+
+@apply_rope_op.register_kernel("cpu")
+def _(q, k, cos, sin):
+    qo, ko = _rope.apply_rope_reference(q, k, cos, sin)
+    return qo.to(q.dtype).contiguous(), ko.to(k.dtype).contiguous()
+
+
+@apply_rope_op.register_fake
+def _(q, k, cos, sin):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@_op("qk_norm_rope")
+def qk_norm_rope_op(
+    q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, cos: Tensor, sin: Tensor
+) -> tuple[Tensor, Tensor]:
+    with private_buffers():
+        return _rope.qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
+
+
+@qk_norm_rope_op.register_kernel("cpu")
+def _(q, k, q_weight, k_weight, eps, cos, sin):
+    qo, ko = _rope.qk_norm_rope_reference(q, k, q_weight, k_weight, eps, cos, sin)
+    dtype = _promote(q, q_weight)
+    return qo.to(dtype).contiguous(), ko.to(dtype).contiguous()
+
+
+@qk_norm_rope_op.register_fake
+def _(q, k, q_weight, k_weight, eps, cos, sin):
+    b, s, hq, d = q.shape
+    dtype = _promote(q, q_weight)
+    return q.new_empty((b, hq, s, d), dtype=dtype), q.new_empty((b, k.shape[2], s, d), dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# MLP activation and GEMMs
+# ---------------------------------------------------------------------------------------------
+
+
+@_op("silu_and_mul")
+def silu_and_mul_op(gate: Tensor, up: Tensor | None) -> Tensor:
+    with private_buffers():
+        return _silu.silu_and_mul(gate, up)
+
+
+@silu_and_mul_op.register_kernel("cpu")
+def _(gate, up):
+    return _silu.silu_and_mul_reference(gate, up).contiguous()
+
+
+@silu_and_mul_op.register_fake
+def _(gate, up):
+    inter = gate.shape[-1] if up is not None else gate.shape[-1] // 2
+    return gate.new_empty((*gate.shape[:-1], inter))
+
+
+@_op("linear")
+def linear_op(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    with private_buffers():
+        return _gemm.linear(x, weight, bias)
+
+
+@linear_op.register_kernel("cpu")
+def _(x, weight, bias):
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+@linear_op.register_fake
+def _(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@_op("linear_residual")
+def linear_residual_op(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
+    with private_buffers():
+        return _gemm.linear_residual(x, weight, residual)
+
+
+@linear_residual_op.register_kernel("cpu")
+def _(x, weight, residual):
+    return residual + torch.nn.functional.linear(x, weight)
+
+
+@linear_residual_op.register_fake
+def _(x, weight, residual):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@_op("fused_gate_up_silu")
+def fused_gate_up_silu_op(x: Tensor, gate_up_weight: Tensor) -> Tensor:
+    with private_buffers():
+        return _gemm.fused_gate_up_silu(x, gate_up_weight)
+
+
+@fused_gate_up_silu_op.register_kernel("cpu")
+def _(x, gate_up_weight):
+    return _silu.silu_and_mul_reference(torch.nn.functional.linear(x, gate_up_weight)).contiguous()
+
+
+@fused_gate_up_silu_op.register_fake
+def _(x, gate_up_weight):
+    return x.new_empty((*x.shape[:-1], gate_up_weight.shape[0] // 2))
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention and the KV cache
+# ---------------------------------------------------------------------------------------------
+
+
+@_op("prefill_attention")
+def prefill_attention_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    causal: bool,
+    q_start: int,
+    window: int | None,
+    key_valid: Tensor | None,
+) -> Tensor:
+    with private_buffers():
+        return _attention.prefill_attention(
+            q, k, v, scale=scale, causal=causal, q_start=q_start, window=window, key_valid=key_valid
+        )
+
+
+@prefill_attention_op.register_kernel("cpu")
+def _(q, k, v, scale, causal, q_start, window, key_valid):
+    b, _, sq, _ = q.shape
+    mask = _attention.reference_mask(
+        b, sq, k.shape[2], causal=causal, q_start=q_start, window=window, key_valid=key_valid
+    )
+    return _attention.reference_attention(q, k, v, mask, scale).to(q.dtype).contiguous()
+
+
+@prefill_attention_op.register_fake
+def _(q, k, v, scale, causal, q_start, window, key_valid):
+    b, hq, sq, d = q.shape
+    return q.new_empty((b, sq, hq, d))
+
+
+@_op("decode_attention")
+def decode_attention_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    kv_end: int,
+    position: Tensor | None,
+    window: int | None,
+    key_valid: Tensor | None,
+) -> Tensor:
+    with private_buffers():
+        if position is not None:
+            return _attention.decode_attention(
+                q, k, v, scale=scale, position=position, window=window, key_valid=key_valid
+            )
+        return _attention.decode_attention(
+            q, k, v, scale=scale, kv_end=kv_end, window=window, key_valid=key_valid
+        )
+
+
+@decode_attention_op.register_kernel("cpu")
+def _(q, k, v, scale, kv_end, position, window, key_valid):
+    last = int(position[0]) if position is not None else kv_end - 1
+    mask = _attention.reference_mask(
+        q.shape[0], 1, k.shape[2], q_start=last, window=window, key_valid=key_valid
+    )
+    return _attention.reference_attention(q, k, v, mask, scale).to(q.dtype).contiguous()
+
+
+@decode_attention_op.register_fake
+def _(q, k, v, scale, kv_end, position, window, key_valid):
+    b, hq, _, d = q.shape
+    return q.new_empty((b, 1, hq, d))
+
+
+@_op("kv_cache_write_at", mutates_args=("k_cache", "v_cache", "length"))
+def kv_cache_write_at_op(
+    k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, position: Tensor, length: Tensor
+) -> None:
+    _kv_cache.kv_cache_write_at(k_new, v_new, k_cache, v_cache, position, length)
+
+
+@kv_cache_write_at_op.register_kernel("cpu")
+def _(k_new, v_new, k_cache, v_cache, position, length):
+    _kv_cache.reference_kv_cache_write_at(k_new, v_new, k_cache, v_cache, position, length)
+
+
+@kv_cache_write_at_op.register_fake
+def _(k_new, v_new, k_cache, v_cache, position, length):
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# What the glue calls: the cuTile function in eager CUDA code, the custom op otherwise
+# ---------------------------------------------------------------------------------------------
+
+
+def _use_op(t: Tensor) -> bool:
+    return torch.compiler.is_compiling() or not t.is_cuda
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    if _use_op(x):
+        return rms_norm_op(x, weight, float(eps))
+    return _rms_norm.rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    if _use_op(x):
+        return add_rms_norm_op(x, residual, weight, float(eps))
+    return _rms_norm.add_rms_norm(x, residual, weight, eps)
+
+
+def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    if _use_op(q):
+        return apply_rope_op(q, k, cos, sin)
+    return _rope.apply_rope(q, k, cos, sin)
+
+
+def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin) -> tuple[Tensor, Tensor]:
+    if _use_op(q):
+        return qk_norm_rope_op(q, k, q_weight, k_weight, float(eps), cos, sin)
+    return _rope.qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
+
+
+def silu_and_mul(gate: Tensor, up: Tensor | None = None) -> Tensor:
+    if _use_op(gate):
+        return silu_and_mul_op(gate, up)
+    return _silu.silu_and_mul(gate, up)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    if _use_op(x):
+        return linear_op(x, weight, bias)
+    return _gemm.linear(x, weight, bias)
+
+
+def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
+    if _use_op(x):
+        return linear_residual_op(x, weight, residual)
+    return _gemm.linear_residual(x, weight, residual)
+
+
+def fused_gate_up_silu(x: Tensor, gate_up_weight: Tensor) -> Tensor:
+    if _use_op(x):
+        return fused_gate_up_silu_op(x, gate_up_weight)
+    return _gemm.fused_gate_up_silu(x, gate_up_weight)
+
+
+def _scale(q: Tensor, scale: float | None) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def prefill_attention(q, k, v, *, scale=None, causal=True, q_start=0, window=None, key_valid=None):
+    if _use_op(q):
+        return prefill_attention_op(
+            q, k, v, _scale(q, scale), bool(causal), int(q_start), window, key_valid
+        )
+    return _attention.prefill_attention(
+        q, k, v, scale=scale, causal=causal, q_start=q_start, window=window, key_valid=key_valid
+    )
+
+
+def decode_attention(
+    q, k, v, *, scale=None, kv_end=None, position=None, window=None, key_valid=None
+):
+    """One new token per sequence; keys ``[0, kv_end)`` or ``[0, position[0]]`` (a device
+    tensor: the same call, compiled once, serves every decode step)."""
+    if _use_op(q):
+        end = k.shape[2] if kv_end is None else int(kv_end)
+        return decode_attention_op(q, k, v, _scale(q, scale), end, position, window, key_valid)
+    return _attention.decode_attention(
+        q,
+        k,
+        v,
+        scale=scale,
+        kv_end=kv_end,
+        position=position,
+        window=window,
+        key_valid=key_valid,
+    )
+
+
+def kv_cache_write_at(k_new, v_new, k_cache, v_cache, position, length) -> None:
+    if _use_op(k_new):
+        kv_cache_write_at_op(k_new, v_new, k_cache, v_cache, position, length)
+        return
+    _kv_cache.kv_cache_write_at(k_new, v_new, k_cache, v_cache, position, length)

@@ -1,0 +1,194 @@
+"""The patched model under a static cache and torch.compile (issue: cuTile under CUDA graphs).
+
+CPU: the cuTile ops are custom ops with PyTorch implementations on the CPU, so the patched
+decode step traces with ``fullgraph=True`` here, compiles once, writes the static cache in place
+(no copy of it in the generated code) and generates the baseline's tokens; ``undo()`` and a second,
+unpatched model in the same process keep working. GPU: the compiled decode step replayed as a
+CUDA graph over many steps gives the eager step's logits at cache positions from 1 to 8K, batch
+1 and 8, both families, and never recompiles.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from test_attention_model import _cache_kwarg, _left_padded, _model
+from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig, StaticCache
+from transformers.masking_utils import create_masks_for_generate
+
+import tilegym.transformers
+from tilegym.ops.testing import rel_err
+from tilegym.transformers import monkey_patch as mp
+
+FAMILIES = ["qwen3", "llama"]
+
+
+def _cpu_compile_config() -> CompileConfig:
+    cfg = CompileConfig(fullgraph=True, backend="inductor", mode="default")
+    cfg._compile_all_devices = True  # transformers compiles the decode step on GPUs only
+    return cfg
+
+
+def _greedy(model, ids, mask, n, **kw):
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+            **kw,
+        )
+    return out[:, ids.shape[1] :]
+
+
+def _static(model, ids, mask, n):
+    return _greedy(
+        model, ids, mask, n, cache_implementation="static", compile_config=_cpu_compile_config()
+    )
+
+
+def _patched_pair(model_key: str):
+    base = _model(model_key)
+    patched = copy.deepcopy(base)
+    handle = mp.apply_tilegym_kernel(patched)
+    assert handle.applied == list(mp.FLAGS), handle.not_applied
+    return base, patched, handle
+
+
+@pytest.mark.parametrize("model_key", FAMILIES)
+def test_static_generate_compiles_the_patched_decode_step_once_with_fullgraph(model_key):
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    base, patched, _ = _patched_pair(model_key)
+    ids, mask = _left_padded([9, 4])
+    want = _greedy(base, ids, mask, 6)
+    counters.clear()
+    got, code = run_and_get_code(lambda: _static(patched, ids, mask, 6))
+    assert torch.equal(got, want)
+    assert counters["stats"]["unique_graphs"] == 1  # one decode graph for every step
+    code = "\n".join(code)
+    assert "torch.ops.tilegym.kv_cache_write_at" in code
+    assert "torch.ops.tilegym.decode_attention" in code
+    # the static cache is written in place by the cuTile op: no functional copy written back
+    assert not re.search(r"index_copy|aten\.copy_|\.copy_\(", code), "the KV cache is copied"
+    with torch.compiler.set_stance("fail_on_recompile"):
+        assert torch.equal(_static(patched, ids, mask, 6), want)  # a second generate: replays
+
+
+def test_undo_and_an_unpatched_model_in_the_same_process_keep_working():
+    torch._dynamo.reset()
+    base, patched, handle = _patched_pair("qwen3")
+    ids, mask = _left_padded([5])
+    want = _greedy(base, ids, mask, 5)
+    assert torch.equal(_static(patched, ids, mask, 5), want)
+    assert torch.equal(_static(base, ids, mask, 5), want)  # the unpatched model, compiled too
+    handle.undo()
+    assert torch.equal(_static(patched, ids, mask, 5), want)
+    assert not any("_tilegym_fused" in k for m in patched.modules() for k in vars(m))
+
+
+def test_static_cache_mask_keeps_the_position_on_the_device():
+    """The mask of a static cache's decode step carries the cache position as an int32 device
+    tensor copied from the layer's counter (not read on the host, not an alias of it)."""
+    from tilegym.transformers.attention import TileMask, tilegym_mask
+
+    counter = torch.tensor(41)
+    mask = tilegym_mask(2, 1, 64, q_offset=counter, attention_mask=torch.ones(2, 42))
+    assert isinstance(mask, TileMask) and mask.key_valid is None
+    assert mask.q_start.dtype == torch.int32 and mask.q_start.tolist() == [41]
+    counter.add_(1)
+    assert mask.q_start.tolist() == [41]
+    padded = torch.ones(2, 42)
+    padded[1, :3] = 0
+    mask = tilegym_mask(2, 1, 64, q_offset=counter, attention_mask=padded)
+    assert mask.key_valid.shape[0] == 2 and mask.key_valid[1, :3].eq(0).all()
+    assert mask.key_valid[0, :42].eq(1).all()
+
+
+# ------------------------------------------------------------------ GPU: CUDA-graph replay
+
+STEPS = 6
+CAPACITY = 8192 + 16
+PROMPTS = [1, 300, 8000]
+
+
+def _gpu_model(model_type: str):
+    path = Path(tilegym.transformers.__file__).parent / model_type / "small_config.json"
+    cfg = AutoConfig.for_model(**json.loads(path.read_text()))
+    cfg._attn_implementation = "sdpa"
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).cuda().to(torch.bfloat16).eval()
+    mp.apply_tilegym_kernel(model)
+    return model
+
+
+class _Decoder:
+    """Prefill eagerly into a fresh static cache, then teacher-forced decode steps through
+    ``step`` (the eager forward or its compiled CUDA-graph version), as ``generate`` does."""
+
+    def __init__(self, model, step, ids, mask):
+        self.model, self.step, self.mask = model, step, mask
+        self.cache = StaticCache(config=model.config, max_cache_len=CAPACITY)
+        self.kw = _cache_kwarg(model)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        self.logits = [self._forward(model, ids, pos)]
+
+    def _forward(self, fn, ids, pos):
+        b, s = ids.shape
+        masks = create_masks_for_generate(
+            config=self.model.config,
+            inputs_embeds=torch.empty((b, s, 0), dtype=torch.bfloat16, device=ids.device),
+            attention_mask=self.mask,
+            position_ids=pos,
+            **{self.kw: self.cache},
+        )
+        with torch.no_grad():
+            out = fn(input_ids=ids, attention_mask=masks, position_ids=pos, **{self.kw: self.cache})
+        return out.logits[:, -1].float().clone()
+
+    def decode(self, token):
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=-1)
+        pos = (self.mask.sum(-1, keepdim=True) - 1).long()
+        self.logits.append(self._forward(self.step, token, pos))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("model_key", FAMILIES)
+def test_cuda_graph_replay_matches_the_eager_decode_step(model_key, batch):
+    torch._dynamo.reset()
+    model = _gpu_model(model_key)
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    compiled_for = set()  # padded or not: the mask's key validity is a graph input or absent
+    for prompt in PROMPTS:
+        lengths = [prompt] + [max(1, prompt - 37 * j) for j in range(1, batch)]
+        ids, mask = _left_padded(lengths, gen, device="cuda")
+        tokens = torch.randint(1, 4096, (batch, STEPS), generator=gen, device="cuda")
+        eager = _Decoder(model, model, ids, mask)
+        graph = _Decoder(model, compiled, ids, mask)
+        padded = bool((mask == 0).any())
+        for t in range(STEPS):
+            eager.decode(tokens[:, t : t + 1])
+            if padded not in compiled_for and t < 2:  # compile and record, then replay only
+                graph.decode(tokens[:, t : t + 1])
+                continue
+            compiled_for.add(padded)
+            with torch.compiler.set_stance("fail_on_recompile"):
+                graph.decode(tokens[:, t : t + 1])
+        for t, (a, b) in enumerate(zip(graph.logits, eager.logits, strict=True)):
+            assert torch.isfinite(a).all(), (prompt, t)
+            assert rel_err(a, b) < 2e-2, (prompt, t, rel_err(a, b))
+        assert int(graph.cache.layers[0].cumulative_length) == ids.shape[1] + STEPS
