@@ -169,7 +169,7 @@ _dummy_masks: dict[torch.device, torch.Tensor] = {}
 def _dummy_mask(device: torch.device) -> torch.Tensor:
     """Placeholder key-validity mask (never read); per call inside ``private_buffers()``."""
     if buffers_private():
-        return torch.ones((1, 128), dtype=torch.int8, device=device)
+        return torch.empty((1, 128), dtype=torch.int8, device=device)
     t = _dummy_masks.get(device)
     if t is None:
         t = torch.ones((1, 128), dtype=torch.int8, device=device)
@@ -601,15 +601,18 @@ _dummy_parts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Unused split buffers of the right rank for the single-split launch."""
-    private = buffers_private()
-    t = None if private else _dummy_parts.get(device)
+    if buffers_private():  # never read: uninitialized, so a captured graph has no fill for it
+        return (
+            torch.empty((1, 1, 1, 1, 128), dtype=torch.float32, device=device),
+            torch.empty((1, 1, 1, 1), dtype=torch.float32, device=device),
+        )
+    t = _dummy_parts.get(device)
     if t is None:
         t = (
             torch.zeros((1, 1, 1, 1, 128), dtype=torch.float32, device=device),
             torch.zeros((1, 1, 1, 1), dtype=torch.float32, device=device),
         )
-        if not private:
-            _dummy_parts[device] = t
+        _dummy_parts[device] = t
     return t
 
 
@@ -793,7 +796,7 @@ def _launch_decode(q, qg, k, v, out, kv_arg, kv_lens, kv_end, window, scale, pla
 
 def _dummy_lens_for(device: torch.device) -> torch.Tensor:
     if buffers_private():
-        return torch.zeros((1,), dtype=torch.int32, device=device)
+        return torch.empty((1,), dtype=torch.int32, device=device)
     t = _dummy_lens.get(device)
     if t is None:
         t = torch.zeros((1,), dtype=torch.int32, device=device)

@@ -431,6 +431,15 @@ class _DeviceBuffers:
             self._cnt[device] = cnt
         return cnt
 
+    def placeholders(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """A workspace and counters of an unsplit launch (never read): no allocation, or in
+        ``private_buffers()`` an uninitialized one (a captured graph then has no fill for it)."""
+        if buffers_private():
+            return torch.empty((1, 1, 1), dtype=torch.float32, device=device), torch.empty(
+                1, dtype=torch.int32, device=device
+            )
+        return self.workspace(device, 1).view(-1)[:1].view(1, 1, 1), self.counters(device, 1)
+
     def dummies(
         self, device: torch.device, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -500,9 +509,10 @@ def _split_args(cfg: TileConfig, m: int, n: int, parts: int, device: torch.devic
     more tiles than there are counters (it runs unsplit)."""
     tiles = math.ceil(m / cfg.tm) * math.ceil(n / cfg.tn)
     mode = split_mode(cfg)
-    cnt = _BUFFERS.counters(device, tiles if mode == SPLIT_CTA else 1)
     if mode == NO_SPLIT or (mode == SPLIT_CTA and tiles > _COUNTER_SLOTS):
-        return 1, NO_SPLIT, _BUFFERS.workspace(device, 1).view(-1)[:1].view(1, 1, 1), cnt
+        ws, cnt = _BUFFERS.placeholders(device)
+        return 1, NO_SPLIT, ws, cnt
+    cnt = _BUFFERS.counters(device, tiles if mode == SPLIT_CTA else 1)
     numel = parts * cfg.split * m * n
     ws = _BUFFERS.workspace(device, numel)[:numel].view(parts * cfg.split, m, n)
     return cfg.split, mode, ws, cnt

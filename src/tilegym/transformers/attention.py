@@ -167,7 +167,8 @@ def tilegym_mask(
             "tilegym attention does not support sliding-window layers of a static cache"
         )
     if static:  # transformers' StaticLayer: its length counter, a device tensor (copied here)
-        q_start = (q_offset - kv_offset).to(torch.int32).reshape(1)
+        start = q_offset - kv_offset if kv_offset else q_offset
+        q_start = start.to(torch.int32, copy=True).reshape(1)
     else:
         q_start = _as_int(q_offset) - kv_offset
     return TileMask(
