@@ -91,6 +91,28 @@ def cpu_sized(model_key: str, bench_args: list[str]) -> tuple[list[str], str | N
     return [*bench_args, "--model-key", tiny, "--device", "cpu"], note
 
 
+LOOP_MODE = "static"
+"""The loop's ``--mode`` on a GPU: a static KV cache with the compiled decode step, where the
+kernels rather than the host set the pace (eager stays available with ``-- --mode eager``)."""
+
+
+def with_loop_mode(bench_args: list[str], gpu: bool) -> list[str]:
+    """``bench_args`` plus ``--mode static`` for a GPU run that names no mode. A CPU run keeps
+    the benchmark's own default (eager): compiling the tiny preset's decode step would only add
+    time to a verdict that cannot be more than inconclusive there."""
+    device = flag_value(bench_args, "--device")
+    if flag_value(bench_args, "--mode") is not None or not gpu or device == "cpu":
+        return list(bench_args)
+    return [*bench_args, "--mode", LOOP_MODE]
+
+
+def loop_bench_args(model_key: str, bench_args: list[str]) -> tuple[list[str], str | None]:
+    """The benchmark arguments of one ``experiment run`` (``cpu_sized``, then
+    ``with_loop_mode``) and the note to print first, if any."""
+    args, note = cpu_sized(model_key, bench_args)
+    return with_loop_mode(args, note is None and host_has_nvidia_gpu()), note
+
+
 def runs_dir(forge: LocalForge) -> Path:
     """Where every benchmark of the local loop keeps its metrics and logs, one folder a run."""
     return forge.root / "sandbox" / "runs"

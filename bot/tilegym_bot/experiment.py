@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tilegym_bot import ledger
-from tilegym_bot.bench import BenchConfig, bench_commit, cpu_sized, runs_dir, timed_runs
+from tilegym_bot.bench import BenchConfig, bench_commit, loop_bench_args, runs_dir, timed_runs
 from tilegym_bot.errors import BotError
 from tilegym_bot.forge.local import MAIN, LocalForge, now_iso
 from tilegym_bot.ledger import LedgerError, LedgerRow
@@ -477,10 +477,10 @@ def run(
     files = base_metrics is not None or head_metrics is not None
     cfg = bench or BenchConfig()
     if not files:
-        args, note = cpu_sized(plan.model_key, cfg.bench_args)
+        args, note = loop_bench_args(plan.model_key, cfg.bench_args)
         if note:
             print(f"tilegym-bot: {note}", file=sys.stderr, flush=True)
-            cfg = replace(cfg, bench_args=args)
+        cfg = replace(cfg, bench_args=args)
     measured = _measure_and_decide(forge, plan, base_metrics, head_metrics, cfg, margin, reuse_base)
     record = _record_round(forge, plan, measured, description)
     if record["awaiting_rerun"] and not files:
