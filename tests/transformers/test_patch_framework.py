@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHea
 import tilegym.transformers
 from tilegym.transformers import monkey_patch as mp
 
-FAMILIES = ["qwen3", "llama"]
+FAMILIES = ["qwen3", "llama", "mistral", "qwen2", "phi3"]
 
 
 def tiny_model(model_type: str, head_dim: int = 16):
@@ -26,10 +26,10 @@ def tiny_model(model_type: str, head_dim: int = 16):
 
 
 def upstream_classes(model_type: str) -> dict[str, type]:
-    glue = mp.FAMILIES[model_type].glue()
-    up = __import__(glue.UPSTREAM_MODULE, fromlist=["_"])
+    desc = mp.FAMILIES[model_type].description()
+    up = __import__(desc.upstream_module, fromlist=["_"])
     return {
-        p: getattr(up, glue.CLASS_PREFIX + p)
+        p: getattr(up, desc.class_prefix + p)
         for p in ("RMSNorm", "MLP", "Attention", "DecoderLayer")
     }
 
@@ -51,7 +51,9 @@ def test_installed_version_is_accepted():
 
 def test_dispatch_refuses_unknown_model_type_and_lists_supported():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
-    with pytest.raises(mp.UnsupportedModelType, match="gpt2.*supported: llama, qwen3"):
+    with pytest.raises(
+        mp.UnsupportedModelType, match="gpt2.*supported: llama, mistral, phi3, qwen2, qwen3"
+    ):
         mp.apply_tilegym_kernel(model)
 
 
@@ -163,11 +165,11 @@ def test_linear_repacks_weights_once_and_undo_frees_them():
     if "linear" not in handle.applied:
         handle.undo()
         pytest.skip(f"linear not applied: {handle.not_applied['linear']}")
-    glue = mp.FAMILIES["llama"].glue()
+    desc = mp.FAMILIES["llama"].description()
     attn = model.model.layers[0].self_attn
     fused = handle.repacked
     assert len(fused) == 2 * len(model.model.layers)  # QKV and gate+up, at patch time
-    w, _ = fused.get(attn, glue.QKV)
+    w, _ = fused.get(attn, desc.qkv)
     expect = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
     assert torch.equal(w, expect)
     handle.undo()
@@ -195,16 +197,16 @@ def test_glue_with_pytorch_routes_matches_upstream(model_type):
     base = tiny_model(model_type).eval()
     glued = AutoModelForCausalLM.from_config(copy.deepcopy(base.config)).eval()
     glued.load_state_dict(base.state_dict())
-    glue = mp.FAMILIES[model_type].glue()
+    glue, desc = mp.FAMILIES[model_type].glue(), mp.FAMILIES[model_type].description()
     classes = upstream_classes(model_type)
-    routes = glue.Routes(qk_norm=glue.HAS_QK_NORM)
+    routes = glue.Routes(qk_norm=desc.qk_norm)
     fused = glue.FusedWeights()
-    up = __import__(glue.UPSTREAM_MODULE, fromlist=["_"])
+    up = __import__(desc.upstream_module, fromlist=["_"])
     takes = glue.cache_update_takes_kwargs(classes["Attention"])
     fns = {
-        "MLP": glue.make_mlp_forward(routes, fused, None),
+        "MLP": glue.make_mlp_forward(routes, fused, None, desc),
         "Attention": glue.make_attention_forward(
-            routes, fused, None, up.eager_attention_forward, ALL_ATTENTION_FUNCTIONS, takes
+            routes, fused, None, up.eager_attention_forward, ALL_ATTENTION_FUNCTIONS, takes, desc
         ),
         "DecoderLayer": glue.make_decoder_layer_forward(routes),
     }

@@ -37,20 +37,28 @@ class AlreadyPatched(RuntimeError):
     """The target already carries a tilegym patch; undo that one first."""
 
 
+SHARED_GLUE = "tilegym.transformers.llama.modeling_llama"
+"""The Llama-style decoder forwards every family below shares."""
+
+
 @dataclass(frozen=True)
 class ModelFamily:
-    """Where a model family's upstream classes and cuTile glue live."""
+    """A patchable model type and the module that describes it (its ``FAMILY``)."""
 
     model_type: str
     glue_module: str
 
     def glue(self):
-        return importlib.import_module(self.glue_module)
+        return importlib.import_module(SHARED_GLUE)
+
+    def description(self):
+        """The family's ``Family`` (upstream classes, q/k norms, projection names)."""
+        return importlib.import_module(self.glue_module).FAMILY
 
 
 FAMILIES = {
-    "qwen3": ModelFamily("qwen3", "tilegym.transformers.qwen3.modeling_qwen3"),
-    "llama": ModelFamily("llama", "tilegym.transformers.llama.modeling_llama"),
+    key: ModelFamily(key, f"tilegym.transformers.{key}.modeling_{key}")
+    for key in ("qwen3", "llama", "mistral", "qwen2", "phi3")
 }
 
 
@@ -144,9 +152,9 @@ class _Patcher:
 
 def _apply(family: ModelFamily, flags: dict[str, bool], model) -> PatchHandle:
     check_transformers_version()
-    glue = family.glue()
-    upstream = importlib.import_module(glue.UPSTREAM_MODULE)
-    prefix = glue.CLASS_PREFIX
+    glue, desc = family.glue(), family.description()
+    upstream = importlib.import_module(desc.upstream_module)
+    prefix = desc.class_prefix
     classes = {
         part: getattr(upstream, f"{prefix}{part}")
         for part in ("RMSNorm", "MLP", "Attention", "DecoderLayer")
@@ -170,7 +178,7 @@ def _apply(family: ModelFamily, flags: dict[str, bool], model) -> PatchHandle:
         rope=flags["rope"],
         swiglu=swiglu,
         linear=gemm is not None,
-        qk_norm=glue.HAS_QK_NORM,
+        qk_norm=desc.qk_norm,
     )
     fused = glue.FusedWeights()
     handle.repacked = fused
@@ -184,9 +192,9 @@ def _apply(family: ModelFamily, flags: dict[str, bool], model) -> PatchHandle:
 
         takes_kwargs = glue.cache_update_takes_kwargs(classes["Attention"])
         eager = upstream.eager_attention_forward
-        forwards["MLP"] = glue.make_mlp_forward(routes, fused, gemm)
+        forwards["MLP"] = glue.make_mlp_forward(routes, fused, gemm, desc)
         forwards["Attention"] = glue.make_attention_forward(
-            routes, fused, gemm, eager, ALL_ATTENTION_FUNCTIONS, takes_kwargs
+            routes, fused, gemm, eager, ALL_ATTENTION_FUNCTIONS, takes_kwargs, desc
         )
         forwards["DecoderLayer"] = glue.make_decoder_layer_forward(routes)
 
@@ -195,8 +203,8 @@ def _apply(family: ModelFamily, flags: dict[str, bool], model) -> PatchHandle:
             for part, fn in forwards.items():
                 patcher.cls(classes[part], fn)
         else:
-            _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, glue)
-        _apply_attention(flags["attn"], model, handle, glue.UPSTREAM_MODULE)
+            _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc)
+        _apply_attention(flags["attn"], model, handle, desc.upstream_module)
     except Exception:
         handle.undo()
         raise
@@ -214,15 +222,17 @@ def _apply(family: ModelFamily, flags: dict[str, bool], model) -> PatchHandle:
     return handle
 
 
-def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, glue) -> None:
+def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc) -> None:
+    from tilegym.transformers.llama.modeling_llama import unbiased
+
     for module in model.modules():
         for part, fn in forwards.items():
             if type(module) is classes[part] or isinstance(module, classes[part]):
                 patcher.instance(module, fn)
                 if routes.linear and part == "Attention":
-                    fused.build(module, glue.QKV)
-                if routes.linear and part == "MLP" and module.gate_proj.bias is None:
-                    fused.build(module, glue.GATE_UP)
+                    fused.build(module, desc.qkv)
+                if routes.linear and part == "MLP" and unbiased(module, desc.gate_up):
+                    fused.build(module, desc.gate_up)
                 break
     head = getattr(model, "lm_head", None)
     if routes.linear and isinstance(head, torch.nn.Linear):
@@ -278,29 +288,37 @@ def _flags(rope, rms_norm, swiglu, attn, linear) -> dict[str, bool]:
     }
 
 
-def apply_tilegym_kernel_to_qwen3(
-    rope=True, rms_norm=True, swiglu=True, attn=True, linear=True, model=None
-) -> PatchHandle:
-    """Route Qwen3 (Qwen3-0.6B architecture) through cuTile kernels; see the module doc.
-    With cuTile attention on an instance, generate() keeps its KV cache in a TileKVCache."""
-    handle = _apply(FAMILIES["qwen3"], _flags(rope, rms_norm, swiglu, attn, linear), model)
-    use_tile_kv_cache(handle, model)
-    return handle
+def _entry_point(model_type: str, what: str) -> Callable[..., PatchHandle]:
+    """``apply_tilegym_kernel_to_<model_type>``: one per family, all alike."""
+
+    def apply(
+        rope=True, rms_norm=True, swiglu=True, attn=True, linear=True, model=None
+    ) -> PatchHandle:
+        flags = _flags(rope, rms_norm, swiglu, attn, linear)
+        handle = _apply(FAMILIES[model_type], flags, model)
+        use_tile_kv_cache(handle, model)
+        return handle
+
+    apply.__name__ = apply.__qualname__ = f"apply_tilegym_kernel_to_{model_type}"
+    apply.__doc__ = (
+        f"Route {what} through cuTile kernels; see the module doc. With cuTile attention on an "
+        "instance, generate() keeps its KV cache in a TileKVCache."
+    )
+    return apply
 
 
-def apply_tilegym_kernel_to_llama(
-    rope=True, rms_norm=True, swiglu=True, attn=True, linear=True, model=None
-) -> PatchHandle:
-    """Route Llama (Llama-3.2-1B architecture) through cuTile kernels; see the module doc.
-    With cuTile attention on an instance, generate() keeps its KV cache in a TileKVCache."""
-    handle = _apply(FAMILIES["llama"], _flags(rope, rms_norm, swiglu, attn, linear), model)
-    use_tile_kv_cache(handle, model)
-    return handle
-
+apply_tilegym_kernel_to_qwen3 = _entry_point("qwen3", "Qwen3 (Qwen3-0.6B architecture)")
+apply_tilegym_kernel_to_llama = _entry_point("llama", "Llama (Llama-3.2-1B architecture)")
+apply_tilegym_kernel_to_mistral = _entry_point("mistral", "Mistral (Mistral-7B-v0.3 architecture)")
+apply_tilegym_kernel_to_qwen2 = _entry_point("qwen2", "Qwen2 (Qwen2.5-1.5B architecture)")
+apply_tilegym_kernel_to_phi3 = _entry_point("phi3", "Phi-3 (Phi-3.5-mini architecture)")
 
 APPLY_BY_MODEL_TYPE = {
     "qwen3": apply_tilegym_kernel_to_qwen3,
     "llama": apply_tilegym_kernel_to_llama,
+    "mistral": apply_tilegym_kernel_to_mistral,
+    "qwen2": apply_tilegym_kernel_to_qwen2,
+    "phi3": apply_tilegym_kernel_to_phi3,
 }
 
 

@@ -13,6 +13,9 @@ from typing import Any
 MODEL_PATCH_KWARGS = {
     "qwen3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "llama": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "mistral": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "qwen2": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "phi3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
 }
 
 

@@ -1,4 +1,8 @@
-"""cuTile forwards for Llama-style decoder layers (Llama, and Qwen3 which adds q/k norms).
+"""cuTile forwards for Llama-style decoder layers, shared by every family that has one.
+
+A family (Llama, Qwen3, Mistral, Qwen2, Phi-3) is a ``Family``: where its upstream classes
+live and how it differs from Llama (q/k norms, packed projections, the activation's name).
+Each family's ``modeling_<key>.py`` holds only its ``FAMILY``; the forwards below read it.
 
 Each ``make_*`` builds a plain function with the upstream module's ``forward`` contract, for
 binding to one instance (``types.MethodType``) or setting on a class. What a forward routes
@@ -40,6 +44,27 @@ class Routes:
     qk_norm: bool = False  # the model has per-head q/k RMSNorm (Qwen3)
 
 
+QKV = ("q_proj", "k_proj", "v_proj")
+GATE_UP = ("gate_proj", "up_proj")
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one Llama-style decoder family has, as the shared forwards need it."""
+
+    upstream_module: str  # e.g. "transformers.models.llama.modeling_llama"
+    class_prefix: str  # upstream classes are <prefix>RMSNorm, MLP, Attention, DecoderLayer
+    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3)
+    qkv: tuple[str, ...] = QKV  # the q, k, v projections, or one packed [q; k; v] (Phi-3)
+    gate_up: tuple[str, ...] = GATE_UP  # the gate and up projections, or one packed [gate; up]
+    act: str = "act_fn"  # the MLP's activation attribute (Phi-3: activation_fn)
+    config_window: bool = False  # attention gets config.sliding_window (Mistral, Phi-3), not
+    # the module's own sliding_window attribute (Qwen2, Qwen3), as the upstream forward does
+
+
+FAMILY = Family("transformers.models.llama.modeling_llama", "Llama")
+
+
 class FusedWeights:
     """Concatenated projection weights (QKV, gate+up) built once per module, freed on undo.
 
@@ -51,6 +76,10 @@ class FusedWeights:
         self._owners: list[tuple[weakref.ref, str]] = []
 
     def get(self, module: torch.nn.Module, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
+        """(weight, bias) of the projections ``names`` as one; a packed projection's own."""
+        if len(names) == 1:
+            proj = getattr(module, names[0])
+            return proj.weight, proj.bias
         attr = "_tilegym_fused_" + "_".join(names)
         cached = getattr(module, attr, None)
         if cached is None:
@@ -88,10 +117,6 @@ class FusedWeights:
         self._owners = []
 
 
-QKV = ("q_proj", "k_proj", "v_proj")
-GATE_UP = ("gate_proj", "up_proj")
-
-
 def cache_update_takes_kwargs(attention_cls: type) -> bool:
     """True when the installed release passes ``kwargs=`` to ``cache.update`` (``cache`` arg)."""
     params = inspect.signature(inspect.unwrap(attention_cls.forward)).parameters
@@ -107,17 +132,28 @@ def make_rms_norm_forward() -> Callable:
     return forward
 
 
-def make_mlp_forward(routes: Routes, fused: FusedWeights, gemm) -> Callable:
+def unbiased(module: torch.nn.Module, names: tuple[str, ...]) -> bool:
+    """True when none of the projections ``names`` of ``module`` has a bias."""
+    return all(getattr(module, n).bias is None for n in names)
+
+
+def make_mlp_forward(
+    routes: Routes, fused: FusedWeights, gemm, family: Family = FAMILY
+) -> Callable:
     """``XMLP.forward``: gate/up (fused GEMM + SiLU, or SiLU-and-mul kernel), down(+residual)."""
+    names = family.gate_up
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if routes.linear and self.gate_proj.bias is None and self.up_proj.bias is None:
-            w, _ = fused.get(self, GATE_UP)
-            act = gemm.fused_gate_up_silu(x, w) if routes.swiglu else _torch_act(self, x, w, gemm)
-        elif routes.swiglu:
-            act = silu_and_mul(self.gate_proj(x), self.up_proj(x))
+        if routes.linear and unbiased(self, names):
+            w, _ = fused.get(self, names)
+            if routes.swiglu:
+                act = gemm.fused_gate_up_silu(x, w)
+            else:
+                gate, up = gemm.linear(x, w).chunk(2, dim=-1)
+                act = getattr(self, family.act)(gate) * up
         else:
-            act = self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+            gate, up = _gate_up(self, x, names)
+            act = silu_and_mul(gate, up) if routes.swiglu else getattr(self, family.act)(gate) * up
         if routes.linear and self.down_proj.bias is None:
             if residual is not None:
                 return gemm.linear_residual(act, self.down_proj.weight, residual)
@@ -128,15 +164,23 @@ def make_mlp_forward(routes: Routes, fused: FusedWeights, gemm) -> Callable:
     return forward
 
 
-def _torch_act(mlp, x, w, gemm):
-    gate, up = gemm.linear(x, w).chunk(2, dim=-1)
-    return mlp.act_fn(gate) * up
+def _gate_up(mlp, x, names):
+    if len(names) == 1:
+        return getattr(mlp, names[0])(x).chunk(2, dim=-1)
+    return getattr(mlp, names[0])(x), getattr(mlp, names[1])(x)
 
 
 def make_attention_forward(
-    routes: Routes, fused: FusedWeights, gemm, eager_fn: Callable, all_attention, takes_kwargs
+    routes: Routes,
+    fused: FusedWeights,
+    gemm,
+    eager_fn: Callable,
+    all_attention,
+    takes_kwargs,
+    family: Family = FAMILY,
 ) -> Callable:
     """``XAttention.forward``: fused QKV GEMM, (q/k norm +) RoPE kernel, o_proj(+residual)."""
+    names = family.qkv
 
     def forward(
         self,
@@ -152,18 +196,20 @@ def make_attention_forward(
         input_shape = hidden_states.shape[:-1]
         bsz, seq = input_shape
         d = self.head_dim
-        hq = self.q_proj.out_features // d
-        hk = self.k_proj.out_features // d
+        hq, hk = self.config.num_attention_heads, self.config.num_key_value_heads
+        qkv = None
         if routes.linear:
-            w, b = fused.get(self, QKV)
+            w, b = fused.get(self, names)
             qkv = gemm.linear(hidden_states, w, b)
+        elif len(names) == 1:
+            qkv = getattr(self, names[0])(hidden_states)
+        if qkv is not None:
             q = qkv[..., : hq * d].view(bsz, seq, hq, d)
             k = qkv[..., hq * d : (hq + hk) * d].view(bsz, seq, hk, d)
             v = qkv[..., (hq + hk) * d :].view(bsz, seq, hk, d)
         else:
-            q = self.q_proj(hidden_states).view(bsz, seq, hq, d)
-            k = self.k_proj(hidden_states).view(bsz, seq, hk, d)
-            v = self.v_proj(hidden_states).view(bsz, seq, hk, d)
+            q, k, v = (getattr(self, n)(hidden_states) for n in names)
+            q, k, v = q.view(bsz, seq, hq, d), k.view(bsz, seq, hk, d), v.view(bsz, seq, hk, d)
         cos, sin = position_embeddings
         if routes.qk_norm and routes.rope and routes.rms_norm:
             q, k = qk_norm_rope(
@@ -184,7 +230,9 @@ def make_attention_forward(
             self.config._attn_implementation, eager_fn
         )
         extra = {}
-        if hasattr(self, "sliding_window"):
+        if family.config_window:
+            extra["sliding_window"] = getattr(self.config, "sliding_window", None)
+        elif hasattr(self, "sliding_window"):
             extra["sliding_window"] = self.sliding_window
         attn_output, attn_weights = attention_interface(
             self,
@@ -273,8 +321,3 @@ def make_decoder_layer_forward(routes: Routes) -> Callable:
         return self.mlp(normed, residual=hidden_states)
 
     return forward
-
-
-UPSTREAM_MODULE = "transformers.models.llama.modeling_llama"
-CLASS_PREFIX = "Llama"
-HAS_QK_NORM = False

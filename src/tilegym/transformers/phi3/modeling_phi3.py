@@ -1,0 +1,18 @@
+"""cuTile forwards for Phi-3 (architecture of microsoft/Phi-3.5-mini-instruct).
+
+Phi-3 stores its projections packed: ``qkv_proj`` is ``[q; k; v]`` and ``gate_up_proj`` is
+``[gate; up]``, the layouts the fused GEMMs take, so its weights are used as they are (no
+repacking). Its head dim (96) is outside the attention kernels' envelope: attention stays on
+PyTorch's with that reason, everything else runs through the shared glue.
+"""
+
+from tilegym.transformers.llama.modeling_llama import Family
+
+FAMILY = Family(
+    "transformers.models.phi3.modeling_phi3",
+    "Phi3",
+    qkv=("qkv_proj",),
+    gate_up=("gate_up_proj",),
+    act="activation_fn",
+    config_window=True,
+)
