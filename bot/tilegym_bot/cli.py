@@ -129,6 +129,25 @@ def _cmd_start(args) -> int:
     return 0
 
 
+def _cmd_model_init(args) -> int:
+    from tilegym_bot import model_init
+
+    architecture = args.architecture or args.model_type
+    branch, result = model_init.init(
+        args.repo, args.model_type, args.config, args.key, architecture
+    )
+    found = "; ".join(result.notes) or "the Llama decoder layer as it is"
+    print(f"on {branch}: {result.model_type} scaffolded ({found}); files:")
+    for path in result.files:
+        print(f"  {path}")
+    print(
+        f"next: run the tests (the family tests cover {result.model_type}), benchmark "
+        f"`--model-key {result.key}` on a GPU, merge {branch} into main, then "
+        f"`tilegym-bot experiment start --model-key {result.key} --name ...`"
+    )
+    return 0
+
+
 def _cmd_run(args) -> int:
     from tilegym_bot import experiment
     from tilegym_bot.bench import BenchConfig
@@ -377,6 +396,21 @@ def build_parser() -> argparse.ArgumentParser:
         "row. Refuses a dirty tree (never throws work away).",
     )
     p.set_defaults(func=_cmd_reset)
+
+    mod = sub.add_parser("model", help="add a model family")
+    msub = mod.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = msub.add_parser(
+        "init",
+        help="scaffold a family from the existing ops (refused by name when they do not cover it)",
+        description="Describe MODEL_TYPE for the shared decoder glue, check on the CPU that the "
+        "patched model reproduces the upstream one, and commit the family, its presets and its "
+        "patch flags on a new branch model/<key> cut from main.",
+    )
+    p.add_argument("model_type", help="transformers model type (config.model_type), e.g. mistral")
+    p.add_argument("--config", type=Path, help="the checkpoint's config.json (default: defaults)")
+    p.add_argument("--key", help="preset key (default: the model type)")
+    p.add_argument("--architecture", help="what the config reproduces, e.g. org/checkpoint")
+    p.set_defaults(func=_cmd_model_init)
 
     led = sub.add_parser("ledger", help="the experiment ledger sandbox/<model_key>_results.md")
     lsub = led.add_subparsers(dest="action", required=True, metavar="ACTION")

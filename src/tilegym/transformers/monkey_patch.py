@@ -14,6 +14,7 @@ import importlib
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -56,10 +57,18 @@ class ModelFamily:
         return importlib.import_module(self.glue_module).FAMILY
 
 
-FAMILIES = {
-    key: ModelFamily(key, f"tilegym.transformers.{key}.modeling_{key}")
-    for key in ("qwen3", "llama", "mistral", "qwen2", "phi3")
-}
+def _discover_families() -> dict[str, ModelFamily]:
+    """Every ``tilegym/transformers/<model_type>/modeling_<model_type>.py`` is a family
+    (``model init`` adds one by writing that folder; nothing else lists them)."""
+    root = Path(__file__).parent
+    return {
+        d.name: ModelFamily(d.name, f"tilegym.transformers.{d.name}.modeling_{d.name}")
+        for d in sorted(root.iterdir())
+        if (d / f"modeling_{d.name}.py").is_file()
+    }
+
+
+FAMILIES = _discover_families()
 
 
 @dataclass
@@ -151,15 +160,30 @@ class _Patcher:
 
 
 def _apply(family: ModelFamily, flags: dict[str, bool], model) -> PatchHandle:
+    return _apply_description(family.model_type, family.description(), flags, model)
+
+
+def apply_family(model, description, **flags) -> PatchHandle:
+    """Patch one instance by a ``Family`` description that need not be registered (how
+    ``model init`` checks a family it is about to scaffold); flags as for the entry points."""
+    unknown = sorted(set(flags) - set(FLAGS))
+    if unknown:
+        raise TypeError(f"unknown patch flags {unknown}; known: {', '.join(FLAGS)}")
+    chosen = {flag: bool(flags.get(flag, True)) for flag in FLAGS}
+    model_type = getattr(model.config, "model_type", "unknown")
+    return _apply_description(model_type, description, chosen, model)
+
+
+def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> PatchHandle:
     check_transformers_version()
-    glue, desc = family.glue(), family.description()
+    glue = importlib.import_module(SHARED_GLUE)
     upstream = importlib.import_module(desc.upstream_module)
     prefix = desc.class_prefix
     classes = {
         part: getattr(upstream, f"{prefix}{part}")
         for part in ("RMSNorm", "MLP", "Attention", "DecoderLayer")
     }
-    handle = PatchHandle(family.model_type)
+    handle = PatchHandle(model_type)
     for flag, wanted in flags.items():
         if not wanted:
             handle.not_applied[flag] = "disabled by the caller"
@@ -307,19 +331,22 @@ def _entry_point(model_type: str, what: str) -> Callable[..., PatchHandle]:
     return apply
 
 
-apply_tilegym_kernel_to_qwen3 = _entry_point("qwen3", "Qwen3 (Qwen3-0.6B architecture)")
-apply_tilegym_kernel_to_llama = _entry_point("llama", "Llama (Llama-3.2-1B architecture)")
-apply_tilegym_kernel_to_mistral = _entry_point("mistral", "Mistral (Mistral-7B-v0.3 architecture)")
-apply_tilegym_kernel_to_qwen2 = _entry_point("qwen2", "Qwen2 (Qwen2.5-1.5B architecture)")
-apply_tilegym_kernel_to_phi3 = _entry_point("phi3", "Phi-3 (Phi-3.5-mini architecture)")
+def _what(model_type: str) -> str:
+    doc = importlib.import_module(FAMILIES[model_type].glue_module).__doc__ or model_type
+    return doc.strip().splitlines()[0].removeprefix("cuTile forwards for ").rstrip(".")
 
-APPLY_BY_MODEL_TYPE = {
-    "qwen3": apply_tilegym_kernel_to_qwen3,
-    "llama": apply_tilegym_kernel_to_llama,
-    "mistral": apply_tilegym_kernel_to_mistral,
-    "qwen2": apply_tilegym_kernel_to_qwen2,
-    "phi3": apply_tilegym_kernel_to_phi3,
-}
+
+APPLY_BY_MODEL_TYPE = {key: _entry_point(key, _what(key)) for key in FAMILIES}
+apply_tilegym_kernel_to_qwen3 = APPLY_BY_MODEL_TYPE["qwen3"]
+apply_tilegym_kernel_to_llama = APPLY_BY_MODEL_TYPE["llama"]
+
+
+def __getattr__(name: str):
+    """``apply_tilegym_kernel_to_<model_type>`` of every family, the scaffolded ones too."""
+    prefix = "apply_tilegym_kernel_to_"
+    if name.startswith(prefix) and name[len(prefix) :] in APPLY_BY_MODEL_TYPE:
+        return APPLY_BY_MODEL_TYPE[name[len(prefix) :]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def supported_model_types() -> list[str]:

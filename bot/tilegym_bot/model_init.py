@@ -1,0 +1,262 @@
+"""``tilegym-bot model init``: scaffold a new model family from the ops that exist.
+
+The family is read off a tiny instance of the model (``tilegym.transformers.family_probe``)
+and checked by running it: the patched tiny model must reproduce the upstream model on the
+CPU, or nothing is written and the refusal names the uncovered feature. Then, on a new branch
+``model/<key>`` cut from main, one commit adds:
+
+- ``src/tilegym/transformers/<model_type>/`` (``modeling_<model_type>.py`` with the ``FAMILY``,
+  ``small_config.json`` with the real head geometry for the GPU tests); the patch dispatch
+  discovers the folder, and the model-level tests parametrized over every family cover it;
+- the benchmark presets ``<key>`` (the given config) and ``tiny-<key>`` (2 small layers);
+- the ``MODEL_PATCH_KWARGS`` entry with every flag on.
+
+Rendering and the literal-dict insertion are pure; ``init`` does the I/O.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from tilegym_bot.errors import BotError
+
+PRESETS_PY = "modeling/transformers/src/tilegym_hf_bench/presets.py"
+CONFIGS_DIR = "modeling/transformers/src/tilegym_hf_bench/configs"
+PATCH_PY = "modeling/transformers/src/tilegym_hf_bench/tilegym_patch.py"
+FAMILIES_DIR = "src/tilegym/transformers"
+ALL_FLAGS = '{"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True}'
+TINY = dict(hidden_size=64, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+TINY.update(head_dim=16, num_hidden_layers=2, vocab_size=512)
+TOKEN_IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+@dataclass(frozen=True)
+class Scaffold:
+    key: str
+    model_type: str
+    files: dict[str, str]  # repository path -> new file text
+    notes: tuple[str, ...]
+
+
+def insert_dict_entry(source: str, name: str, entry: str, key: str) -> str:
+    """``source`` with ``entry`` (one or more lines, indented) added as the last item of the
+    module-level literal dict assigned to ``name``; refuses a key that is already there."""
+    tree = ast.parse(source)
+    for node in tree.body:
+        targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets) and isinstance(
+            node.value, ast.Dict
+        ):
+            keys = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+            if key in keys:
+                raise BotError(f"{name} already has an entry {key!r}")
+            lines = source.splitlines(keepends=True)
+            end = node.value.end_lineno - 1  # the line holding the closing brace
+            return "".join(lines[:end]) + entry.rstrip("\n") + "\n" + "".join(lines[end:])
+    raise BotError(f"no literal dict {name} = {{...}} found")
+
+
+def small_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The GPU tests' config: the real head geometry, at most 1024 wide, 3 layers."""
+    out = {k: v for k, v in config.items() if not k.startswith("_")}
+    heads, kv = (
+        out["num_attention_heads"],
+        out.get("num_key_value_heads", out["num_attention_heads"]),
+    )
+    head_dim = out.get("head_dim") or out["hidden_size"] // heads
+    if out["hidden_size"] > 1024:
+        group = heads // kv
+        heads = max(group, 1024 // head_dim // group * group)
+        out.update(num_attention_heads=heads, num_key_value_heads=heads // group)
+        out["hidden_size"] = heads * head_dim
+    out["head_dim"] = head_dim
+    out["intermediate_size"] = min(out["intermediate_size"], 3 * out["hidden_size"])
+    out.update(num_hidden_layers=3, vocab_size=4096, **TOKEN_IDS)
+    return out
+
+
+def tiny_config(config: dict[str, Any], model_type: str) -> dict[str, Any]:
+    out = {k: v for k, v in config.items() if not k.startswith("_")}
+    out.update(TINY, **TOKEN_IDS)
+    out["_source"] = f"{model_type} architecture shrunk to 2 layers and small dimensions (CPU)"
+    return out
+
+
+def _literal(value) -> str:
+    """Python source of a str / bool / tuple of str, double-quoted as ruff formats it."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, tuple):
+        items = ", ".join(_literal(v) for v in value)
+        return f"({items},)" if len(value) == 1 else f"({items})"
+    return repr(value)
+
+
+def render_family(model_type: str, architecture: str, family, notes: tuple[str, ...]) -> str:
+    """``modeling_<model_type>.py``: the family description, non-default fields only."""
+    defaults = type(family)(family.upstream_module, family.class_prefix)
+    args = [_literal(family.upstream_module), _literal(family.class_prefix)]
+    for f in fields(family)[2:]:
+        value = getattr(family, f.name)
+        if value != getattr(defaults, f.name):
+            args.append(f"{f.name}={_literal(value)}")
+    found = "; ".join(notes) if notes else "the Llama decoder layer as it is"
+    return (
+        f'"""cuTile forwards for {family.class_prefix} (architecture of {architecture}).\n\n'
+        f"Scaffolded by ``tilegym-bot model init {model_type}``: {found}.\n"
+        '"""\n\n'
+        "from tilegym.transformers.llama.modeling_llama import Family\n\n"
+        f"FAMILY = Family({', '.join(args)})\n"
+    )
+
+
+def scaffold(
+    root: Path, model_type: str, key: str, config: dict, architecture: str, probe
+) -> Scaffold:
+    """Every file ``model init`` writes, rendered from the repository's current texts (pure
+    apart from reading those two files)."""
+    folder = f"{FAMILIES_DIR}/{model_type}"
+    family_doc = f'"""{architecture}: the family description (scaffolded by model init)."""\n'
+    full = {"_source": f"architecture of {architecture} (the config given to model init)"}
+    full.update(_written(config, model_type))
+    presets = (root / PRESETS_PY).read_text()
+    for name, what, cpu in ((key, architecture, False), (f"tiny-{key}", "2 small layers", True)):
+        args = f'"{name}", "{model_type}", "{what}", "{name}.json", {cpu}'
+        presets = insert_dict_entry(presets, "PRESETS", f'    "{name}": Preset({args}),\n', name)
+    patch = insert_dict_entry(
+        (root / PATCH_PY).read_text(),
+        "MODEL_PATCH_KWARGS",
+        f'    "{model_type}": {ALL_FLAGS},\n',
+        model_type,
+    )
+    files = {
+        f"{folder}/__init__.py": family_doc,
+        f"{folder}/modeling_{model_type}.py": render_family(
+            model_type, architecture, probe.family, probe.notes
+        ),
+        f"{folder}/small_config.json": json.dumps(
+            _written(small_config(config), model_type) | {"model_type": model_type}, indent=2
+        )
+        + "\n",
+        f"{CONFIGS_DIR}/{key}.json": json.dumps(full, indent=2) + "\n",
+        f"{CONFIGS_DIR}/tiny-{key}.json": json.dumps(
+            {"_source": tiny_config(config, model_type)["_source"]}
+            | _written(tiny_config(config, model_type), model_type),
+            indent=2,
+        )
+        + "\n",
+        PRESETS_PY: presets,
+        PATCH_PY: patch,
+    }
+    return Scaffold(key, model_type, files, probe.notes)
+
+
+def load_config(model_type: str, config_path: Path | None) -> dict[str, Any]:
+    """The complete config as a plain dict: the given config.json over transformers' defaults
+    for ``model_type`` (or the defaults alone)."""
+    given: dict[str, Any] = {}
+    if config_path is not None:
+        try:
+            given = json.loads(config_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise BotError(f"{config_path}: cannot read a JSON config: {exc}") from exc
+        if given.get("model_type") != model_type:
+            raise BotError(
+                f"{config_path}: model_type is {given.get('model_type')!r}, not {model_type!r}"
+            )
+    from transformers import AutoConfig
+
+    given.pop("model_type", None)
+    try:
+        config = AutoConfig.for_model(model_type, **given)
+    except ValueError as exc:
+        raise BotError(f"transformers has no model type {model_type!r}: {exc}") from exc
+    return config.to_dict()
+
+
+def _written(config: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """What a config file keeps: the values that differ from the class defaults (transformers'
+    ``to_diff_dict``), which loads back to the same config."""
+    from transformers import AutoConfig
+
+    full = AutoConfig.for_model(
+        model_type, **{k: v for k, v in config.items() if k != "model_type"}
+    )
+    out = full.to_diff_dict()
+    for noise in ("transformers_version", "_name_or_path", "dtype", "torch_dtype"):
+        out.pop(noise, None)
+    return out
+
+
+def probe_family(model_type: str, config: dict[str, Any]):
+    """Describe and verify the family on a tiny CPU instance; ``BotError`` names a refusal."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tilegym.transformers.family_probe import FamilyRefused, describe_structure, verify
+    from tilegym.transformers.monkey_patch import apply_family
+
+    tiny = {k: v for k, v in tiny_config(config, model_type).items() if not k.startswith("_")}
+    tiny["head_dim"] = 64
+    tiny["hidden_size"] = 128
+    try:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny)).eval()
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BotError(f"cannot build a {model_type} model from that config: {exc}") from exc
+    try:
+        probe = describe_structure(model)
+        verify(model, probe.family, lambda m: apply_family(m, probe.family))
+    except FamilyRefused as exc:
+        raise BotError(
+            f"model init {model_type}: not covered by the existing ops: {exc}; nothing was written"
+        ) from exc
+    return probe
+
+
+def _ruff_format(root: Path, paths: list[str]) -> None:
+    """Format the written Python files as the project's pre-commit would (skipped, with the
+    files as rendered, where ruff is not installed)."""
+    import shutil
+    import subprocess
+
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff and paths:
+        subprocess.run([ruff, "format", "--quiet", *paths], cwd=root, check=False, timeout=60)
+
+
+def init(
+    repo: Path, model_type: str, config_path: Path | None, key: str | None, architecture: str
+) -> tuple[str, Scaffold]:
+    """Check, render, then write and commit on ``model/<key>`` (cut from main)."""
+    from git import Repo
+
+    from tilegym.atomic import write_text_atomic
+
+    key = key or model_type
+    root = Path(repo).resolve()
+    if (root / FAMILIES_DIR / model_type).exists():
+        raise BotError(f"{FAMILIES_DIR}/{model_type} exists: {model_type} is already a family")
+    git = Repo(root)
+    if git.is_dirty(untracked_files=False):
+        raise BotError("the working tree has uncommitted changes: commit or stash them first")
+    branch = f"model/{key}"
+    if branch in [h.name for h in git.heads]:
+        raise BotError(f"branch {branch} already exists")
+    config = load_config(model_type, config_path)
+    probe = probe_family(model_type, config)
+    result = scaffold(root, model_type, key, config, architecture, probe)
+    git.create_head(branch, "main").checkout()
+    for path, text in result.files.items():
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(target, text)
+    _ruff_format(root, [p for p in result.files if p.endswith(".py")])
+    git.index.add(list(result.files))
+    git.index.commit(f"model init {model_type}: family, presets {key} and tiny-{key}, patch flags")
+    return branch, result

@@ -1,0 +1,97 @@
+"""``tilegym-bot model init`` on a real temporary git repository holding this project's
+presets and patch table: a covered family is checked, scaffolded and committed on its own
+branch; an uncovered one is refused by name with nothing written."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+from pathlib import Path
+
+import git
+import pytest
+
+from tilegym_bot.cli import main
+from tilegym_bot.model_init import PATCH_PY, PRESETS_PY, insert_dict_entry
+
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = tmp_path / "repo"
+    r = git.Repo.init(root, initial_branch="main")
+    with r.config_writer() as cfg:
+        cfg.set_value("user", "name", "Test")
+        cfg.set_value("user", "email", "test@example.com")
+    for path in (PRESETS_PY, PATCH_PY):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(PROJECT / path, root / path)
+    (root / "src/tilegym/transformers").mkdir(parents=True)
+    (root / "src/tilegym/transformers/__init__.py").write_text("")
+    r.index.add([PRESETS_PY, PATCH_PY, "src/tilegym/transformers/__init__.py"])
+    r.index.commit("project")
+    return root, r
+
+
+def _literal_keys(source: str, name: str) -> set[str]:
+    for node in ast.parse(source).body:
+        targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+        if any(getattr(t, "id", None) == name for t in targets):
+            return {k.value for k in node.value.keys}
+    raise AssertionError(name)
+
+
+def test_a_covered_family_is_scaffolded_and_committed_on_its_branch(project, tmp_path, capsys):
+    root, repo = project
+    config = tmp_path / "config.json"  # Granite with unit multipliers is Llama's computation
+    config.write_text(
+        json.dumps({"model_type": "granite", "hidden_size": 2048, "vocab_size": 49152})
+    )
+    code = main(["-C", str(root), "model", "init", "granite", "--config", str(config)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert repo.active_branch.name == "model/granite" and not repo.is_dirty()
+    assert (
+        "Scaffolded" in (root / "src/tilegym/transformers/granite/modeling_granite.py").read_text()
+    )
+    assert {"granite", "tiny-granite"} <= _literal_keys((root / PRESETS_PY).read_text(), "PRESETS")
+    assert "granite" in _literal_keys((root / PATCH_PY).read_text(), "MODEL_PATCH_KWARGS")
+    small = json.loads((root / "src/tilegym/transformers/granite/small_config.json").read_text())
+    assert small["hidden_size"] <= 1024 and small["num_hidden_layers"] == 3
+    namespace: dict = {}
+    exec((root / "src/tilegym/transformers/granite/modeling_granite.py").read_text(), namespace)
+    assert namespace["FAMILY"].class_prefix == "Granite"
+    assert repo.head.commit.message.startswith("model init granite")
+
+
+def test_an_uncovered_feature_is_refused_by_name_and_nothing_is_written(project, tmp_path, capsys):
+    root, repo = project
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "granite", "residual_multiplier": 0.22}))
+    before = repo.head.commit.hexsha
+    assert main(["-C", str(root), "model", "init", "granite", "--config", str(config)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: model init granite: not covered by the existing ops: ")
+    assert "scaled residual adds (Granite): config.residual_multiplier = 0.22" in err[-1]
+    assert repo.active_branch.name == "main" and repo.head.commit.hexsha == before
+    assert not (root / "src/tilegym/transformers/granite").exists()
+
+
+def test_bad_inputs_get_one_line(project, tmp_path, capsys):
+    root, _ = project
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama"}))
+    assert main(["-C", str(root), "model", "init", "granite", "--config", str(config)]) == 1
+    assert "model_type is 'llama', not 'granite'" in capsys.readouterr().err
+    assert main(["-C", str(root), "model", "init", "no_such_type"]) == 1
+    assert "no model type 'no_such_type'" in capsys.readouterr().err
+
+
+def test_insert_dict_entry_appends_and_refuses_duplicates():
+    source = 'X = 1\nTABLE = {\n    "a": 1,\n}\n'
+    out = insert_dict_entry(source, "TABLE", '    "b": 2,\n', "b")
+    assert out == 'X = 1\nTABLE = {\n    "a": 1,\n    "b": 2,\n}\n'
+    with pytest.raises(Exception, match="already has an entry 'a'"):
+        insert_dict_entry(source, "TABLE", '    "a": 3,\n', "a")
