@@ -1,0 +1,22 @@
+"""phi3 MLP gate/up projection with SiLU-and-mul fused in the GEMM epilogue.
+
+Phi-3 stores ``gate_up_proj`` packed as ``[2*8192, 3072]`` = ``[gate; up]``, the layout the
+fused GEMM takes: the model's own weight is used as it is; the ``[T, 2*8192]`` intermediate never
+reaches memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilegym.ops import gemm
+
+
+def gate_up_silu(x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
+    """``silu(x @ Wg^T) * (x @ Wu^T)`` for ``gate_up_weight = [Wg; Wu]``: ``[T, 8192]``."""
+    return gemm.fused_gate_up_silu(x, gate_up_weight)
+
+
+def aot_signatures() -> dict:
+    """The fused gate-up kernel at decode and prefill tiles (bf16, the model dtype)."""
+    return gemm.aot_signatures(ops=("gated",), dtypes=(torch.bfloat16,))
