@@ -1,5 +1,6 @@
 """Any model gets a baseline-only run: a model type with no cuTile patch is still measured on
-the PyTorch side (and profiled on a GPU: 0% coverage plus the map of its largest kernels)."""
+the PyTorch side (and profiled on a GPU: 0% coverage plus the map of its largest kernels), from a
+checkpoint directory or from a preset's random weights."""
 
 import json
 import os
@@ -9,23 +10,30 @@ import sys
 import pytest
 import torch
 from tilegym_hf_bench.metrics_schema import validation_errors
-from transformers import MistralConfig, MistralForCausalLM
+from tilegym_hf_bench.presets import PRESETS, config_dict
+from tilegym_hf_bench.tilegym_patch import MODEL_PATCH_KWARGS
+from transformers import AutoConfig, AutoModelForCausalLM
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 FAST = ["--input-length", "16", "--output-length", "4", "--timed-runs", "2", "--warmup-runs", "1"]
+# the tiny presets of model types MODEL_PATCH_KWARGS has no flags for (yet)
+UNPATCHED = sorted(
+    k for k, p in PRESETS.items() if p.cpu_sized and p.model_type not in MODEL_PATCH_KWARGS
+)
 
 
 @pytest.fixture(scope="module")
-def tiny_mistral(tmp_path_factory):
-    """A small random Mistral checkpoint on disk (a model type this project has no patch for)."""
-    config = MistralConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-    )  # fmt: skip
+def unpatched(tmp_path_factory):
+    """(model key, model type, checkpoint directory): a small random checkpoint on disk of a
+    model type this project has no patch for, built from that family's tiny preset."""
+    if not UNPATCHED:
+        pytest.skip("every tiny preset's model type has cuTile patch flags")
+    tiny = PRESETS[UNPATCHED[0]]
+    config = AutoConfig.for_model(**config_dict(tiny))
     torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-mistral")
-    MistralForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
-    return path
+    path = tmp_path_factory.mktemp(tiny.key)
+    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(path)
+    return tiny.key.removeprefix("tiny-"), tiny.model_type, path
 
 
 def bench(*args, device="cpu", timeout=180):
@@ -41,22 +49,38 @@ def bench(*args, device="cpu", timeout=180):
     )
 
 
-def test_an_unpatched_model_type_is_measured_on_the_pytorch_side(tiny_mistral, tmp_path):
+def test_an_unpatched_model_type_is_measured_on_the_pytorch_side(unpatched, tmp_path):
+    key, model_type, path = unpatched
     out = tmp_path / "m.json"
-    r = bench("--model-key", "mistral", "--model-id", str(tiny_mistral), "--metrics-out",
+    r = bench("--model-key", key, "--model-id", str(path), "--metrics-out",
               str(out), "--commit", COMMIT, *FAST)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "cuTile patch not applied: no patch for model type 'mistral'" in r.stdout
+    assert f"cuTile patch not applied: no patch for model type {model_type!r}" in r.stdout
     doc = json.loads(out.read_text())
     assert validation_errors(doc) == [] and doc["status"] == "ok"
     assert doc["cutile"] is None and len(doc["baseline"]["throughput"]["samples"]) == 2
     assert doc["correctness"]["passed"] and doc["correctness"]["logits_rel_err"] is None
 
 
-@pytest.mark.gpu
-def test_on_a_gpu_the_unpatched_model_is_profiled(tiny_mistral, tmp_path):
+@pytest.mark.parametrize("key", UNPATCHED)
+def test_an_unpatched_tiny_preset_runs_baseline_only_from_random_weights(key, tmp_path):
     out = tmp_path / "m.json"
-    r = bench("--model-key", "mistral", "--model-id", str(tiny_mistral), "--metrics-out",
+    r = bench("--model-key", key, "--metrics-out", str(out), "--commit", COMMIT, *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    model_type = PRESETS[key].model_type
+    assert f"cuTile patch not applied: no patch for model type {model_type!r}" in r.stdout
+    assert "weights: random" in r.stdout
+    doc = json.loads(out.read_text())
+    assert validation_errors(doc) == [] and doc["status"] == "ok" and doc["model_key"] == key
+    assert doc["cutile"] is None and len(doc["baseline"]["throughput"]["samples"]) == 2
+    assert doc["correctness"]["passed"]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_unpatched_model_is_profiled(unpatched, tmp_path):
+    key, _, path = unpatched
+    out = tmp_path / "m.json"
+    r = bench("--model-key", key, "--model-id", str(path), "--metrics-out",
               str(out), "--commit", COMMIT, *FAST, device="cuda")  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert ">>> cuTile Kernel Coverage (GPU Time):    0.00% <<<" in r.stdout

@@ -10,6 +10,7 @@ import time
 import pytest
 from tilegym_hf_bench._cli import main
 from tilegym_hf_bench.metrics_schema import validation_errors
+from tilegym_hf_bench.presets import PRESETS
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 THROUGHPUT = re.compile(r"^Average throughput: (\d+\.\d\d) ± (\d+\.\d\d) tokens/sec$")
@@ -35,7 +36,7 @@ def grep_lines(stdout):
     return [ln for ln in stdout.splitlines() if ln.startswith(("Average throughput", ">>> cuTile"))]
 
 
-@pytest.mark.parametrize("key", ["tiny-qwen3", "tiny-llama"])
+@pytest.mark.parametrize("key", sorted(k for k, p in PRESETS.items() if p.cpu_sized))
 def test_tiny_preset_end_to_end_on_cpu(tmp_path, key):
     out = tmp_path / "metrics.json"
     r = bench(

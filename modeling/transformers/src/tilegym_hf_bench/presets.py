@@ -27,6 +27,25 @@ PRESETS: dict[str, Preset] = {
     "tiny-llama": Preset(
         "tiny-llama", "llama", "Llama 3.2, 2 small layers", "tiny-llama.json", True
     ),
+    # Families the cuTile patch has no flags for yet: the bench measures their PyTorch side only.
+    "mistral": Preset("mistral", "mistral", "mistralai/Mistral-7B-v0.3", "mistral.json", False),
+    "qwen2": Preset("qwen2", "qwen2", "Qwen/Qwen2.5-1.5B", "qwen2.json", False),
+    "phi3": Preset("phi3", "phi3", "microsoft/Phi-3.5-mini-instruct", "phi3.json", False),
+    "gemma3": Preset("gemma3", "gemma3_text", "google/gemma-3-1b-it", "gemma3.json", False),
+    "olmo2": Preset("olmo2", "olmo2", "allenai/OLMo-2-0425-1B", "olmo2.json", False),
+    "tiny-mistral": Preset(
+        "tiny-mistral", "mistral", "Mistral v0.3, 2 small layers", "tiny-mistral.json", True
+    ),
+    "tiny-qwen2": Preset("tiny-qwen2", "qwen2", "Qwen2.5, 2 small layers", "tiny-qwen2.json", True),
+    "tiny-phi3": Preset(
+        "tiny-phi3", "phi3", "Phi-3.5-mini, 2 small layers", "tiny-phi3.json", True
+    ),
+    "tiny-gemma3": Preset(
+        "tiny-gemma3", "gemma3_text", "Gemma 3 1B, 2 small layers", "tiny-gemma3.json", True
+    ),
+    "tiny-olmo2": Preset(
+        "tiny-olmo2", "olmo2", "OLMo 2 1B, 2 small layers", "tiny-olmo2.json", True
+    ),
 }
 
 
