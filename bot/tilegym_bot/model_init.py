@@ -30,8 +30,8 @@ CONFIGS_DIR = "modeling/transformers/src/tilegym_hf_bench/configs"
 PATCH_PY = "modeling/transformers/src/tilegym_hf_bench/tilegym_patch.py"
 FAMILIES_DIR = "src/tilegym/transformers"
 ALL_FLAGS = '{"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True}'
-TINY = dict(hidden_size=64, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
-TINY.update(head_dim=16, num_hidden_layers=2, vocab_size=512)
+TINY = dict(intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+TINY.update(num_hidden_layers=2, vocab_size=512)
 TOKEN_IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
@@ -61,9 +61,20 @@ def insert_dict_entry(source: str, name: str, entry: str, key: str) -> str:
     raise BotError(f"no literal dict {name} = {{...}} found")
 
 
+def _with_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
+    """``config`` with ``layers`` decoder layers; per-layer lists (``layer_types``, ...) cut to
+    their first ``layers`` entries."""
+    n = config.get("num_hidden_layers")
+    out = {
+        k: v[:layers] if isinstance(v, list) and n and len(v) == n else v for k, v in config.items()
+    }
+    out["num_hidden_layers"] = layers
+    return out
+
+
 def small_config(config: dict[str, Any]) -> dict[str, Any]:
     """The GPU tests' config: the real head geometry, at most 1024 wide, 3 layers."""
-    out = {k: v for k, v in config.items() if not k.startswith("_")}
+    out = _with_layers({k: v for k, v in config.items() if not k.startswith("_")}, 3)
     heads, kv = (
         out["num_attention_heads"],
         out.get("num_key_value_heads", out["num_attention_heads"]),
@@ -76,13 +87,16 @@ def small_config(config: dict[str, Any]) -> dict[str, Any]:
         out["hidden_size"] = heads * head_dim
     out["head_dim"] = head_dim
     out["intermediate_size"] = min(out["intermediate_size"], 3 * out["hidden_size"])
-    out.update(num_hidden_layers=3, vocab_size=4096, **TOKEN_IDS)
+    out.update(vocab_size=4096, **TOKEN_IDS)
     return out
 
 
 def tiny_config(config: dict[str, Any], model_type: str) -> dict[str, Any]:
-    out = {k: v for k, v in config.items() if not k.startswith("_")}
+    out = _with_layers({k: v for k, v in config.items() if not k.startswith("_")}, 2)
+    # the real head dim: per-dimension RoPE tables (long-rope factors) are sized by it
+    out["head_dim"] = out.get("head_dim") or out["hidden_size"] // out["num_attention_heads"]
     out.update(TINY, **TOKEN_IDS)
+    out["hidden_size"] = TINY["num_attention_heads"] * out["head_dim"]  # some derive head_dim
     out["_source"] = f"{model_type} architecture shrunk to 2 layers and small dimensions (CPU)"
     return out
 
@@ -202,13 +216,12 @@ def probe_family(model_type: str, config: dict[str, Any]):
     from tilegym.transformers.monkey_patch import apply_family
 
     tiny = {k: v for k, v in tiny_config(config, model_type).items() if not k.startswith("_")}
-    tiny["head_dim"] = 64
-    tiny["hidden_size"] = 128
     try:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny)).eval()
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BotError(f"cannot build a {model_type} model from that config: {exc}") from exc
+    except Exception as exc:  # transformers' config validation raises several types
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise BotError(f"cannot build a {model_type} model from that config: {first}") from exc
     try:
         probe = describe_structure(model)
         verify(model, probe.family, lambda m: apply_family(m, probe.family))

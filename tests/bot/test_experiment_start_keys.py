@@ -39,7 +39,7 @@ def test_the_known_keys_are_the_presets_with_patch_flags():
     assert "tiny-qwen3" not in keys  # a CPU-sized benchmark preset, not an experiment's model
 
 
-@pytest.mark.parametrize("key", ["qwen4", "mistral", "tiny_qwen3"])
+@pytest.mark.parametrize("key", ["qwen4", "falcon", "tiny_qwen3"])
 def test_an_unknown_model_key_is_refused_in_one_line_before_anything_is_written(repo, capsys, key):
     before = _state(repo)
     capsys.readouterr()

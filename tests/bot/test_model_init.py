@@ -11,7 +11,6 @@ from pathlib import Path
 
 import git
 import pytest
-
 from tilegym_bot.cli import main
 from tilegym_bot.model_init import PATCH_PY, PRESETS_PY, insert_dict_entry
 
@@ -95,3 +94,28 @@ def test_insert_dict_entry_appends_and_refuses_duplicates():
     assert out == 'X = 1\nTABLE = {\n    "a": 1,\n    "b": 2,\n}\n'
     with pytest.raises(Exception, match="already has an entry 'a'"):
         insert_dict_entry(source, "TABLE", '    "a": 3,\n', "a")
+
+
+def test_the_scaffold_of_a_registered_family_equals_its_hand_written_description(
+    project, tmp_path, capsys
+):
+    """Phi-3.5-mini as published (long-rope tables sized by its head dim, packed projections):
+    model init reads off the same Family the repository registers by hand."""
+    from tilegym.transformers import monkey_patch as mp
+
+    root, repo = project
+    patch = root / PATCH_PY
+    patch.write_text("".join(li for li in patch.read_text().splitlines(True) if '"phi3"' not in li))
+    repo.index.add([PATCH_PY])
+    repo.index.commit("no phi3 yet")
+    preset = json.loads(
+        (PROJECT / "modeling/transformers/src/tilegym_hf_bench/configs/phi3.json").read_text()
+    )
+    preset.pop("_source")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(preset))
+    args = ["-C", str(root), "model", "init", "phi3", "--config", str(config), "--key", "phi35"]
+    assert main(args) == 0, capsys.readouterr().err
+    namespace: dict = {}
+    exec((root / "src/tilegym/transformers/phi3/modeling_phi3.py").read_text(), namespace)
+    assert namespace["FAMILY"] == mp.FAMILIES["phi3"].description()
