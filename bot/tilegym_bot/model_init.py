@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import json
 import sys
+import textwrap
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -120,9 +121,10 @@ def render_family(model_type: str, architecture: str, family, notes: tuple[str, 
         if value != getattr(defaults, f.name):
             args.append(f"{f.name}={_literal(value)}")
     found = "; ".join(notes) if notes else "the Llama decoder layer as it is"
+    body = textwrap.fill(f"Scaffolded by ``tilegym-bot model init {model_type}``: {found}.", 96)
     return (
         f'"""cuTile forwards for {family.class_prefix} (architecture of {architecture}).\n\n'
-        f"Scaffolded by ``tilegym-bot model init {model_type}``: {found}.\n"
+        f"{body}\n"
         '"""\n\n'
         "from tilegym.transformers.llama.modeling_llama import Family\n\n"
         f"FAMILY = Family({', '.join(args)})\n"

@@ -52,7 +52,7 @@ def test_installed_version_is_accepted():
 def test_dispatch_refuses_unknown_model_type_and_lists_supported():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(
-        mp.UnsupportedModelType, match="gpt2.*supported: llama, mistral, phi3, qwen2, qwen3"
+        mp.UnsupportedModelType, match="gpt2.*supported: llama, mistral, olmo2, phi3, qwen2, qwen3"
     ):
         mp.apply_tilegym_kernel(model)
 
@@ -208,7 +208,7 @@ def test_glue_with_pytorch_routes_matches_upstream(model_type):
         "Attention": glue.make_attention_forward(
             routes, fused, None, up.eager_attention_forward, ALL_ATTENTION_FUNCTIONS, takes, desc
         ),
-        "DecoderLayer": glue.make_decoder_layer_forward(routes),
+        "DecoderLayer": glue.make_decoder_layer_forward(routes, desc),
     }
     for m in glued.modules():
         for part, fn in fns.items():

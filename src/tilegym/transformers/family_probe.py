@@ -26,8 +26,10 @@ UNSUPPORTED_CONFIG = {
     "residual_multiplier": "scaled residual adds (Granite)",
     "attn_logit_softcapping": "attention logit soft-capping (Gemma 2)",
 }
-#: decoder-layer children the shared layer forward knows
-KNOWN_LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+#: decoder-layer children of the two layer forwards the shared glue has: norms before the
+#: attention and the MLP (Llama), or after each (OLMo 2)
+PRE_NORM_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+POST_NORM_PARTS = {"self_attn", "mlp", "post_attention_layernorm", "post_feedforward_layernorm"}
 SWIGLU_ACTS = ("silu", "swish")
 #: largest |logit difference| (fp32, CPU) between the patched and upstream tiny models
 LOGIT_TOLERANCE = 1e-4
@@ -88,11 +90,9 @@ def describe_structure(model) -> Probe:
     ]
     if missing:
         raise FamilyRefused(f"{module_name} has no {', '.join(missing)}")
-    extra = sorted(
-        n
-        for n, child in layer.named_children()
-        if n not in KNOWN_LAYER_PARTS and not isinstance(child, torch.nn.Dropout)
-    )
+    parts = {n for n, c in layer.named_children() if not isinstance(c, torch.nn.Dropout)}
+    post_norm = "input_layernorm" not in parts and parts == POST_NORM_PARTS
+    extra = sorted(parts - (POST_NORM_PARTS if post_norm else PRE_NORM_PARTS))
     if extra:
         problems.append(f"decoder layer parts the shared glue does not run: {', '.join(extra)}")
     attn, mlp = layer.self_attn, layer.mlp
@@ -105,11 +105,19 @@ def describe_structure(model) -> Probe:
     if act is None:
         problems.append("MLP has no act_fn / activation_fn")
     qk_norm = hasattr(attn, "q_norm") or hasattr(attn, "k_norm")
+    whole = False
     if qk_norm:
-        head_dim = getattr(attn, "head_dim", None)
-        if getattr(attn.q_norm, "weight", torch.empty(0)).numel() != head_dim:
-            problems.append("q/k norm over the whole projection, not per head (OLMo 2)")
-        notes.append("per-head q/k RMSNorm before RoPE")
+        width = getattr(attn.q_norm, "weight", torch.empty(0)).numel()
+        whole = width != getattr(attn, "head_dim", None)
+        if whole and width != model.config.num_attention_heads * attn.head_dim:
+            problems.append(f"a q norm of width {width}, neither a head nor the projection")
+        notes.append(
+            "q/k RMSNorm over the whole projection before RoPE"
+            if whole
+            else "per-head q/k RMSNorm before RoPE"
+        )
+    if post_norm:
+        notes.append("norms after attention and after the MLP (post-norm)")
     if problems:
         raise FamilyRefused("; ".join(problems))
     if any(getattr(attn, n).bias is not None for n in qkv):
@@ -117,7 +125,9 @@ def describe_structure(model) -> Probe:
     if len(qkv) == 1 or len(gate_up) == 1:
         notes.append("packed projections, used as they are")
     config_window = not hasattr(attn, "sliding_window") and hasattr(model.config, "sliding_window")
-    family = Family(module_name, prefix, qk_norm, qkv, gate_up, act, config_window)
+    family = Family(
+        module_name, prefix, qk_norm, qkv, gate_up, act, config_window, whole, post_norm
+    )
     return Probe(family, tuple(notes))
 
 

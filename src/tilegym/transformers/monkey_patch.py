@@ -220,7 +220,7 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         forwards["Attention"] = glue.make_attention_forward(
             routes, fused, gemm, eager, ALL_ATTENTION_FUNCTIONS, takes_kwargs, desc
         )
-        forwards["DecoderLayer"] = glue.make_decoder_layer_forward(routes)
+        forwards["DecoderLayer"] = glue.make_decoder_layer_forward(routes, desc)
 
     try:
         if model is None:

@@ -27,8 +27,8 @@ PRESETS: dict[str, Preset] = {
     "tiny-llama": Preset(
         "tiny-llama", "llama", "Llama 3.2, 2 small layers", "tiny-llama.json", True
     ),
-    # gemma3 and olmo2 have no cuTile patch (model init refuses them by name): the bench
-    # measures their PyTorch side only
+    # gemma3 has no cuTile patch (model init refuses it by name): the bench measures its
+    # PyTorch side only
     "mistral": Preset("mistral", "mistral", "mistralai/Mistral-7B-v0.3", "mistral.json", False),
     "qwen2": Preset("qwen2", "qwen2", "Qwen/Qwen2.5-1.5B", "qwen2.json", False),
     "phi3": Preset("phi3", "phi3", "microsoft/Phi-3.5-mini-instruct", "phi3.json", False),

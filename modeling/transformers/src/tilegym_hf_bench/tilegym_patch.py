@@ -16,6 +16,7 @@ MODEL_PATCH_KWARGS = {
     "mistral": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "qwen2": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "phi3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "olmo2": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
 }
 
 

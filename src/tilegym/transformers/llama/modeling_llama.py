@@ -60,6 +60,8 @@ class Family:
     act: str = "act_fn"  # the MLP's activation attribute (Phi-3: activation_fn)
     config_window: bool = False  # attention gets config.sliding_window (Mistral, Phi-3), not
     # the module's own sliding_window attribute (Qwen2, Qwen3), as the upstream forward does
+    qk_norm_whole: bool = False  # the q/k RMSNorm spans the whole projection (OLMo 2)
+    post_norm: bool = False  # norms after attention and after the MLP, none before (OLMo 2)
 
 
 FAMILY = Family("transformers.models.llama.modeling_llama", "Llama")
@@ -211,12 +213,16 @@ def make_attention_forward(
             q, k, v = (getattr(self, n)(hidden_states) for n in names)
             q, k, v = q.view(bsz, seq, hq, d), k.view(bsz, seq, hk, d), v.view(bsz, seq, hk, d)
         cos, sin = position_embeddings
-        if routes.qk_norm and routes.rope and routes.rms_norm:
+        per_head = routes.qk_norm and not family.qk_norm_whole
+        if routes.qk_norm and family.qk_norm_whole:
+            q = self.q_norm(q.reshape(bsz, seq, hq * d)).view(bsz, seq, hq, d)
+            k = self.k_norm(k.reshape(bsz, seq, hk * d)).view(bsz, seq, hk, d)
+        if per_head and routes.rope and routes.rms_norm:
             q, k = qk_norm_rope(
                 q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.variance_epsilon, cos, sin
             )
         else:
-            if routes.qk_norm:
+            if per_head:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = q.transpose(1, 2), k.transpose(1, 2)
             if routes.rope:
@@ -282,7 +288,7 @@ def _torch_rope(q, k, cos, sin):
     return apply_rope_reference(q, k, cos, sin)
 
 
-def make_decoder_layer_forward(routes: Routes) -> Callable:
+def make_decoder_layer_forward(routes: Routes, family: Family = FAMILY) -> Callable:
     """``XDecoderLayer.forward``: the attention residual add is folded into the o_proj GEMM
     (``linear``) or into the fused add+RMSNorm kernel (``rms_norm``); the MLP residual add into
     the down_proj GEMM (``linear``), else it stays a PyTorch add: a standalone cuTile add never
@@ -320,4 +326,26 @@ def make_decoder_layer_forward(routes: Routes) -> Callable:
             normed = norm(hidden_states)
         return self.mlp(normed, residual=hidden_states)
 
-    return forward
+    return _post_norm_forward if family.post_norm else forward
+
+
+def _post_norm_forward(
+    self,
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.LongTensor | None = None,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """``XDecoderLayer.forward`` of a post-norm family (OLMo 2): each sub-block's output is
+    normalized, then added to the residual (the norms are the patched RMSNorm forwards; the
+    adds stay PyTorch's: nothing to fold them into)."""
+    attn_out, _ = self.self_attn(
+        hidden_states=hidden_states,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        position_embeddings=position_embeddings,
+        **kwargs,
+    )
+    hidden_states = hidden_states + self.post_attention_layernorm(attn_out)
+    return hidden_states + self.post_feedforward_layernorm(self.mlp(hidden_states))
