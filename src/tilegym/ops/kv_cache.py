@@ -17,9 +17,9 @@ from tilegym.ops.attention import AttentionInputError, array_constraint
 ConstInt = ct.Constant[int]
 
 
-@ct.kernel
-def kv_cache_write_kernel(KNew, VNew, KCache, VCache, pos: int, D: ConstInt, TILE_S: ConstInt):
-    """Copy one (token tile, batch*head) of the new keys and values to ``[pos, pos + S)``."""
+def _write_tokens(KNew, VNew, KCache, VCache, pos, D, TILE_S):
+    """Copy token tile ``bid(0)`` of the new keys and values of (batch x head) ``bid(1)`` to
+    cache positions ``[pos, pos + S)``."""
     t = ct.bid(0)
     bh = ct.bid(1)
     h_all = KNew.shape[1]
@@ -32,6 +32,12 @@ def kv_cache_write_kernel(KNew, VNew, KCache, VCache, pos: int, D: ConstInt, TIL
     v = ct.load(VNew, index=(b, h, t, 0), shape=(1, 1, TILE_S, D), padding_mode=ct.PaddingMode.ZERO)
     ct.store(k_dst, index=(b, h, t, 0), tile=k)
     ct.store(v_dst, index=(b, h, t, 0), tile=v)
+
+
+@ct.kernel
+def kv_cache_write_kernel(KNew, VNew, KCache, VCache, pos: int, D: ConstInt, TILE_S: ConstInt):
+    """Copy one (token tile, batch*head) of the new keys and values to ``[pos, pos + S)``."""
+    _write_tokens(KNew, VNew, KCache, VCache, pos, D, TILE_S)
 
 
 @ct.kernel
@@ -41,21 +47,10 @@ def kv_cache_write_at_kernel(
     """``kv_cache_write_kernel`` at the position held in ``Position[0]`` (read on the device),
     and ``Length[0] = position + S`` (written by block (0, 0); ``Position`` is a separate
     tensor, so no block reads a length another one has already advanced)."""
-    t = ct.bid(0)
-    bh = ct.bid(1)
-    h_all = KNew.shape[1]
-    b = bh // h_all
-    h = bh % h_all
-    s_new = KNew.shape[2]
     pos = ct.gather(Position, 0)
-    k_dst = KCache.slice(axis=2, start=pos, stop=pos + s_new)
-    v_dst = VCache.slice(axis=2, start=pos, stop=pos + s_new)
-    k = ct.load(KNew, index=(b, h, t, 0), shape=(1, 1, TILE_S, D), padding_mode=ct.PaddingMode.ZERO)
-    v = ct.load(VNew, index=(b, h, t, 0), shape=(1, 1, TILE_S, D), padding_mode=ct.PaddingMode.ZERO)
-    ct.store(k_dst, index=(b, h, t, 0), tile=k)
-    ct.store(v_dst, index=(b, h, t, 0), tile=v)
-    end = (pos + s_new).astype(Length.dtype)
-    ct.scatter(Length, 0, end, mask=(t + bh) == 0)
+    _write_tokens(KNew, VNew, KCache, VCache, pos, D, TILE_S)
+    end = (pos + KNew.shape[2]).astype(Length.dtype)
+    ct.scatter(Length, 0, end, mask=(ct.bid(0) + ct.bid(1)) == 0)
 
 
 def _tile_s(s_new: int) -> int:

@@ -236,29 +236,16 @@ def tilegym_attention_forward(
     if scaling is None:
         scaling = getattr(module, "scaling", None)
     position = device_position(mask)
-    if position is not None and q_len == 1 and mask.causal:
+    if position is not None and not (q_len == 1 and mask.causal):
+        # a static cache's prefill (eager): read the start once
+        mask, position = dataclasses.replace(mask, q_start=int(position[0])), None
+    if q_len == 1 and (position is not None or not mask.causal or mask.q_start >= 0):
+        if position is not None:  # keys [0, position], read on the device
+            span = {"position": position}
+        else:
+            span = {"kv_end": min(kv_len, mask.q_start + 1) if mask.causal else kv_len}
         out = decode_attention(
-            query,
-            key,
-            value,
-            scale=scaling,
-            position=position,
-            window=mask.window,
-            key_valid=mask.key_valid,
-        )
-        return out, None
-    if position is not None:  # a static cache's prefill (eager): read the start once
-        mask = dataclasses.replace(mask, q_start=int(position[0]))
-    if q_len == 1 and (not mask.causal or mask.q_start >= 0):
-        kv_end = min(kv_len, mask.q_start + 1) if mask.causal else kv_len
-        out = decode_attention(
-            query,
-            key,
-            value,
-            scale=scaling,
-            kv_end=kv_end,
-            window=mask.window,
-            key_valid=mask.key_valid,
+            query, key, value, scale=scaling, window=mask.window, key_valid=mask.key_valid, **span
         )
     else:
         out = prefill_attention(
