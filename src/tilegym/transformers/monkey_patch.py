@@ -10,6 +10,7 @@ patched (before instantiation) and ``undo()`` puts the original function objects
 
 from __future__ import annotations
 
+import ast
 import importlib
 import types
 from collections.abc import Callable
@@ -332,7 +333,10 @@ def _entry_point(model_type: str, what: str) -> Callable[..., PatchHandle]:
 
 
 def _what(model_type: str) -> str:
-    doc = importlib.import_module(FAMILIES[model_type].glue_module).__doc__ or model_type
+    """The family's name from its module docstring, read as text: importing this module
+    imports no family (nor transformers or cuda.tile) until a patch is applied."""
+    path = Path(__file__).parent / model_type / f"modeling_{model_type}.py"
+    doc = ast.get_docstring(ast.parse(path.read_text())) or model_type
     return doc.strip().splitlines()[0].removeprefix("cuTile forwards for ").rstrip(".")
 
 
