@@ -57,28 +57,38 @@ def _tile_s(s_new: int) -> int:
     return 1 if s_new == 1 else 64
 
 
-def kv_cache_write(
-    k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int
-) -> None:
-    """``k_cache[:, :, pos:pos+S] = k_new`` (and values) with one cuTile launch."""
+def _check_write(k_new, v_new, k_cache, v_cache, start: int) -> None:
+    """One clear error for new keys/values that do not fit the cache from ``start`` on."""
     if k_new.shape != v_new.shape or k_new.ndim != 4:
         raise AttentionInputError(f"new keys/values shapes {k_new.shape}/{v_new.shape} differ")
     b, h, s_new, d = k_new.shape
     if k_cache.shape[:2] != (b, h) or k_cache.shape[3] != d or k_cache.shape != v_cache.shape:
         raise AttentionInputError(f"cache {tuple(k_cache.shape)} does not fit {tuple(k_new.shape)}")
-    if pos < 0 or pos + s_new > k_cache.shape[2]:
+    if start < 0 or start + s_new > k_cache.shape[2]:
         raise AttentionInputError(
-            f"positions [{pos}, {pos + s_new}) exceed capacity {k_cache.shape[2]}"
+            f"positions [{start}, {start + s_new}) exceed capacity {k_cache.shape[2]}"
         )
     if k_new.dtype != k_cache.dtype or v_new.dtype != v_cache.dtype:
         raise AttentionInputError(f"dtype {k_new.dtype} does not match the cache's {k_cache.dtype}")
-    if s_new:
+
+
+def kv_cache_write(
+    k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int
+) -> None:
+    """``k_cache[:, :, pos:pos+S] = k_new`` (and values) with one cuTile launch."""
+    _check_write(k_new, v_new, k_cache, v_cache, pos)
+    if k_new.shape[2]:
         _launch_write(k_new, v_new, k_cache, v_cache, int(pos))
 
 
 def _launch_write(k_new, v_new, k_cache, v_cache, pos: int) -> None:
     """The launch alone: the caller has checked shapes, dtypes and capacity (decode calls this
     once per layer and token, so its host time counts)."""
+    _launch(kv_cache_write_kernel, k_new, v_new, k_cache, v_cache, (pos,))
+
+
+def _launch(kernel, k_new, v_new, k_cache, v_cache, where: tuple) -> None:
+    """One write kernel over (token tiles, batch x heads); ``where`` its position arguments."""
     if k_new.stride(-1) != 1:
         k_new = k_new.contiguous()
     if v_new.stride(-1) != 1:
@@ -88,8 +98,8 @@ def _launch_write(k_new, v_new, k_cache, v_cache, pos: int) -> None:
     ct.launch(
         stream(),
         (ct.cdiv(s_new, tile_s), b * h, 1),
-        kv_cache_write_kernel,
-        (k_new, v_new, k_cache, v_cache, pos, d, tile_s),
+        kernel,
+        (k_new, v_new, k_cache, v_cache, *where, d, tile_s),
     )
 
 
@@ -105,37 +115,20 @@ def kv_cache_write_at(
     read on the device, then ``length.fill_(p + S)``; one launch, no host synchronization.
 
     ``position`` is int32 ``[1]``; ``length`` a one-element int32/int64 tensor (transformers'
-    ``StaticLayer.cumulative_length``, 0-d). A position past the capacity is not checked (it
-    would need the value on the host): the caller's mask says where the token goes.
+    ``StaticLayer.cumulative_length``, 0-d). Only ``[0, S)`` is checked against the capacity
+    (``p`` would have to be read on the host): the caller's mask says where the token goes.
     """
-    if k_new.shape != v_new.shape or k_new.ndim != 4:
-        raise AttentionInputError(f"new keys/values shapes {k_new.shape}/{v_new.shape} differ")
-    b, h, s_new, d = k_new.shape
-    if k_cache.shape[:2] != (b, h) or k_cache.shape[3] != d or k_cache.shape != v_cache.shape:
-        raise AttentionInputError(f"cache {tuple(k_cache.shape)} does not fit {tuple(k_new.shape)}")
-    if s_new > k_cache.shape[2]:
-        raise AttentionInputError(f"{s_new} new tokens exceed capacity {k_cache.shape[2]}")
-    if k_new.dtype != k_cache.dtype or v_new.dtype != v_cache.dtype:
-        raise AttentionInputError(f"dtype {k_new.dtype} does not match the cache's {k_cache.dtype}")
+    _check_write(k_new, v_new, k_cache, v_cache, 0)
     if position.shape != (1,) or position.dtype != torch.int32:
         raise AttentionInputError(
             f"position must be int32 of shape (1,), got {position.dtype} {tuple(position.shape)}"
         )
     if length.numel() != 1 or length.dtype not in (torch.int32, torch.int64):
         raise AttentionInputError(f"length must be one int32/int64 element, got {length.dtype}")
-    if not s_new:
-        return
-    if k_new.stride(-1) != 1:
-        k_new = k_new.contiguous()
-    if v_new.stride(-1) != 1:
-        v_new = v_new.contiguous()
-    tile_s = _tile_s(s_new)
-    ct.launch(
-        stream(),
-        (ct.cdiv(s_new, tile_s), b * h, 1),
-        kv_cache_write_at_kernel,
-        (k_new, v_new, k_cache, v_cache, position, length.view(1), d, tile_s),
-    )
+    if k_new.shape[2]:
+        _launch(
+            kv_cache_write_at_kernel, k_new, v_new, k_cache, v_cache, (position, length.view(1))
+        )
 
 
 def reference_kv_cache_write_at(k_new, v_new, k_cache, v_cache, position, length) -> None:
