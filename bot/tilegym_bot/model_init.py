@@ -150,6 +150,7 @@ def scaffold(
         f'    "{model_type}": {ALL_FLAGS},\n',
         model_type,
     )
+    tiny = tiny_config(config, model_type)
     files = {
         f"{folder}/__init__.py": family_doc,
         f"{folder}/modeling_{model_type}.py": render_family(
@@ -161,8 +162,7 @@ def scaffold(
         + "\n",
         f"{CONFIGS_DIR}/{key}.json": json.dumps(full, indent=2) + "\n",
         f"{CONFIGS_DIR}/tiny-{key}.json": json.dumps(
-            {"_source": tiny_config(config, model_type)["_source"]}
-            | _written(tiny_config(config, model_type), model_type),
+            {"_source": tiny["_source"]} | _written(tiny, model_type),
             indent=2,
         )
         + "\n",

@@ -199,7 +199,7 @@ def test_glue_with_pytorch_routes_matches_upstream(model_type):
     glued.load_state_dict(base.state_dict())
     glue, desc = mp.FAMILIES[model_type].glue(), mp.FAMILIES[model_type].description()
     classes = upstream_classes(model_type)
-    routes = glue.Routes(qk_norm=desc.qk_norm)
+    routes = glue.Routes()
     fused = glue.FusedWeights()
     up = __import__(desc.upstream_module, fromlist=["_"])
     takes = glue.cache_update_takes_kwargs(classes["Attention"])

@@ -91,7 +91,7 @@ def describe_structure(model) -> Probe:
     if missing:
         raise FamilyRefused(f"{module_name} has no {', '.join(missing)}")
     parts = {n for n, c in layer.named_children() if not isinstance(c, torch.nn.Dropout)}
-    post_norm = "input_layernorm" not in parts and parts == POST_NORM_PARTS
+    post_norm = parts == POST_NORM_PARTS
     extra = sorted(parts - (POST_NORM_PARTS if post_norm else PRE_NORM_PARTS))
     if extra:
         problems.append(f"decoder layer parts the shared glue does not run: {', '.join(extra)}")

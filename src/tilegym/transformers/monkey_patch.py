@@ -167,9 +167,7 @@ def _apply(family: ModelFamily, flags: dict[str, bool], model) -> PatchHandle:
 def apply_family(model, description, **flags) -> PatchHandle:
     """Patch one instance by a ``Family`` description that need not be registered (how
     ``model init`` checks a family it is about to scaffold); flags as for the entry points."""
-    unknown = sorted(set(flags) - set(FLAGS))
-    if unknown:
-        raise TypeError(f"unknown patch flags {unknown}; known: {', '.join(FLAGS)}")
+    _check_flags(flags)
     chosen = {flag: bool(flags.get(flag, True)) for flag in FLAGS}
     model_type = getattr(model.config, "model_type", "unknown")
     return _apply_description(model_type, description, chosen, model)
@@ -203,7 +201,6 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         rope=flags["rope"],
         swiglu=swiglu,
         linear=gemm is not None,
-        qk_norm=desc.qk_norm,
     )
     fused = glue.FusedWeights()
     handle.repacked = fused
@@ -248,8 +245,7 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
 
 
 def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc) -> None:
-    from tilegym.transformers.llama.modeling_llama import unbiased
-
+    unbiased = importlib.import_module(SHARED_GLUE).unbiased
     for module in model.modules():
         for part, fn in forwards.items():
             if type(module) is classes[part] or isinstance(module, classes[part]):
@@ -367,7 +363,11 @@ def apply_tilegym_kernel(model, **flags) -> PatchHandle:
             f"no tilegym patch for model_type {model_type!r}; "
             f"supported: {', '.join(supported_model_types())}"
         )
+    _check_flags(flags)
+    return apply(model=model, **flags)
+
+
+def _check_flags(flags: dict) -> None:
     unknown = sorted(set(flags) - set(FLAGS))
     if unknown:
         raise TypeError(f"unknown patch flags {unknown}; known: {', '.join(FLAGS)}")
-    return apply(model=model, **flags)

@@ -41,7 +41,6 @@ class Routes:
     rope: bool = False
     swiglu: bool = False
     linear: bool = False
-    qk_norm: bool = False  # the model has per-head q/k RMSNorm (Qwen3)
 
 
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -213,8 +212,8 @@ def make_attention_forward(
             q, k, v = (getattr(self, n)(hidden_states) for n in names)
             q, k, v = q.view(bsz, seq, hq, d), k.view(bsz, seq, hk, d), v.view(bsz, seq, hk, d)
         cos, sin = position_embeddings
-        per_head = routes.qk_norm and not family.qk_norm_whole
-        if routes.qk_norm and family.qk_norm_whole:
+        per_head = family.qk_norm and not family.qk_norm_whole
+        if family.qk_norm and family.qk_norm_whole:
             q = self.q_norm(q.reshape(bsz, seq, hq * d)).view(bsz, seq, hq, d)
             k = self.k_norm(k.reshape(bsz, seq, hk * d)).view(bsz, seq, hk, d)
         if per_head and routes.rope and routes.rms_norm:
@@ -326,26 +325,25 @@ def make_decoder_layer_forward(routes: Routes, family: Family = FAMILY) -> Calla
             normed = norm(hidden_states)
         return self.mlp(normed, residual=hidden_states)
 
-    return _post_norm_forward if family.post_norm else forward
-
-
-def _post_norm_forward(
-    self,
-    hidden_states: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    position_ids: torch.LongTensor | None = None,
-    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-    **kwargs,
-) -> torch.Tensor:
-    """``XDecoderLayer.forward`` of a post-norm family (OLMo 2): each sub-block's output is
-    normalized, then added to the residual (the norms are the patched RMSNorm forwards; the
-    adds stay PyTorch's: nothing to fold them into)."""
-    attn_out, _ = self.self_attn(
-        hidden_states=hidden_states,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        position_embeddings=position_embeddings,
+    def post_norm_forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         **kwargs,
-    )
-    hidden_states = hidden_states + self.post_attention_layernorm(attn_out)
-    return hidden_states + self.post_feedforward_layernorm(self.mlp(hidden_states))
+    ) -> torch.Tensor:
+        """A post-norm family's layer (OLMo 2): each sub-block's output is normalized, then
+        added to the residual (the norms are the patched RMSNorm forwards; the adds stay
+        PyTorch's: nothing to fold them into)."""
+        attn_out, _ = self.self_attn(
+            hidden_states=hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        hidden_states = hidden_states + self.post_attention_layernorm(attn_out)
+        return hidden_states + self.post_feedforward_layernorm(self.mlp(hidden_states))
+
+    return post_norm_forward if family.post_norm else forward
