@@ -63,18 +63,14 @@ case $step in
     run baseline "main as it is" -- "$@"
     ;;
   planted)
-    # In scope (the model's own glue): qwen3's attention forward gets a GEMM module whose
-    # linear() launches the QKV GEMM three times and returns the last (same output).
+    # In scope (the model's own module): qwen3's family description wires its own attention
+    # builder (Family.forwards, as an experiment wiring a new kernel does), which hands the
+    # shared attention forward a GEMM module that launches the QKV GEMM three times and
+    # returns the last (same output).
     "${bot[@]}" experiment start --model-key qwen3 --name planted-3x-gemm
-    python3 - "$repo/src/tilegym/transformers/qwen3/modeling_qwen3.py" <<'PY'
-import sys
-path = sys.argv[1]
-text = open(path).read()
-assert "    make_attention_forward,\n" in text, path
-text = text.replace("    make_attention_forward,\n", "", 1)
-text += """
+    cat >> "$repo/src/tilegym/transformers/qwen3/modeling_qwen3.py" <<'PY'
 
-from tilegym.transformers.llama import modeling_llama as _llama
+from tilegym.transformers.llama.modeling_llama import make_attention_forward as _shared_attention
 
 
 class _ThriceGemm:
@@ -91,9 +87,15 @@ class _ThriceGemm:
 
 
 def make_attention_forward(routes, fused, gemm, *rest):
-    return _llama.make_attention_forward(routes, fused, _ThriceGemm(gemm), *rest)
-"""
-open(path, "w").write(text)
+    return _shared_attention(routes, fused, _ThriceGemm(gemm), *rest)
+
+
+FAMILY = Family(
+    "transformers.models.qwen3.modeling_qwen3",
+    "Qwen3",
+    qk_norm=True,
+    forwards={"Attention": make_attention_forward},
+)
 PY
     git -C "$repo" commit -qam "qwen3: QKV GEMM launched three times (planted slowdown)"
     run planted "planted: QKV GEMM launched 3x" -- "$@"

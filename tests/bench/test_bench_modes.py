@@ -4,6 +4,7 @@ bot comparing only runs of one mode. CPU only: the static side really compiles (
 the CPU, no CUDA graphs there)."""
 
 import copy
+import gc
 import json
 from pathlib import Path
 
@@ -161,6 +162,36 @@ def test_a_compile_inside_a_timed_run_is_flagged(warm_static):
 
 
 # --- the guard on its own -------------------------------------------------------------------
+
+
+class _GcProbe:
+    """A side whose generate() records whether the cyclic collector was on while it ran."""
+
+    def __init__(self):
+        self.gc_on: list[bool] = []
+
+    def timed(self, new_tokens):
+        self.gc_on.append(gc.isenabled())
+        return 0.01 * new_tokens, None
+
+
+def test_timed_runs_pause_the_garbage_collector_and_restore_it():
+    sides = {"baseline": _GcProbe(), "cutile": _GcProbe()}
+    assert gc.isenabled()
+    measure(sides, 1, 4, 3, lambda line: None)
+    assert gc.isenabled()
+    assert [s.gc_on for s in sides.values()] == [[False] * 6, [False] * 6]
+
+
+def test_a_failing_timed_run_still_restores_the_garbage_collector():
+    class Broken(_GcProbe):
+        def timed(self, new_tokens):
+            raise BenchError("boom")
+
+    with pytest.raises(BenchError):
+        measure({"baseline": Broken()}, 1, 4, 1, lambda line: None)
+    assert gc.isenabled()
+
 
 
 def test_guard_lets_compiled_code_run_and_flags_a_shape_change():

@@ -25,6 +25,12 @@ SUPPORTED_TRANSFORMERS = (5, 17)
 FLAGS = ("rope", "rms_norm", "swiglu", "attn", "linear")
 GEMM_API = ("linear", "fused_gate_up_silu", "linear_residual")
 _MARK = "_tilegym_patched"
+_SNAKE = {  # upstream class suffix -> the shared glue's make_<snake>_forward
+    "RMSNorm": "rms_norm",
+    "MLP": "mlp",
+    "Attention": "attention",
+    "DecoderLayer": "decoder_layer",
+}
 
 
 class UnsupportedTransformersVersion(RuntimeError):
@@ -182,6 +188,11 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         part: getattr(upstream, f"{prefix}{part}")
         for part in ("RMSNorm", "MLP", "Attention", "DecoderLayer")
     }
+    unknown = sorted(set(desc.forwards) - set(_SNAKE))
+    if unknown:
+        raise ValueError(
+            f"Family.forwards of {model_type!r} names {unknown}; known parts: {', '.join(_SNAKE)}"
+        )
     handle = PatchHandle(model_type)
     for flag, wanted in flags.items():
         if not wanted:
@@ -207,18 +218,23 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
     handle._undo.append(fused.clear)
     patcher = _Patcher(handle)
     forwards = {}
+
+    def builder(part: str) -> Callable:
+        """The family's own builder for ``part`` (``Family.forwards``), else the shared one."""
+        return desc.forwards.get(part) or getattr(glue, f"make_{_SNAKE[part]}_forward")
+
     if routes.rms_norm:
-        forwards["RMSNorm"] = glue.make_rms_norm_forward()
+        forwards["RMSNorm"] = builder("RMSNorm")()
     if routes.rms_norm or routes.rope or routes.swiglu or routes.linear:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
         takes_kwargs = glue.cache_update_takes_kwargs(classes["Attention"])
         eager = upstream.eager_attention_forward
-        forwards["MLP"] = glue.make_mlp_forward(routes, fused, gemm, desc)
-        forwards["Attention"] = glue.make_attention_forward(
+        forwards["MLP"] = builder("MLP")(routes, fused, gemm, desc)
+        forwards["Attention"] = builder("Attention")(
             routes, fused, gemm, eager, ALL_ATTENTION_FUNCTIONS, takes_kwargs, desc
         )
-        forwards["DecoderLayer"] = glue.make_decoder_layer_forward(routes, desc)
+        forwards["DecoderLayer"] = builder("DecoderLayer")(routes, desc)
 
     try:
         if model is None:

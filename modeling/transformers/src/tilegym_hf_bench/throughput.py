@@ -1,13 +1,15 @@
 """Warm-up until timings settle, then timed runs interleaved A B A B across the sides.
 
 Warm-up pays every one-time cost (torch.compile, CUDA-graph capture, cuTile JIT) and reports
-it as ``compile_s``; each timed run is guarded so that it cannot compile (``compile_guard``).
+it as ``compile_s``; each timed run is guarded so that it cannot compile (``compile_guard``)
+and runs with Python's cyclic garbage collector paused (``gc_paused``), as ``timeit`` does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 from tilegym_hf_bench.compile_guard import no_compile
@@ -36,6 +38,22 @@ class WarmUp:
         one-time cost of compiling, capturing CUDA graphs and JIT-compiling kernels. None
         without two warm-up runs to compare."""
         return first_run_excess(self.times.get(name, []))
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Collect, then keep the cyclic collector off for the body. A full collection over the
+    millions of objects that torch.compile and transformers keep alive takes tens of ms and
+    lands in whichever side's timed run crosses the allocation threshold: noise that is no
+    property of either side. Reference counting still frees everything acyclic."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def first_run_excess(times: list[float]) -> float | None:
@@ -101,7 +119,7 @@ def measure(
         for name, gen in sides.items():
             if ids is not None:
                 gen.use_prompt(ids)
-            with guard(f"timed run {i + 1}/{runs}, {name}"):
+            with guard(f"timed run {i + 1}/{runs}, {name}"), gc_paused():
                 ttft_s, _ = gen.timed(1)
                 total_s, output = gen.timed(tokens)
             s = out[name]

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import StaticLayer
@@ -61,6 +61,10 @@ class Family:
     # the module's own sliding_window attribute (Qwen2, Qwen3), as the upstream forward does
     qk_norm_whole: bool = False  # the q/k RMSNorm spans the whole projection (OLMo 2)
     post_norm: bool = False  # norms after attention and after the MLP, none before (OLMo 2)
+    forwards: Mapping[str, Callable] = field(default_factory=dict, compare=False)
+    # the family's own forward builders by upstream class suffix ("RMSNorm", "MLP",
+    # "Attention", "DecoderLayer"), each with the shared make_*_forward's signature: how an
+    # experiment wires a new kernel into one family without touching the shared glue
 
 
 FAMILY = Family("transformers.models.llama.modeling_llama", "Llama")
