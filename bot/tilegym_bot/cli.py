@@ -15,6 +15,7 @@ from pathlib import Path
 import git
 
 from tilegym_bot.errors import BotError
+from tilegym_bot.policy import DEFAULT_GPU_TIME_MARGIN
 
 
 class _Parser(argparse.ArgumentParser):
@@ -310,8 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gpu-margin",
         type=_margin,
-        default=0.02,
-        help="allowed rise of GPU kernel time per token (default 0.02)",
+        default=DEFAULT_GPU_TIME_MARGIN,
+        help=f"allowed rise of GPU kernel time per token (default {DEFAULT_GPU_TIME_MARGIN})",
     )
     p.add_argument(
         "--repo",

@@ -52,9 +52,12 @@ LEDGER_STATUS = {
     "timeout": "timeout",
 }
 DEFAULT_MARGIN = 0.02
-# GPU kernel time per token may rise by at most this fraction. Two profiled runs of the same
-# code differ by about 0.2% (H200, qwen3 default workload: 162.20 vs 161.9 ms a generate()).
-DEFAULT_GPU_TIME_MARGIN = 0.02
+# GPU kernel time per token may rise by at most this fraction: "no slower" within measurement
+# noise. Profiled runs of the same code differ by at most 0.31% (H200, static mode, qwen3
+# default workload: 1.3318-1.3360 ms/token over five runs on three hosts; llama 1.1908 vs
+# 1.1948). At 2% a planted 3x QKV GEMM (+0.8% under a compiled decode step, which drops the
+# two unused launches) was kept.
+DEFAULT_GPU_TIME_MARGIN = 0.005
 COVERAGE_MIN_GAIN_PP = 0.01
 # Stored and recomputed coverage may differ by rounding only.
 COVERAGE_RECOUNT_TOLERANCE_PP = 0.01
@@ -487,7 +490,7 @@ def decide(
         rise = gpu_h / gpu_b - 1.0
         gpu_text = (
             f"GPU kernel time per token {gpu_b:.4f} → {gpu_h:.4f} ms ({rise:+.1%}, "
-            f"allowed +{gpu_margin:.0%})"
+            f"allowed +{gpu_margin:.1%})"
         )
         if rise > gpu_margin:
             return verdict(
