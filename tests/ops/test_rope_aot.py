@@ -62,11 +62,7 @@ def test_rope_aot_covers_default_launches(dtype, launches):
             rp.qk_norm_rope(q, k, w, w, 1e-6, cos, sin)
     assert launches
     for kernel, args in launches:
-        nconst = {
-            rp.rope_kernel: 4,
-            rp.qk_norm_rope_kernel: 3,
-            rp.qk_norm_rope_loop_kernel: 4,
-        }.get(kernel, 5)
+        nconst = {rp.rope_kernel: 4, rp.qk_norm_rope_kernel: 4}.get(kernel, 5)
         key = _launch_key(kernel, args, len(args) - nconst)
         assert key in keys, f"no AOT signature for {key}"
 

@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHea
 import tilegym.transformers
 from tilegym.transformers import monkey_patch as mp
 
-FAMILIES = ["qwen3", "llama", "mistral", "qwen2", "phi3"]
+FAMILIES = ["qwen3", "llama", "mistral", "qwen2", "phi3", "gemma3"]
 
 
 def tiny_model(model_type: str, head_dim: int = 16):
@@ -52,7 +52,8 @@ def test_installed_version_is_accepted():
 def test_dispatch_refuses_unknown_model_type_and_lists_supported():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(
-        mp.UnsupportedModelType, match="gpt2.*supported: llama, mistral, olmo2, phi3, qwen2, qwen3"
+        mp.UnsupportedModelType,
+        match="gpt2.*supported: gemma3_text, llama, mistral, olmo2, phi3, qwen2, qwen3",
     ):
         mp.apply_tilegym_kernel(model)
 
@@ -67,7 +68,7 @@ def test_dispatch_uses_config_model_type(model_type):
     model = tiny_model(model_type)
     handle = mp.apply_tilegym_kernel(model, attn=False, linear=False)
     try:
-        assert handle.model_type == model_type
+        assert handle.model_type == mp.FAMILIES[model_type].model_type
         assert handle.applied == ["rope", "rms_norm", "swiglu"]
         assert handle.not_applied == {
             "attn": "disabled by the caller",

@@ -85,6 +85,58 @@ def test_static_generate_compiles_the_patched_decode_step_once_with_fullgraph(mo
         assert torch.equal(_static(patched, ids, mask, 6), want)  # a second generate: replays
 
 
+def _gemma3():
+    """Gemma 3 at attention-kernel head size: a sliding-window layer (window 4, shorter than
+    the prompts) then a global one."""
+    cfg = AutoConfig.for_model(
+        "gemma3_text",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        query_pre_attn_scalar=64,
+        vocab_size=512,
+        sliding_window=4,
+        sliding_window_pattern=2,
+        initializer_range=0.05,
+    )
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def test_gemma3_static_generate_compiles_like_the_unpatched_model():
+    """Gemma 3 under a static cache: the global layer's cache is written in place by the cuTile
+    op at the device position and read by the decode kernel, as for qwen3/llama. Its sliding
+    layer keeps transformers' StaticSlidingWindowLayer, a rolling window whose fill is a host
+    int, which costs the unpatched model one recompile (the int turns symbolic); the patched
+    model compiles no more often, matches the eager tokens and then replays."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+
+    base = _gemma3()
+    patched = copy.deepcopy(base)
+    handle = mp.apply_tilegym_kernel(patched)
+    assert handle.applied == list(mp.FLAGS), handle.not_applied
+    ids, mask = _left_padded([9, 4])
+    want = _greedy(base, ids, mask, 8)
+    graphs = {}
+    for name, model in (("base", base), ("patched", patched)):
+        torch._dynamo.reset()
+        counters.clear()
+        got, code = run_and_get_code(lambda m=model: _static(m, ids, mask, 8))
+        assert torch.equal(got, want), name
+        graphs[name] = counters["stats"]["unique_graphs"]
+    assert graphs["patched"] <= graphs["base"], graphs
+    code = "\n".join(code)
+    assert "torch.ops.tilegym.kv_cache_write_at" in code
+    assert "torch.ops.tilegym.decode_attention" in code
+    with torch.compiler.set_stance("fail_on_recompile"):
+        assert torch.equal(_static(patched, ids, mask, 8), want)
+
+
 def test_undo_and_an_unpatched_model_in_the_same_process_keep_working():
     torch._dynamo.reset()
     base, patched, handle = _patched_pair("qwen3")
@@ -172,23 +224,28 @@ def test_cuda_graph_replay_matches_the_eager_decode_step(model_key, batch):
     model = _gpu_model(model_key)
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
     gen = torch.Generator(device="cuda").manual_seed(batch)
-    compiled_for = set()  # padded or not: the mask's key validity is a graph input or absent
+    compiled_for = set()  # padded or not: the mask's key validity is a graph input or absent;
+    # and for transformers' static sliding-window layers (Gemma 3) whether the window is full:
+    # they branch on that host-side fill, one graph each way (the unpatched model's too)
+    types = getattr(model.config, "layer_types", None) or ()
+    window = model.config.sliding_window if "sliding_attention" in types else None
     for prompt in PROMPTS:
         lengths = [prompt] + [max(1, prompt - 37 * j) for j in range(1, batch)]
         ids, mask = _left_padded(lengths, gen, device="cuda")
         tokens = torch.randint(1, 4096, (batch, STEPS), generator=gen, device="cuda")
         eager = _Decoder(model, model, ids, mask)
         graph = _Decoder(model, compiled, ids, mask)
-        padded = bool((mask == 0).any())
+        state = (bool((mask == 0).any()), window is not None and ids.shape[1] >= window)
         for t in range(STEPS):
             eager.decode(tokens[:, t : t + 1])
-            if padded not in compiled_for and t < 2:  # compile and record, then replay only
+            if state not in compiled_for and t < 2:  # compile and record, then replay only
                 graph.decode(tokens[:, t : t + 1])
                 continue
-            compiled_for.add(padded)
+            compiled_for.add(state)
             with torch.compiler.set_stance("fail_on_recompile"):
                 graph.decode(tokens[:, t : t + 1])
         for t, (a, b) in enumerate(zip(graph.logits, eager.logits, strict=True)):
             assert torch.isfinite(a).all(), (prompt, t)
             assert rel_err(a, b) < 2e-2, (prompt, t, rel_err(a, b))
-        assert int(graph.cache.layers[0].cumulative_length) == ids.shape[1] + STEPS
+        full = next(la for la in graph.cache.layers if not getattr(la, "is_sliding", False))
+        assert int(full.cumulative_length) == ids.shape[1] + STEPS

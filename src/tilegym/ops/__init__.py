@@ -6,6 +6,7 @@ module's toolchain problem never hides another's kernels:
 - ``rms_norm``: RMSNorm and fused residual-add + RMSNorm (transformers numerics)
 - ``rope``: rotary embedding for q and k in one launch; Qwen3 q/k-norm fused with RoPE
 - ``silu_and_mul``: SwiGLU activation over separate or concatenated gate/up
+- ``gelu_and_mul``: GeGLU (tanh GELU) activation, likewise (Gemma 3)
 - ``embedding``: token embedding lookup
 - ``gemm``, ``attention``, ``kv_cache``: GEMM and attention kernels (their own modules)
 - ``testing``: relative-error parity checks used by the GPU tests
@@ -13,4 +14,4 @@ module's toolchain problem never hides another's kernels:
 Every kernel module defines ``aot_signatures()`` for the AOT compile gate.
 """
 
-SMALL_OP_MODULES = ("rms_norm", "rope", "silu_and_mul", "embedding")
+SMALL_OP_MODULES = ("rms_norm", "rope", "silu_and_mul", "gelu_and_mul", "embedding")

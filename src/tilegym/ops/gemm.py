@@ -2,7 +2,8 @@
 
 `linear` computes `x @ W^T (+ bias)`, `linear_residual` adds a residual in the epilogue
 (o_proj, down_proj) and `fused_gate_up_silu` computes `silu(x @ Wg^T) * (x @ Wu^T)` from a
-weight packed once as `[gate; up]`, so the `[M, 2I]` intermediate never reaches memory.
+weight packed once as `[gate; up]`, so the `[M, 2I]` intermediate never reaches memory;
+`fused_gate_up_gelu_tanh` is the same GEMM with GELU's tanh approximation (Gemma's GeGLU).
 All accumulate in fp32. Weights stay in their `[N, K]` nn.Linear layout: the kernels read them
 K-major through a transposed tile load, so no per-call copy is made.
 
@@ -28,6 +29,7 @@ import cuda.tile as ct
 import torch
 
 from tilegym.ops._common import buffers_private, sm_count, stream, with_hints
+from tilegym.ops.gelu_and_mul import gelu_tanh
 from tilegym.ops.gemm_configs import TileConfig, choose_config
 
 ConstInt = ct.Constant[int]
@@ -46,6 +48,9 @@ GEMV_ACC_ELEMS = 4096
 
 #: SPLIT_MODE of the GEMM kernels: no split, split with last-CTA sum, split writing partials only
 NO_SPLIT, SPLIT_CTA, SPLIT_PARTIAL = 0, 1, 2
+
+#: ACT of the gated kernels: the activation applied to the gate before the product with up
+ACT_SILU, ACT_GELU_TANH = 0, 1
 
 
 def _tile_coords(m, n, tm, tn, group_m, bid=None):
@@ -310,9 +315,13 @@ def _gemv_sum_each(X, W, bm, bn, TM: ConstInt, TN: ConstInt, TK: ConstInt, LATEN
     return acc
 
 
-def _silu_mul_store(gate, up, y, bm, bn):
-    act = gate / (1.0 + ct.exp(-gate))
-    ct.store(y, index=(bm, bn), tile=ct.astype(act * up, y.dtype))
+def _act_mul_store(gate, up, y, bm, bn, ACT: ConstInt):
+    """Y tile = act(gate) * up from the fp32 accumulators, rounded once."""
+    if ACT == ACT_GELU_TANH:
+        ct.store(y, index=(bm, bn), tile=ct.astype(gelu_tanh(gate) * up, y.dtype))
+    else:
+        act = gate / (1.0 + ct.exp(-gate))
+        ct.store(y, index=(bm, bn), tile=ct.astype(act * up, y.dtype))
 
 
 @ct.kernel
@@ -333,8 +342,10 @@ def tilegym_gate_up_silu_kernel(
     SPLIT_MODE: ConstInt,
     SWAP: ConstBool,
     STAGGER: ConstBool,
+    ACT: ConstInt,
 ):
-    """Y[M, I] = silu(X @ WG^T) * (X @ WU^T); WS holds gate partials at [0, split), up after."""
+    """Y[M, I] = silu(X @ WG^T) * (X @ WU^T) (ACT_GELU_TANH: gelu_tanh instead of silu); WS
+    holds gate partials at [0, split), up after."""
     m = X.shape[0]
     n = WG.shape[0]
     bm, bn = _tile_coords(m, n, TM, TN, GROUP_M)
@@ -352,7 +363,7 @@ def tilegym_gate_up_silu_kernel(
     gate = _acc_out(gate, SWAP)
     up = _acc_out(up, SWAP)
     if SPLIT_MODE == NO_SPLIT:
-        _silu_mul_store(gate, up, Y, bm, bn)
+        _act_mul_store(gate, up, Y, bm, bn, ACT)
     elif SPLIT_MODE == SPLIT_PARTIAL:
         _store_partial(WS, (s, bm, bn), gate, TM, TN)
         _store_partial(WS, (split + s, bm, bn), up, TM, TN)
@@ -364,7 +375,7 @@ def tilegym_gate_up_silu_kernel(
         if arrived == split - 1:
             gate_sum = _sum_partials(WS, 0, split, bm, bn, TM, TN)
             up_sum = _sum_partials(WS, split, split, bm, bn, TM, TN)
-            _silu_mul_store(gate_sum, up_sum, Y, bm, bn)
+            _act_mul_store(gate_sum, up_sum, Y, bm, bn, ACT)
             ct.atomic_xchg(CNT, tile_id, 0)
 
 
@@ -380,8 +391,10 @@ def tilegym_splitk_reduce_kernel(
     HAS_BIAS: ConstBool,
     HAS_RES: ConstBool,
     GATED: ConstBool,
+    ACT: ConstInt,
 ):
-    """Sum the split-K partials of one output tile and apply the epilogue; grid (tiles,).
+    """Sum the split-K partials of one output tile and apply the epilogue (GATED: ``ACT`` of
+    the gate times up); grid (tiles,).
 
     Launched as a programmatic dependent of the split kernel: its blocks wait here until the
     split kernel's partials are visible.
@@ -394,7 +407,7 @@ def tilegym_splitk_reduce_kernel(
     if GATED:
         gate = _sum_partials(WS, 0, split, bm, bn, TM, TN)
         up = _sum_partials(WS, split, split, bm, bn, TM, TN)
-        _silu_mul_store(gate, up, Y, bm, bn)
+        _act_mul_store(gate, up, Y, bm, bn, ACT)
     else:
         total = _sum_partials(WS, 0, split, bm, bn, TM, TN)
         _linear_epilogue(total, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
@@ -518,7 +531,7 @@ def _split_args(cfg: TileConfig, m: int, n: int, parts: int, device: torch.devic
     return cfg.split, mode, ws, cnt
 
 
-def _launch_reduce(cfg, ws, split, bias, residual2, out2, gated: bool) -> None:
+def _launch_reduce(cfg, ws, split, bias, residual2, out2, gated: bool, act: int = ACT_SILU) -> None:
     """The dependent reduction of a `reduce="pdl"` split: one block per output tile."""
     m, n = out2.shape
     dummy_b, dummy_r = _BUFFERS.dummies(out2.device, out2.dtype)
@@ -533,6 +546,7 @@ def _launch_reduce(cfg, ws, split, bias, residual2, out2, gated: bool) -> None:
         bias is not None,
         residual2 is not None,
         gated,
+        act,
     )
     grid = (math.ceil(m / cfg.tm) * math.ceil(n / cfg.tn), 1, 1)
     ct.launch(
@@ -689,6 +703,22 @@ def fused_gate_up_silu(
     config: TileConfig | None = None,
 ) -> torch.Tensor:
     """`silu(x @ Wg^T) * (x @ Wu^T)` for `gate_up_weight = cat([Wg, Wu])` of shape `[2I, K]`."""
+    return _fused_gate_up(x, gate_up_weight, ACT_SILU, out, config)
+
+
+def fused_gate_up_gelu_tanh(
+    x: torch.Tensor,
+    gate_up_weight: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
+    """`gelu_tanh(x @ Wg^T) * (x @ Wu^T)` (GELU's tanh approximation, `gelu_pytorch_tanh`) for
+    `gate_up_weight = cat([Wg, Wu])`; tiles as for `fused_gate_up_silu`."""
+    return _fused_gate_up(x, gate_up_weight, ACT_GELU_TANH, out, config)
+
+
+def _fused_gate_up(x, gate_up_weight, act: int, out, config) -> torch.Tensor:
     k = x.shape[-1]
     _check(x, gate_up_weight, k)
     if gate_up_weight.shape[0] % 2:
@@ -724,11 +754,12 @@ def fused_gate_up_silu(
         mode,
         cfg.swap,
         cfg.stagger,
+        act,
     )
     kernel = hinted(tilegym_gate_up_silu_kernel, cfg, grid[0])
     ct.launch(stream(device), grid, kernel, args)
     if mode == SPLIT_PARTIAL:
-        _launch_reduce(cfg, ws, split, None, None, out2, gated=True)
+        _launch_reduce(cfg, ws, split, None, None, out2, gated=True, act=act)
     return out
 
 
@@ -738,7 +769,7 @@ def _aot_cases(ops: tuple[str, ...]) -> list[tuple[str, TileConfig, bool]]:
     kept few because a compile takes seconds."""
     cases: list[tuple[str, TileConfig, bool]] = []
     for op in ops:
-        gated = op == "gated"
+        gated = op in GATED_OPS
         wanted = [
             (choose_config(1, 4096, 4096, gated=gated), op == "linear"),
             (choose_config(8, 4096, 4096, gated=gated), False),
@@ -759,12 +790,17 @@ def _aot_cases(ops: tuple[str, ...]) -> list[tuple[str, TileConfig, bool]]:
     return cases
 
 
+#: the gated ops of `aot_signatures` and the activation each compiles
+GATED_OPS = {"gated": ACT_SILU, "gated_gelu": ACT_GELU_TANH}
+
+
 def aot_signatures(
     ops: tuple[str, ...] = ("linear", "residual", "gated"),
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16),
 ) -> dict:
     """`{kernel: [KernelSignature, ...]}` for the kernels of `ops` ('linear', 'residual',
-    'gated'); by default every `@ct.kernel` here, in bf16 and fp16.
+    'gated', 'gated_gelu': the gated kernel with GELU-tanh); by default every `@ct.kernel`
+    here, in bf16 and fp16.
 
     Each case compiles twice: for any input, and for 16-byte aligned bases and row strides,
     which is what the models' tensors are and what the runtime specializes on. Only the
@@ -802,7 +838,8 @@ def aot_signatures(
             consts = [split, cfg.tm, cfg.tn, cfg.tk, cfg.group_m]
             consts += [cfg.latency, cfg.transpose_tile, mode]
             work = [arr(ct.float32, 3), arr(ct.int32, 1)]
-            has_res, gated = op == "residual", op == "gated"
+            has_res, gated = op == "residual", op in GATED_OPS
+            act = GATED_OPS.get(op, ACT_SILU)
             io = [arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 2)]  # X, W, B, R, Y
             if cfg.gemv:
                 consts = [cfg.tm, cfg.tn, cfg.tk, cfg.latency or GEMV_LATENCY]
@@ -820,7 +857,7 @@ def aot_signatures(
                 continue
             if gated:
                 params = [arr(dt, 2), arr(dt, 2, "w"), arr(dt, 2, "w"), arr(dt, 2), *work]
-                kernel, tail = tilegym_gate_up_silu_kernel, [cfg.swap, cfg.stagger]
+                kernel, tail = tilegym_gate_up_silu_kernel, [cfg.swap, cfg.stagger, act]
             else:
                 params = [*io, *work]
                 kernel, tail = tilegym_linear_kernel, [has_bias, has_res, cfg.swap, cfg.stagger]
@@ -828,7 +865,7 @@ def aot_signatures(
             sigs.setdefault(kernel, []).append(KernelSignature([*params, *consts, *tail], cconv))
             if mode == SPLIT_PARTIAL:
                 params = [arr(ct.float32, 3), arr(dt, 1), arr(dt, 2), arr(dt, 2), split]
-                flags = [cfg.tm, cfg.tn, has_bias, has_res, gated]
+                flags = [cfg.tm, cfg.tn, has_bias, has_res, gated, act]
                 sigs.setdefault(tilegym_splitk_reduce_kernel, []).append(
                     KernelSignature([*params, *flags], cconv)
                 )
@@ -838,6 +875,7 @@ def aot_signatures(
 __all__ = [
     "TileConfig",
     "aot_signatures",
+    "fused_gate_up_gelu_tanh",
     "fused_gate_up_silu",
     "linear",
     "linear_residual",

@@ -20,8 +20,10 @@ import torch
 from torch import Tensor
 
 from tilegym.ops import attention as _attention
+from tilegym.ops import gelu_and_mul as _gelu
 from tilegym.ops import gemm as _gemm
 from tilegym.ops import kv_cache as _kv_cache
+from tilegym.ops import moe as _moe
 from tilegym.ops import rms_norm as _rms_norm
 from tilegym.ops import rope as _rope
 from tilegym.ops import silu_and_mul as _silu
@@ -34,48 +36,88 @@ def _op(name: str, mutates_args=()):
     return torch.library.custom_op(f"{_NS}::{name}", mutates_args=mutates_args, device_types="cuda")
 
 
-def _promote(a: Tensor, b: Tensor) -> torch.dtype:
-    return torch.promote_types(a.dtype, b.dtype)
-
-
 # ---------------------------------------------------------------------------------------------
 # Norms
 # ---------------------------------------------------------------------------------------------
 
 
 @_op("rms_norm")
-def rms_norm_op(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def rms_norm_op(x: Tensor, weight: Tensor, eps: float, unit_offset: bool = False) -> Tensor:
     with private_buffers():
-        return _rms_norm.rms_norm(x, weight, eps)
+        return _rms_norm.rms_norm(x, weight, eps, unit_offset=unit_offset)
 
 
 @rms_norm_op.register_kernel("cpu")
-def _(x, weight, eps):
-    return _rms_norm.rms_norm_reference(x, weight, eps).contiguous()
+def _(x, weight, eps, unit_offset=False):
+    return _rms_norm.rms_norm_reference(x, weight, eps, unit_offset).contiguous()
 
 
 @rms_norm_op.register_fake
-def _(x, weight, eps):
-    return x.new_empty(x.shape, dtype=_promote(x, weight))
+def _(x, weight, eps, unit_offset=False):
+    return x.new_empty(x.shape, dtype=_rms_norm.norm_dtype(x, weight, unit_offset))
 
 
 @_op("add_rms_norm")
 def add_rms_norm_op(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, unit_offset: bool = False
 ) -> tuple[Tensor, Tensor]:
     with private_buffers():
-        return _rms_norm.add_rms_norm(x, residual, weight, eps)
+        return _rms_norm.add_rms_norm(x, residual, weight, eps, unit_offset=unit_offset)
 
 
 @add_rms_norm_op.register_kernel("cpu")
-def _(x, residual, weight, eps):
-    total, normed = _rms_norm.add_rms_norm_reference(x, residual, weight, eps)
+def _(x, residual, weight, eps, unit_offset=False):
+    total, normed = _rms_norm.add_rms_norm_reference(x, residual, weight, eps, unit_offset)
     return total.contiguous(), normed.contiguous()
 
 
 @add_rms_norm_op.register_fake
-def _(x, residual, weight, eps):
-    return x.new_empty(x.shape), x.new_empty(x.shape, dtype=_promote(x, weight))
+def _(x, residual, weight, eps, unit_offset=False):
+    normed = x.new_empty(x.shape, dtype=_rms_norm.norm_dtype(x, weight, unit_offset))
+    return x.new_empty(x.shape), normed
+
+
+@_op("rms_norm_add")
+def rms_norm_add_op(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, unit_offset: bool
+) -> Tensor:
+    with private_buffers():
+        return _rms_norm.rms_norm_add(x, residual, weight, eps, unit_offset=unit_offset)[0]
+
+
+@rms_norm_add_op.register_kernel("cpu")
+def _(x, residual, weight, eps, unit_offset):
+    total, _ = _rms_norm.rms_norm_add_reference(x, residual, weight, eps, None, unit_offset)
+    return total.contiguous()
+
+
+@rms_norm_add_op.register_fake
+def _(x, residual, weight, eps, unit_offset):
+    return x.new_empty(x.shape)
+
+
+@_op("rms_norm_add_rms_norm")
+def rms_norm_add_rms_norm_op(
+    x: Tensor, residual: Tensor, weight: Tensor, next_weight: Tensor, eps: float, unit_offset: bool
+) -> tuple[Tensor, Tensor]:
+    with private_buffers():
+        return _rms_norm.rms_norm_add(
+            x, residual, weight, eps, next_weight, unit_offset=unit_offset
+        )
+
+
+@rms_norm_add_rms_norm_op.register_kernel("cpu")
+def _(x, residual, weight, next_weight, eps, unit_offset):
+    total, normed = _rms_norm.rms_norm_add_reference(
+        x, residual, weight, eps, next_weight, unit_offset
+    )
+    return total.contiguous(), normed.contiguous()
+
+
+@rms_norm_add_rms_norm_op.register_fake
+def _(x, residual, weight, next_weight, eps, unit_offset):
+    normed = x.new_empty(x.shape, dtype=_rms_norm.norm_dtype(x, next_weight, unit_offset))
+    return x.new_empty(x.shape), normed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,23 +144,30 @@ def _(q, k, cos, sin):
 
 @_op("qk_norm_rope")
 def qk_norm_rope_op(
-    q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, cos: Tensor, sin: Tensor
+    q: Tensor,
+    k: Tensor,
+    q_weight: Tensor,
+    k_weight: Tensor,
+    eps: float,
+    cos: Tensor,
+    sin: Tensor,
+    unit_offset: bool = False,
 ) -> tuple[Tensor, Tensor]:
     with private_buffers():
-        return _rope.qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
+        return _rope.qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin, unit_offset=unit_offset)
 
 
 @qk_norm_rope_op.register_kernel("cpu")
-def _(q, k, q_weight, k_weight, eps, cos, sin):
-    qo, ko = _rope.qk_norm_rope_reference(q, k, q_weight, k_weight, eps, cos, sin)
-    dtype = _promote(q, q_weight)
+def _(q, k, q_weight, k_weight, eps, cos, sin, unit_offset=False):
+    qo, ko = _rope.qk_norm_rope_reference(q, k, q_weight, k_weight, eps, cos, sin, unit_offset)
+    dtype = _rms_norm.norm_dtype(q, q_weight, unit_offset)
     return qo.to(dtype).contiguous(), ko.to(dtype).contiguous()
 
 
 @qk_norm_rope_op.register_fake
-def _(q, k, q_weight, k_weight, eps, cos, sin):
+def _(q, k, q_weight, k_weight, eps, cos, sin, unit_offset=False):
     b, s, hq, d = q.shape
-    dtype = _promote(q, q_weight)
+    dtype = _rms_norm.norm_dtype(q, q_weight, unit_offset)
     return q.new_empty((b, hq, s, d), dtype=dtype), q.new_empty((b, k.shape[2], s, d), dtype=dtype)
 
 
@@ -139,6 +188,23 @@ def _(gate, up):
 
 
 @silu_and_mul_op.register_fake
+def _(gate, up):
+    inter = gate.shape[-1] if up is not None else gate.shape[-1] // 2
+    return gate.new_empty((*gate.shape[:-1], inter))
+
+
+@_op("gelu_tanh_and_mul")
+def gelu_tanh_and_mul_op(gate: Tensor, up: Tensor | None) -> Tensor:
+    with private_buffers():
+        return _gelu.gelu_tanh_and_mul(gate, up)
+
+
+@gelu_tanh_and_mul_op.register_kernel("cpu")
+def _(gate, up):
+    return _gelu.gelu_tanh_and_mul_reference(gate, up).contiguous()
+
+
+@gelu_tanh_and_mul_op.register_fake
 def _(gate, up):
     inter = gate.shape[-1] if up is not None else gate.shape[-1] // 2
     return gate.new_empty((*gate.shape[:-1], inter))
@@ -190,6 +256,70 @@ def _(x, gate_up_weight):
 @fused_gate_up_silu_op.register_fake
 def _(x, gate_up_weight):
     return x.new_empty((*x.shape[:-1], gate_up_weight.shape[0] // 2))
+
+
+@_op("fused_gate_up_gelu_tanh")
+def fused_gate_up_gelu_tanh_op(x: Tensor, gate_up_weight: Tensor) -> Tensor:
+    with private_buffers():
+        return _gemm.fused_gate_up_gelu_tanh(x, gate_up_weight)
+
+
+@fused_gate_up_gelu_tanh_op.register_kernel("cpu")
+def _(x, gate_up_weight):
+    gate_up = torch.nn.functional.linear(x, gate_up_weight)
+    return _gelu.gelu_tanh_and_mul_reference(gate_up).contiguous()
+
+
+@fused_gate_up_gelu_tanh_op.register_fake
+def _(x, gate_up_weight):
+    return x.new_empty((*x.shape[:-1], gate_up_weight.shape[0] // 2))
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixture of experts (Qwen3-MoE): the router's top-k and the experts with their combine
+# ---------------------------------------------------------------------------------------------
+
+
+@_op("moe_route")
+def moe_route_op(router_logits: Tensor, top_k: int, normalize: bool) -> tuple[Tensor, Tensor]:
+    with private_buffers():
+        return _moe.moe_route(router_logits, top_k, normalize)
+
+
+@moe_route_op.register_kernel("cpu")
+def _(router_logits, top_k, normalize):
+    weights, ids = _moe.moe_route_reference(router_logits, top_k, normalize)
+    return weights.contiguous(), ids.contiguous()
+
+
+@moe_route_op.register_fake
+def _(router_logits, top_k, normalize):
+    shape = (router_logits.shape[0], top_k)
+    return router_logits.new_empty(shape), router_logits.new_empty(shape, dtype=torch.int32)
+
+
+@_op("moe_experts")
+def moe_experts_op(
+    hidden: Tensor,
+    ids: Tensor,
+    weights: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    residual: Tensor | None,
+) -> Tensor:
+    with private_buffers():
+        return _moe.moe_experts(hidden, ids, weights, gate_up, down, residual)
+
+
+@moe_experts_op.register_kernel("cpu")
+def _(hidden, ids, weights, gate_up, down, residual):
+    out = _moe.moe_experts_reference(hidden, ids, weights, gate_up, down, residual)
+    return out.to(hidden.dtype)
+
+
+@moe_experts_op.register_fake
+def _(hidden, ids, weights, gate_up, down, residual):
+    return hidden.new_empty(hidden.shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,16 +421,43 @@ def _use_op(t: Tensor) -> bool:
     return torch.compiler.is_compiling() or not t.is_cuda
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def rms_norm(x: Tensor, weight: Tensor, eps: float, unit_offset: bool = False) -> Tensor:
     if _use_op(x):
-        return rms_norm_op(x, weight, float(eps))
-    return _rms_norm.rms_norm(x, weight, eps)
+        return rms_norm_op(x, weight, float(eps), bool(unit_offset))
+    return _rms_norm.rms_norm(x, weight, eps, unit_offset=unit_offset)
 
 
-def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+def add_rms_norm(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, unit_offset: bool = False
+) -> tuple[Tensor, Tensor]:
     if _use_op(x):
-        return add_rms_norm_op(x, residual, weight, float(eps))
-    return _rms_norm.add_rms_norm(x, residual, weight, eps)
+        return add_rms_norm_op(x, residual, weight, float(eps), bool(unit_offset))
+    return _rms_norm.add_rms_norm(x, residual, weight, eps, unit_offset=unit_offset)
+
+
+def rms_norm_add(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, unit_offset: bool = False
+) -> Tensor:
+    """``residual + RMSNorm(x)`` (a norm after a sub-block, added to the residual)."""
+    if _use_op(x):
+        return rms_norm_add_op(x, residual, weight, float(eps), bool(unit_offset))
+    return _rms_norm.rms_norm_add(x, residual, weight, eps, unit_offset=unit_offset)[0]
+
+
+def rms_norm_add_rms_norm(
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    next_weight: Tensor,
+    eps: float,
+    unit_offset: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """(``residual + RMSNorm(x)``, the RMSNorm of that sum by ``next_weight``)."""
+    if _use_op(x):
+        return rms_norm_add_rms_norm_op(
+            x, residual, weight, next_weight, float(eps), bool(unit_offset)
+        )
+    return _rms_norm.rms_norm_add(x, residual, weight, eps, next_weight, unit_offset=unit_offset)
 
 
 def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
@@ -309,16 +466,24 @@ def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, 
     return _rope.apply_rope(q, k, cos, sin)
 
 
-def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin) -> tuple[Tensor, Tensor]:
+def qk_norm_rope(
+    q, k, q_weight, k_weight, eps, cos, sin, unit_offset: bool = False
+) -> tuple[Tensor, Tensor]:
     if _use_op(q):
-        return qk_norm_rope_op(q, k, q_weight, k_weight, float(eps), cos, sin)
-    return _rope.qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
+        return qk_norm_rope_op(q, k, q_weight, k_weight, float(eps), cos, sin, bool(unit_offset))
+    return _rope.qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin, unit_offset=unit_offset)
 
 
 def silu_and_mul(gate: Tensor, up: Tensor | None = None) -> Tensor:
     if _use_op(gate):
         return silu_and_mul_op(gate, up)
     return _silu.silu_and_mul(gate, up)
+
+
+def gelu_tanh_and_mul(gate: Tensor, up: Tensor | None = None) -> Tensor:
+    if _use_op(gate):
+        return gelu_tanh_and_mul_op(gate, up)
+    return _gelu.gelu_tanh_and_mul(gate, up)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -337,6 +502,12 @@ def fused_gate_up_silu(x: Tensor, gate_up_weight: Tensor) -> Tensor:
     if _use_op(x):
         return fused_gate_up_silu_op(x, gate_up_weight)
     return _gemm.fused_gate_up_silu(x, gate_up_weight)
+
+
+def fused_gate_up_gelu_tanh(x: Tensor, gate_up_weight: Tensor) -> Tensor:
+    if _use_op(x):
+        return fused_gate_up_gelu_tanh_op(x, gate_up_weight)
+    return _gemm.fused_gate_up_gelu_tanh(x, gate_up_weight)
 
 
 def _scale(q: Tensor, scale: float | None) -> float:
@@ -378,3 +549,24 @@ def kv_cache_write_at(k_new, v_new, k_cache, v_cache, position, length) -> None:
         kv_cache_write_at_op(k_new, v_new, k_cache, v_cache, position, length)
         return
     _kv_cache.kv_cache_write_at(k_new, v_new, k_cache, v_cache, position, length)
+
+
+def moe_route(router_logits: Tensor, top_k: int, normalize: bool) -> tuple[Tensor, Tensor]:
+    """(weights [T, top_k] in the logits dtype, int32 expert ids [T, top_k]), best first."""
+    if _use_op(router_logits):
+        return moe_route_op(router_logits, int(top_k), bool(normalize))
+    return _moe.moe_route(router_logits, int(top_k), bool(normalize))
+
+
+def moe_experts(
+    hidden: Tensor,
+    ids: Tensor,
+    weights: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    residual: Tensor | None = None,
+) -> Tensor:
+    """``(residual +) sum_j weights[:, j] * expert_{ids[:, j]}(hidden)`` for hidden [T, H]."""
+    if _use_op(hidden):
+        return moe_experts_op(hidden, ids, weights, gate_up, down, residual)
+    return _moe.moe_experts(hidden, ids, weights, gate_up, down, residual)

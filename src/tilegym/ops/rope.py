@@ -7,6 +7,8 @@ come from the model's rotary module (shape ``(B or 1, S, R)``). A partial rotary
 
 ``qk_norm_rope`` fuses Qwen3's per-head q/k RMSNorm with the rotation and the
 ``(B, S, H, D) -> (B, H, S, D)`` transpose: one launch replaces about twenty PyTorch kernels.
+With ``unit_offset`` the norms are Gemma's (``Gemma3RMSNorm``: scaled by ``1 + weight`` in
+fp32, see ``tilegym.ops.rms_norm``).
 """
 
 from __future__ import annotations
@@ -84,7 +86,30 @@ def rope_kernel(
 
 
 @ct.function
-def _norm_rotate_store(x, w, out, b, s, cb, c, sn, eps, TH: ct.Constant[int], TR: ct.Constant[int]):
+def _weighted(xn, w, dtype, OFFSET: ct.Constant[bool]):
+    """A normalized fp32 tile times its fp32 norm weight: rounded to ``dtype`` first as
+    ``Qwen3RMSNorm`` does (``hidden.to(input_dtype)``), or with OFFSET times ``1 + w`` in fp32
+    as ``Gemma3RMSNorm`` does."""
+    if OFFSET:
+        return xn * (w + 1.0)
+    return xn.astype(dtype).astype(ct.float32) * w
+
+
+@ct.function
+def _norm_rotate_store(
+    x,
+    w,
+    out,
+    b,
+    s,
+    cb,
+    c,
+    sn,
+    eps,
+    TH: ct.Constant[int],
+    TR: ct.Constant[int],
+    OFFSET: ct.Constant[bool],
+):
     """RMSNorm each head of token (b, s) of a (B, S, H, D) array, rotate, store (B, H, S, D)."""
     d = x.shape[3]
     half = d // 2
@@ -96,8 +121,8 @@ def _norm_rotate_store(x, w, out, b, s, cb, c, sn, eps, TH: ct.Constant[int], TR
     inv = ct.rsqrt(ss / d + eps)
     w1 = ct.load(w.slice(0, 0, half), (0,), (TR,), padding_mode=PAD_ZERO).astype(ct.float32)
     w2 = ct.load(w.slice(0, half, d), (0,), (TR,), padding_mode=PAD_ZERO).astype(ct.float32)
-    n1 = (f1 * inv).astype(x.dtype).astype(ct.float32) * w1.reshape((1, 1, 1, TR))
-    n2 = (f2 * inv).astype(x.dtype).astype(ct.float32) * w2.reshape((1, 1, 1, TR))
+    n1 = _weighted(f1 * inv, w1.reshape((1, 1, 1, TR)), x.dtype, OFFSET)
+    n2 = _weighted(f2 * inv, w2.reshape((1, 1, 1, TR)), x.dtype, OFFSET)
     n1 = n1.astype(out.dtype).astype(ct.float32).reshape((1, TH, 1, TR))
     n2 = n2.astype(out.dtype).astype(ct.float32).reshape((1, TH, 1, TR))
     c1 = ct.load(c.slice(2, 0, half), (cb, s, 0), (1, 1, TR), padding_mode=PAD_ZERO)
@@ -127,6 +152,7 @@ def qk_norm_rope_kernel(
     TQH: ct.Constant[int],
     TKH: ct.Constant[int],
     TR: ct.Constant[int],
+    OFFSET: ct.Constant[bool],
 ):
     """One block per token: per-head RMSNorm of q and k, then RoPE, written head-major."""
     t = ct.bid(0)
@@ -134,8 +160,8 @@ def qk_norm_rope_kernel(
     b = t // seq
     s = t % seq
     cb = b * cos_batched
-    _norm_rotate_store(q, q_weight, q_out, b, s, cb, cos, sin, eps, TQH, TR)
-    _norm_rotate_store(k, k_weight, k_out, b, s, cb, cos, sin, eps, TKH, TR)
+    _norm_rotate_store(q, q_weight, q_out, b, s, cb, cos, sin, eps, TQH, TR, OFFSET)
+    _norm_rotate_store(k, k_weight, k_out, b, s, cb, cos, sin, eps, TKH, TR, OFFSET)
 
 
 #: Kernel choice of ``apply_rope`` / ``qk_norm_rope`` without a ``variant`` argument:
@@ -363,6 +389,7 @@ def _norm_rope_loop(
     TS: ct.Constant[int],
     TR: ct.Constant[int],
     LAT: ct.Constant[int],
+    OFFSET: ct.Constant[bool],
 ):
     """RMSNorm + rotate heads ``h0 .. h1 - 1`` of token tile ``sb`` of a (B, S, H, D) array;
     store them head-major into the (B, H, S, R/2) halves ``lo``/``hi``.
@@ -382,8 +409,8 @@ def _norm_rope_loop(
         x2 = _ld_head(x, (b, sb, h), 1, TS, 1, TR, LAT)
         sq = ct.sum(x1 * x1, axis=3, keepdims=True) + ct.sum(x2 * x2, axis=3, keepdims=True)
         inv = ct.rsqrt(sq / d + eps)
-        n1 = (x1 * inv).astype(x.dtype).astype(ct.float32) * w1
-        n2 = (x2 * inv).astype(x.dtype).astype(ct.float32) * w2
+        n1 = _weighted(x1 * inv, w1, x.dtype, OFFSET)
+        n2 = _weighted(x2 * inv, w2, x.dtype, OFFSET)
         o1 = (n1 * c1 - n2 * s1).astype(lo.dtype).reshape((1, 1, TS, TR))
         o2 = (n2 * c2 + n1 * s2).astype(hi.dtype).reshape((1, 1, TS, TR))
         ct.store(lo, (b, h, sb, 0), o1, allow_tma=False)
@@ -408,6 +435,7 @@ def qk_norm_rope_loop_kernel(
     TS: ct.Constant[int],
     TR: ct.Constant[int],
     LAT: ct.Constant[int],
+    OFFSET: ct.Constant[bool],
 ):
     """Grid (q head groups + k head groups, token tiles, batch): per-head RMSNorm + RoPE of up
     to TH heads x TS tokens per block, a head at a time. q/k (B, S, H, D), weights (D,), cos/sin
@@ -420,12 +448,12 @@ def qk_norm_rope_loop_kernel(
     nq = ct.cdiv(hq, TH)
     cs = _cs_tiles(cos, sin, b * cos_batched, sb, (1, TS, 1, TR), TS, TR)
     if g < nq:
-        h0 = g * TH
-        _norm_rope_loop(q, q_weight, q_lo, q_hi, b, h0, min(h0 + TH, hq), sb, cs, eps, TS, TR, LAT)
+        h1 = min(g * TH + TH, hq)
+        _norm_rope_loop(q, q_weight, q_lo, q_hi, b, g * TH, h1, sb, cs, eps, TS, TR, LAT, OFFSET)
     else:
         h0 = (g - nq) * TH
-        hk = k.shape[2]
-        _norm_rope_loop(k, k_weight, k_lo, k_hi, b, h0, min(h0 + TH, hk), sb, cs, eps, TS, TR, LAT)
+        h1 = min(h0 + TH, k.shape[2])
+        _norm_rope_loop(k, k_weight, k_lo, k_hi, b, h0, h1, sb, cs, eps, TS, TR, LAT, OFFSET)
 
 
 def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -560,13 +588,15 @@ def qk_norm_rope(
     cos: torch.Tensor,
     sin: torch.Tensor,
     *,
+    unit_offset: bool = False,
     variant: str | None = None,
     tokens: int | None = None,
     occupancy=DEFAULT,
     heads: int | None = None,
     latency: int | None = None,
 ):
-    """Qwen3's ``q_norm``/``k_norm`` (per head) + transpose + RoPE, q and k in one launch.
+    """Qwen3's ``q_norm``/``k_norm`` (per head) + transpose + RoPE, q and k in one launch
+    (``unit_offset``: Gemma's ``(1 + weight)`` norms, outputs in q's dtype).
 
     ``q``/``k`` are the projections viewed ``(B, S, H, D)`` (any strides, e.g. slices of a
     fused QKV output); returns contiguous ``(B, H, S, D)`` q and k. Full rotary only.
@@ -584,7 +614,7 @@ def qk_norm_rope(
     if q_weight.shape != (d,) or k_weight.shape != (d,):
         raise ValueError("q/k norm weights must have shape (head_dim,)")
     q, k = _last_contiguous(q), _last_contiguous(k)
-    out_dtype = torch.promote_types(q.dtype, q_weight.dtype)
+    out_dtype = q.dtype if unit_offset else torch.promote_types(q.dtype, q_weight.dtype)
     q_out = torch.empty((bsz, hq, seq, d), dtype=out_dtype, device=q.device)
     k_out = torch.empty((bsz, hk, seq, d), dtype=out_dtype, device=q.device)
     if not bsz * seq:
@@ -593,7 +623,7 @@ def qk_norm_rope(
     if _pick(variant, QK_VARIANT, QK_TOKEN_MAX, bsz * seq) == "token":
         tq, tk, tr = next_pow2(hq), next_pow2(hk), next_pow2(d // 2)
         args = (q, k, qw, kw, cos, sin, q_out, k_out, float(eps), batched, tq, tk, tr)
-        ct.launch(stream(), (bsz * seq, 1, 1), qk_norm_rope_kernel, args)
+        ct.launch(stream(), (bsz * seq, 1, 1), qk_norm_rope_kernel, (*args, bool(unit_offset)))
         return q_out, k_out
     ins = (q, k, qw, kw, cos, sin)
     if not _flat(d, d):
@@ -603,7 +633,7 @@ def qk_norm_rope(
     occ = QK_LOOP_OCCUPANCY if occupancy is DEFAULT else occupancy
     kernel = with_occupancy(qk_norm_rope_loop_kernel, occ, QK_LOOP_OCCUPANCY)
     outs = (*_halves_out(q_out, d), *_halves_out(k_out, d))
-    consts = (th, ts, next_pow2(d // 2), latency or QK_LOOP_LATENCY)
+    consts = (th, ts, next_pow2(d // 2), latency or QK_LOOP_LATENCY, bool(unit_offset))
     args = (*ins, *outs, float(eps), batched, *consts)
     ct.launch(stream(), _loop_grid(th, ts, hq, hk, seq, bsz), kernel, args)
     return q_out, k_out
@@ -628,12 +658,13 @@ def apply_rope_reference(q, k, cos, sin, unsqueeze_dim: int = 1):
     return one(q), one(k)
 
 
-def qk_norm_rope_reference(q, k, q_weight, k_weight, eps, cos, sin):
-    """Qwen3Attention: ``q_norm(q).transpose(1, 2)`` etc., then ``apply_rotary_pos_emb``."""
+def qk_norm_rope_reference(q, k, q_weight, k_weight, eps, cos, sin, unit_offset: bool = False):
+    """Qwen3Attention: ``q_norm(q).transpose(1, 2)`` etc., then ``apply_rotary_pos_emb``
+    (``unit_offset``: Gemma3Attention's norms)."""
     from tilegym.ops.rms_norm import rms_norm_reference
 
-    qn = rms_norm_reference(q, q_weight, eps).transpose(1, 2)
-    kn = rms_norm_reference(k, k_weight, eps).transpose(1, 2)
+    qn = rms_norm_reference(q, q_weight, eps, unit_offset).transpose(1, 2)
+    kn = rms_norm_reference(k, k_weight, eps, unit_offset).transpose(1, 2)
     return apply_rope_reference(qn, kn, cos, sin)
 
 
@@ -676,18 +707,17 @@ def _rope_sigs(kernel, dt, hq, hk, d, rot) -> list:
     ]
 
 
-def _qk_sigs(kernel, dt, hq, hk, d) -> list:
+def _qk_sigs(kernel, dt, hq, hk, d, offset: bool = False) -> list:
     a5, a4, a3, a2, a1 = (array_sig(dt, n) for n in (5, 4, 3, 2, 1))
     i32, f32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
     tr = next_pow2(d // 2)
     if kernel is qk_norm_rope_kernel:
-        return [
-            signature(a4, a4, a1, a1, a3, a3, a4, a4, f32, i32, next_pow2(hq), next_pow2(hk), tr)
-        ]
+        heads = (next_pow2(hq), next_pow2(hk))
+        return [signature(a4, a4, a1, a1, a3, a3, a4, a4, f32, i32, *heads, tr, offset)]
     ins = (a4, a4, a1, a1, a3, a3) if _flat(d, d) else (a5, a5, a2, a2, a4, a4)
     th = min(QK_LOOP_HEADS, max(hq, hk))
     return [
-        signature(*ins, a4, a4, a4, a4, f32, i32, th, ts, tr, QK_LOOP_LATENCY)
+        signature(*ins, a4, a4, a4, a4, f32, i32, th, ts, tr, QK_LOOP_LATENCY, offset)
         for ts in _token_counts(QK_LOOP_TOKENS)
     ]
 
@@ -697,11 +727,12 @@ def aot_signatures(
     dtypes=AOT_DTYPES,
     partial_rot=((32, 8, 64, 32),),
     ops=("rope", "qk"),
+    unit_offsets=(False,),
 ) -> dict:
     """AOT signatures of the kernels the defaults launch ("auto": the per-token kernel and the
     "loop" one): (q heads, kv heads, head dim) of Qwen3-0.6B and Llama-3.2-1B, plus a
     partial-rotary layout for RoPE; every tokens-per-block value. ``ops`` picks RoPE ("rope")
-    and / or q/k-norm + RoPE ("qk")."""
+    and / or q/k-norm + RoPE ("qk"), ``unit_offsets`` the q/k norms' forms."""
     out: dict = {}
     layouts = [(hq, hk, d, d) for hq, hk, d in heads] + list(partial_rot)
     for dt in dtypes:
@@ -711,6 +742,6 @@ def aot_signatures(
                     out.setdefault(kernel, []).extend(_rope_sigs(kernel, dt, hq, hk, d, rot))
         if "qk" in ops:
             for kernel in default_qk_kernels():
-                for hq, hk, d in heads:
-                    out.setdefault(kernel, []).extend(_qk_sigs(kernel, dt, hq, hk, d))
+                for (hq, hk, d), offset in ((h, o) for h in heads for o in unit_offsets):
+                    out.setdefault(kernel, []).extend(_qk_sigs(kernel, dt, hq, hk, d, offset))
     return out

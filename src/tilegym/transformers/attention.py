@@ -162,9 +162,12 @@ def tilegym_mask(
     causal, window = recognize_pattern(mask_function, local_size)
     kv_offset = _as_int(kv_offset)
     static = isinstance(q_offset, torch.Tensor)
-    if static and window is not None:
+    if static and window is not None:  # a window sized by a full-length StaticLayer's device
+        # counter. The sliding layers of transformers' static caches (StaticSlidingWindowLayer,
+        # e.g. Gemma 3's) give host offsets instead and are described like a dynamic cache's.
         raise TilegymAttentionError(
-            "tilegym attention does not support sliding-window layers of a static cache"
+            "tilegym attention does not support sliding-window layers of a static cache "
+            "sized by a device position (a full-length StaticLayer)"
         )
     if static:  # transformers' StaticLayer: its length counter, a device tensor (copied here)
         start = q_offset - kv_offset if kv_offset else q_offset
@@ -282,6 +285,8 @@ def unsupported_reason(config) -> str | None:
     )
     if head_dim not in SUPPORTED_HEAD_DIMS:
         return f"head_dim {head_dim} is not supported (cuTile attention: {SUPPORTED_HEAD_DIMS})"
+    if getattr(config, "use_bidirectional_attention", False):  # Gemma 3's non-causal variant
+        return "bidirectional attention (config.use_bidirectional_attention) is not supported"
     return None
 
 

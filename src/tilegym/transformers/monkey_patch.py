@@ -23,7 +23,7 @@ SUPPORTED_TRANSFORMERS = (5, 17)
 """Oldest supported transformers release; every 5.x after it is accepted, 6.x is not."""
 
 FLAGS = ("rope", "rms_norm", "swiglu", "attn", "linear")
-GEMM_API = ("linear", "fused_gate_up_silu", "linear_residual")
+GEMM_API = ("linear", "fused_gate_up_silu", "fused_gate_up_gelu_tanh", "linear_residual")
 _MARK = "_tilegym_patched"
 _SNAKE = {  # upstream class suffix -> the shared glue's make_<snake>_forward
     "RMSNorm": "rms_norm",
@@ -51,7 +51,9 @@ SHARED_GLUE = "tilegym.transformers.llama.modeling_llama"
 
 @dataclass(frozen=True)
 class ModelFamily:
-    """A patchable model type and the module that describes it (its ``FAMILY``)."""
+    """A patchable model type and the module that describes it (its ``FAMILY``). The family's
+    key (its folder, ``apply_tilegym_kernel_to_<key>``) is the model type unless the module
+    says otherwise (``MODEL_TYPE``: gemma3 patches ``gemma3_text``)."""
 
     model_type: str
     glue_module: str
@@ -65,14 +67,31 @@ class ModelFamily:
 
 
 def _discover_families() -> dict[str, ModelFamily]:
-    """Every ``tilegym/transformers/<model_type>/modeling_<model_type>.py`` is a family
-    (``model init`` adds one by writing that folder; nothing else lists them)."""
+    """Every ``tilegym/transformers/<key>/modeling_<key>.py`` is a family (``model init``
+    adds one by writing that folder; nothing else lists them), keyed by its folder."""
     root = Path(__file__).parent
     return {
-        d.name: ModelFamily(d.name, f"tilegym.transformers.{d.name}.modeling_{d.name}")
+        d.name: ModelFamily(
+            folder_model_type(d), f"tilegym.transformers.{d.name}.modeling_{d.name}"
+        )
         for d in sorted(root.iterdir())
         if (d / f"modeling_{d.name}.py").is_file()
     }
+
+
+def folder_model_type(folder: Path) -> str:
+    """The ``config.model_type`` a family folder patches: its module's top-level ``MODEL_TYPE =
+    "..."``, read as text like ``_what``, else the folder's name."""
+    tree = ast.parse((folder / f"modeling_{folder.name}.py").read_text())
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and [getattr(t, "id", None) for t in node.targets] == ["MODEL_TYPE"]
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            return node.value.value
+    return folder.name
 
 
 FAMILIES = _discover_families()
@@ -188,6 +207,8 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         part: getattr(upstream, f"{prefix}{part}")
         for part in ("RMSNorm", "MLP", "Attention", "DecoderLayer")
     }
+    if desc.moe_block:  # the sparse MLP block, called by the layer forward with the residual
+        classes["MoeBlock"] = getattr(upstream, f"{prefix}{desc.moe_block}")
     unknown = sorted(set(desc.forwards) - set(_SNAKE))
     if unknown:
         raise ValueError(
@@ -203,15 +224,20 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         gemm, reason = optional_module("tilegym.ops.library", GEMM_API)
         if reason:
             handle.not_applied["linear"] = reason
-    swiglu = flags["swiglu"]
-    if swiglu and model is not None and model.config.hidden_act not in ("silu", "swish"):
-        handle.not_applied["swiglu"] = f"hidden_act {model.config.hidden_act!r} is not SiLU"
-        swiglu = False
+    swiglu, act = flags["swiglu"], desc.gated_act
+    if swiglu and model is not None:  # the instance's config names its activation
+        name = glue.config_activation(model.config)
+        act = glue.GATED_ACTS.get(name)
+        if act is None:
+            known = ", ".join(glue.GATED_ACTS)
+            handle.not_applied["swiglu"] = f"hidden_act {name!r} has no gated kernel ({known})"
+            swiglu, act = False, desc.gated_act
     routes = glue.Routes(
         rms_norm=flags["rms_norm"],
         rope=flags["rope"],
         swiglu=swiglu,
         linear=gemm is not None,
+        act=act,
     )
     fused = glue.FusedWeights()
     handle.repacked = fused
@@ -224,7 +250,7 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         return desc.forwards.get(part) or getattr(glue, f"make_{_SNAKE[part]}_forward")
 
     if routes.rms_norm:
-        forwards["RMSNorm"] = builder("RMSNorm")()
+        forwards["RMSNorm"] = builder("RMSNorm")(desc)
     if routes.rms_norm or routes.rope or routes.swiglu or routes.linear:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -235,6 +261,10 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
             routes, fused, gemm, eager, ALL_ATTENTION_FUNCTIONS, takes_kwargs, desc
         )
         forwards["DecoderLayer"] = builder("DecoderLayer")(routes, desc)
+        if desc.moe_block:
+            from tilegym.transformers.moe_block import make_moe_block_forward
+
+            forwards["MoeBlock"] = make_moe_block_forward(routes, gemm)
 
     try:
         if model is None:
@@ -325,18 +355,18 @@ def _flags(rope, rms_norm, swiglu, attn, linear) -> dict[str, bool]:
     }
 
 
-def _entry_point(model_type: str, what: str) -> Callable[..., PatchHandle]:
-    """``apply_tilegym_kernel_to_<model_type>``: one per family, all alike."""
+def _entry_point(key: str, what: str) -> Callable[..., PatchHandle]:
+    """``apply_tilegym_kernel_to_<key>``: one per family, all alike."""
 
     def apply(
         rope=True, rms_norm=True, swiglu=True, attn=True, linear=True, model=None
     ) -> PatchHandle:
         flags = _flags(rope, rms_norm, swiglu, attn, linear)
-        handle = _apply(FAMILIES[model_type], flags, model)
+        handle = _apply(FAMILIES[key], flags, model)
         use_tile_kv_cache(handle, model)
         return handle
 
-    apply.__name__ = apply.__qualname__ = f"apply_tilegym_kernel_to_{model_type}"
+    apply.__name__ = apply.__qualname__ = f"apply_tilegym_kernel_to_{key}"
     apply.__doc__ = (
         f"Route {what} through cuTile kernels; see the module doc. With cuTile attention on an "
         "instance, generate() keeps its KV cache in a TileKVCache."
@@ -352,16 +382,17 @@ def _what(model_type: str) -> str:
     return doc.strip().splitlines()[0].removeprefix("cuTile forwards for ").rstrip(".")
 
 
-APPLY_BY_MODEL_TYPE = {key: _entry_point(key, _what(key)) for key in FAMILIES}
-apply_tilegym_kernel_to_qwen3 = APPLY_BY_MODEL_TYPE["qwen3"]
-apply_tilegym_kernel_to_llama = APPLY_BY_MODEL_TYPE["llama"]
+APPLY_BY_KEY = {key: _entry_point(key, _what(key)) for key in FAMILIES}
+APPLY_BY_MODEL_TYPE = {FAMILIES[key].model_type: apply for key, apply in APPLY_BY_KEY.items()}
+apply_tilegym_kernel_to_qwen3 = APPLY_BY_KEY["qwen3"]
+apply_tilegym_kernel_to_llama = APPLY_BY_KEY["llama"]
 
 
 def __getattr__(name: str):
-    """``apply_tilegym_kernel_to_<model_type>`` of every family, the scaffolded ones too."""
+    """``apply_tilegym_kernel_to_<key>`` of every family, the scaffolded ones too."""
     prefix = "apply_tilegym_kernel_to_"
-    if name.startswith(prefix) and name[len(prefix) :] in APPLY_BY_MODEL_TYPE:
-        return APPLY_BY_MODEL_TYPE[name[len(prefix) :]]
+    if name.startswith(prefix) and name[len(prefix) :] in APPLY_BY_KEY:
+        return APPLY_BY_KEY[name[len(prefix) :]]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

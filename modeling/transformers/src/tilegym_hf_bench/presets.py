@@ -27,13 +27,15 @@ PRESETS: dict[str, Preset] = {
     "tiny-llama": Preset(
         "tiny-llama", "llama", "Llama 3.2, 2 small layers", "tiny-llama.json", True
     ),
-    # gemma3 has no cuTile patch (model init refuses it by name): the bench measures its
-    # PyTorch side only
+    # gemma3: the text model (model type gemma3_text), patched by the family folder
+    # src/tilegym/transformers/gemma3 (its MODEL_PATCH_KWARGS entry is keyed by the model type)
     "mistral": Preset("mistral", "mistral", "mistralai/Mistral-7B-v0.3", "mistral.json", False),
     "qwen2": Preset("qwen2", "qwen2", "Qwen/Qwen2.5-1.5B", "qwen2.json", False),
     "phi3": Preset("phi3", "phi3", "microsoft/Phi-3.5-mini-instruct", "phi3.json", False),
     "gemma3": Preset("gemma3", "gemma3_text", "google/gemma-3-1b-it", "gemma3.json", False),
     "olmo2": Preset("olmo2", "olmo2", "allenai/OLMo-2-0425-1B", "olmo2.json", False),
+    # 8 of its 48 layers: the bf16 model and the fp32 reference fit one H200 (see its _source)
+    "qwen3_moe": Preset("qwen3_moe", "qwen3_moe", "Qwen/Qwen3-30B-A3B", "qwen3_moe.json", False),
     "tiny-mistral": Preset(
         "tiny-mistral", "mistral", "Mistral v0.3, 2 small layers", "tiny-mistral.json", True
     ),
@@ -46,6 +48,9 @@ PRESETS: dict[str, Preset] = {
     ),
     "tiny-olmo2": Preset(
         "tiny-olmo2", "olmo2", "OLMo 2 1B, 2 small layers", "tiny-olmo2.json", True
+    ),
+    "tiny-qwen3_moe": Preset(
+        "tiny-qwen3_moe", "qwen3_moe", "Qwen3-30B-A3B, 2 small layers", "tiny-qwen3_moe.json", True
     ),
 }
 

@@ -17,6 +17,8 @@ MODEL_PATCH_KWARGS = {
     "qwen2": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "phi3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "olmo2": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "gemma3_text": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "qwen3_moe": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
 }
 
 

@@ -1,7 +1,8 @@
 """cuTile forwards for Llama-style decoder layers, shared by every family that has one.
 
 A family (Llama, Qwen3, Mistral, Qwen2, Phi-3) is a ``Family``: where its upstream classes
-live and how it differs from Llama (q/k norms, packed projections, the activation's name).
+live and how it differs from Llama (q/k norms, packed projections, the activation's name,
+where its norms sit and their form: Gemma 3's (1 + weight) norms around each sub-block).
 Each family's ``modeling_<key>.py`` holds only its ``FAMILY``; the forwards below read it.
 
 Each ``make_*`` builds a plain function with the upstream module's ``forward`` contract, for
@@ -25,9 +26,12 @@ from transformers.cache_utils import StaticLayer
 from tilegym.ops.library import (
     add_rms_norm,
     apply_rope,
+    gelu_tanh_and_mul,
     kv_cache_write_at,
     qk_norm_rope,
     rms_norm,
+    rms_norm_add,
+    rms_norm_add_rms_norm,
     silu_and_mul,
 )
 from tilegym.transformers.attention import device_position
@@ -41,10 +45,29 @@ class Routes:
     rope: bool = False
     swiglu: bool = False
     linear: bool = False
+    act: str = "silu"  # the gated MLP activation's kernels (a value of GATED_ACTS)
 
 
 QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
+#: activation names of transformers configs -> the gated-MLP kernels that compute them: the
+#: elementwise act-and-mul op and the gate-up GEMM with that epilogue (``tilegym.ops.library``)
+GATED_ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+_ACT_KERNELS = {
+    "silu": (silu_and_mul, "fused_gate_up_silu"),
+    "gelu_tanh": (gelu_tanh_and_mul, "fused_gate_up_gelu_tanh"),
+}
+
+
+def config_activation(config) -> str | None:
+    """The MLP activation a config names (``hidden_act``; Gemma's ``hidden_activation``)."""
+    return getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
+
+
+def norm_eps(norm: torch.nn.Module) -> float:
+    """An RMSNorm module's epsilon (``variance_epsilon``; Gemma's ``eps``)."""
+    eps = getattr(norm, "variance_epsilon", None)
+    return norm.eps if eps is None else eps
 
 
 @dataclass(frozen=True)
@@ -61,6 +84,13 @@ class Family:
     # the module's own sliding_window attribute (Qwen2, Qwen3), as the upstream forward does
     qk_norm_whole: bool = False  # the q/k RMSNorm spans the whole projection (OLMo 2)
     post_norm: bool = False  # norms after attention and after the MLP, none before (OLMo 2)
+    norm_unit_offset: bool = False  # every RMSNorm scales by (1 + weight) in fp32 and rounds
+    # once, to its input's dtype (Gemma 3: Gemma3RMSNorm)
+    sandwich_norm: bool = False  # norms before and after attention and the MLP (Gemma 3)
+    gated_act: str = "silu"  # the MLP activation's kernels for class-level patches (a value of
+    # GATED_ACTS); an instance is patched by its config's activation
+    moe_block: str | None = None  # class suffix of the sparse MLP block (Qwen3-MoE:
+    # "SparseMoeBlock"), patched by tilegym.transformers.moe_block; None: every MLP is dense
     forwards: Mapping[str, Callable] = field(default_factory=dict, compare=False)
     # the family's own forward builders by upstream class suffix ("RMSNorm", "MLP",
     # "Attention", "DecoderLayer"), each with the shared make_*_forward's signature: how an
@@ -128,11 +158,12 @@ def cache_update_takes_kwargs(attention_cls: type) -> bool:
     return "cache" in params
 
 
-def make_rms_norm_forward() -> Callable:
-    """``XRMSNorm.forward`` on the cuTile RMSNorm kernel."""
+def make_rms_norm_forward(family: Family = FAMILY) -> Callable:
+    """``XRMSNorm.forward`` on the cuTile RMSNorm kernel (the family's form of the norm)."""
+    offset = family.norm_unit_offset
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+        return rms_norm(hidden_states, self.weight, norm_eps(self), offset)
 
     return forward
 
@@ -145,20 +176,22 @@ def unbiased(module: torch.nn.Module, names: tuple[str, ...]) -> bool:
 def make_mlp_forward(
     routes: Routes, fused: FusedWeights, gemm, family: Family = FAMILY
 ) -> Callable:
-    """``XMLP.forward``: gate/up (fused GEMM + SiLU, or SiLU-and-mul kernel), down(+residual)."""
+    """``XMLP.forward``: gate/up (fused GEMM + activation-and-mul epilogue, or the act-and-mul
+    kernel: SiLU, or GELU-tanh by ``routes.act``), down(+residual)."""
     names = family.gate_up
+    act_and_mul, gated_gemm = _ACT_KERNELS[routes.act]
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if routes.linear and unbiased(self, names):
             w, _ = fused.get(self, names)
             if routes.swiglu:
-                act = gemm.fused_gate_up_silu(x, w)
+                act = getattr(gemm, gated_gemm)(x, w)
             else:
                 gate, up = gemm.linear(x, w).chunk(2, dim=-1)
                 act = getattr(self, family.act)(gate) * up
         else:
             gate, up = _gate_up(self, x, names)
-            act = silu_and_mul(gate, up) if routes.swiglu else getattr(self, family.act)(gate) * up
+            act = act_and_mul(gate, up) if routes.swiglu else getattr(self, family.act)(gate) * up
         if routes.linear and self.down_proj.bias is None:
             if residual is not None:
                 return gemm.linear_residual(act, self.down_proj.weight, residual)
@@ -221,9 +254,8 @@ def make_attention_forward(
             q = self.q_norm(q.reshape(bsz, seq, hq * d)).view(bsz, seq, hq, d)
             k = self.k_norm(k.reshape(bsz, seq, hk * d)).view(bsz, seq, hk, d)
         if per_head and routes.rope and routes.rms_norm:
-            q, k = qk_norm_rope(
-                q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.variance_epsilon, cos, sin
-            )
+            qw, kw, eps = self.q_norm.weight, self.k_norm.weight, norm_eps(self.q_norm)
+            q, k = qk_norm_rope(q, k, qw, kw, eps, cos, sin, family.norm_unit_offset)
         else:
             if per_head:
                 q, k = self.q_norm(q), self.k_norm(k)
@@ -295,7 +327,9 @@ def make_decoder_layer_forward(routes: Routes, family: Family = FAMILY) -> Calla
     """``XDecoderLayer.forward``: the attention residual add is folded into the o_proj GEMM
     (``linear``) or into the fused add+RMSNorm kernel (``rms_norm``); the MLP residual add into
     the down_proj GEMM (``linear``), else it stays a PyTorch add: a standalone cuTile add never
-    beat PyTorch's on the H200, so the library has none."""
+    beat PyTorch's on the H200, so the library has none. Post-norm (OLMo 2) and sandwich-norm
+    (Gemma 3) families have their own layer forwards below."""
+    offset = family.norm_unit_offset
 
     def forward(
         self,
@@ -322,7 +356,7 @@ def make_decoder_layer_forward(routes: Routes, family: Family = FAMILY) -> Calla
             normed = norm(hidden_states)
         elif routes.rms_norm:
             hidden_states, normed = add_rms_norm(
-                attn_out, residual, norm.weight, norm.variance_epsilon
+                attn_out, residual, norm.weight, norm_eps(norm), offset
             )
         else:
             hidden_states = residual + attn_out
@@ -350,4 +384,41 @@ def make_decoder_layer_forward(routes: Routes, family: Family = FAMILY) -> Calla
         hidden_states = hidden_states + self.post_attention_layernorm(attn_out)
         return hidden_states + self.post_feedforward_layernorm(self.mlp(hidden_states))
 
+    def sandwich_forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """A sandwich-norm family's layer (Gemma 3): each sub-block's input and output are
+        normalized and the normed output is added to the residual. With ``rms_norm`` the
+        attention's output norm, the residual add and the MLP's input norm are one kernel
+        (``rms_norm_add_rms_norm``), the MLP's output norm and add another (``rms_norm_add``);
+        the add (and a norm of a sum) is rounded like PyTorch's. The position embeddings are
+        the ones the upstream model hands this layer (its layer type's RoPE table)."""
+        attn_out, _ = self.self_attn(
+            hidden_states=self.input_layernorm(hidden_states),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        post, pre = self.post_attention_layernorm, self.pre_feedforward_layernorm
+        if routes.rms_norm and norm_eps(post) == norm_eps(pre):
+            hidden_states, normed = rms_norm_add_rms_norm(
+                attn_out, hidden_states, post.weight, pre.weight, norm_eps(post), offset
+            )
+        else:
+            hidden_states = hidden_states + post(attn_out)
+            normed = pre(hidden_states)
+        mlp_out = self.mlp(normed)
+        post = self.post_feedforward_layernorm
+        if routes.rms_norm:
+            return rms_norm_add(mlp_out, hidden_states, post.weight, norm_eps(post), offset)
+        return hidden_states + post(mlp_out)
+
+    if family.sandwich_norm:
+        return sandwich_forward
     return post_norm_forward if family.post_norm else forward

@@ -1,0 +1,266 @@
+"""Qwen3-MoE experts and router: cuTile (`tilegym.ops.moe`) vs what transformers runs (H200 table).
+
+    python benchmarks/ops/bench_moe.py [--tokens 1,8,2048] [--iters 50] [--sweep] [--json FILE]
+
+Shapes: Qwen3-30B-A3B (hidden 2048, moe_intermediate_size 768, 128 experts, 8 per token), bf16,
+routing from random router logits (softmax, top-8, renormalized, as the model's router does).
+
+- experts: `moe.moe_experts` vs `Qwen3MoeExperts.forward` with the experts implementation a
+  `Qwen3MoeForCausalLM` gets by default (read from a tiny model's config; the table names it
+  and the grouped-GEMM function it reaches), both without the residual. Timed eagerly and as
+  CUDA-graph replays (the benchmark's static decode mode captures the decode step).
+- floor (decode rows): bytes of the active experts' weights (distinct ids x 3 x H x I x 2 B)
+  at the device-to-device copy bandwidth measured here (a 1 GiB copy: 2 GiB moved per call).
+- router: `moe.moe_route` vs the PyTorch ops (softmax in fp32, topk, renormalize, cast).
+- --sweep: also times other `MoeConfig`s per token count (cuTile only, same interleaving).
+
+Times: medians of CUDA-event timed calls after warm-up, variants interleaved call by call, the
+L2 flushed before each call (weights come from HBM, as in a forward pass over 48 layers);
+spread = (p90 - p10) / median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import Stats, format_table, interleaved, time_cuda  # noqa: E402
+
+from tilegym.ops import moe  # noqa: E402
+from tilegym.ops.moe import MoeConfig  # noqa: E402
+
+SHAPE = moe.QWEN3_30B_A3B
+HEADER = ["op", "T", "mode", "baseline", "base_us", "cutile_us", "spread%", "base_spread%"]
+HEADER += ["speedup", "floor_us", "%floor"]
+
+#: configs --sweep times next to the default, by regime
+SWEEP = {
+    "decode": [
+        MoeConfig(8, 32, 64, 128, swap=True, small_dispatch=True, occupancy=0),
+        MoeConfig(8, 32, 64, 128, swap=True, small_dispatch=True, occupancy=4),
+        MoeConfig(8, 64, 64, 128, swap=True, small_dispatch=True, occupancy=2),
+        MoeConfig(8, 32, 128, 128, swap=True, small_dispatch=True, occupancy=2),
+        MoeConfig(8, 32, 64, 64, swap=True, small_dispatch=True, occupancy=2),
+        MoeConfig(8, 64, 128, 128, swap=True, small_dispatch=True, occupancy=2),
+        MoeConfig(8, 32, 64, 128, swap=True, small_dispatch=False, occupancy=2),
+        MoeConfig(8, 32, 64, 128, swap=True, small_dispatch=True, occupancy=2, gather_tma=True),
+    ],
+    "prefill": [
+        MoeConfig(64, 64, 128, 64),
+        MoeConfig(64, 128, 64, 64),
+        MoeConfig(64, 128, 128, 64, occupancy=1),
+        MoeConfig(64, 128, 128, 64, occupancy=2),
+        MoeConfig(128, 128, 128, 64),
+        MoeConfig(32, 64, 128, 64, swap=True),
+        MoeConfig(64, 128, 128, 32),
+        MoeConfig(64, 128, 128, 64, gather_tma=True),
+    ],
+}
+
+
+def transformers_default() -> tuple[str, str]:
+    """(experts implementation a Qwen3MoeForCausalLM gets by default, what it computes with)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tiny = Qwen3MoeConfig(
+        hidden_size=64,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        vocab_size=128,
+    )
+    impl = Qwen3MoeForCausalLM(tiny).config._experts_implementation
+    if impl == "grouped_mm":
+        if hasattr(torch.nn.functional, "grouped_mm"):
+            return impl, "torch.nn.functional.grouped_mm"
+        if hasattr(torch, "_grouped_mm"):
+            return impl, "torch._grouped_mm"
+        return impl, "transformers per-expert fallback loop"
+    if impl == "batched_mm":
+        return impl, "torch.bmm over per-slot expert weights"
+    return impl, "per-expert loop (index_add_)"
+
+
+def experts_module(impl: str, gate_up: torch.Tensor, down: torch.Tensor):
+    """`Qwen3MoeExperts` at the model's shapes with ``impl``, sharing ``gate_up``/``down``."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    cfg = Qwen3MoeConfig(
+        hidden_size=SHAPE["hidden"],
+        moe_intermediate_size=SHAPE["inter"],
+        num_experts=SHAPE["experts"],
+        num_experts_per_tok=SHAPE["top_k"],
+    )
+    cfg._experts_implementation = impl
+    with torch.device("meta"):
+        module = Qwen3MoeExperts(cfg)
+    module.gate_up_proj = torch.nn.Parameter(gate_up, requires_grad=False)
+    module.down_proj = torch.nn.Parameter(down, requires_grad=False)
+    return module
+
+
+def copy_bandwidth() -> float:
+    """Bytes moved per second by a 1 GiB device-to-device copy (read + write)."""
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    st = time_cuda(lambda: dst.copy_(src), warmup=5, iters=20, flush_l2=False)
+    return 2 * n / (st.median_us * 1e-6)
+
+
+def graphed(fn):
+    """``fn`` captured in a CUDA graph (after a warm-up call): replay runs it."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def routing(t: int, gen: torch.Generator):
+    logits = torch.randn((t, SHAPE["experts"]), generator=gen, device="cuda").to(torch.bfloat16)
+    weights, ids = moe.moe_route_reference(logits, SHAPE["top_k"], True)
+    return logits, weights, ids
+
+
+def experts_rows(t, gen, impl, desc, bw, iters, sweep, results):
+    h, i, e = SHAPE["hidden"], SHAPE["inter"], SHAPE["experts"]
+    gate_up = (torch.randn((e, 2 * i, h), generator=gen, device="cuda") / h**0.5).bfloat16()
+    down = (torch.randn((e, h, i), generator=gen, device="cuda") / i**0.5).bfloat16()
+    module = experts_module(impl, gate_up, down)
+    x = torch.randn((t, h), generator=gen, device="cuda").bfloat16()
+    _, weights, ids = routing(t, gen)
+    ids64 = ids.long()
+    active = int(ids.unique().numel())
+    floor_us = active * 3 * h * i * 2 / bw * 1e6 if t <= 64 else None
+
+    def torch_fn():
+        return module(x, ids64, weights)
+
+    def cutile_fn():
+        return moe.moe_experts(x, ids, weights, gate_up, down)
+
+    ref = moe.moe_experts_reference(x, ids, weights, gate_up, down)
+    for name, fn in (("torch", torch_fn), ("cutile", cutile_fn)):
+        err = (fn().float() - ref).norm() / ref.norm()
+        results.setdefault("errors", {})[f"{name}@{t}"] = float(err)
+    rows = []
+    with torch.no_grad():
+        for mode in ("eager", "graph"):
+            fns = {"torch": torch_fn, "cutile": cutile_fn}
+            if mode == "graph":
+                try:
+                    fns = {k: graphed(f) for k, f in fns.items()}
+                except RuntimeError as exc:  # a baseline that cannot be captured: say so
+                    print(f"T={t}: CUDA-graph capture failed: {exc}")
+                    continue
+            st = interleaved(fns, iters=iters)
+            rows.append(_row("experts", t, mode, f"{impl}: {desc}", st, floor_us))
+            results.setdefault("experts", []).append(_record(t, mode, st, floor_us, active))
+        if sweep:
+            regime = "decode" if t <= 64 else "prefill"
+            fns = {"default": cutile_fn}
+            for cfg in SWEEP[regime]:
+                fns[_cfg_name(cfg)] = lambda cfg=cfg: moe.moe_experts(
+                    x, ids, weights, gate_up, down, config=cfg
+                )
+            st = interleaved({k: graphed(f) for k, f in fns.items()}, iters=iters)
+            for name, s in st.items():
+                pct = f"{100 * floor_us / s.median_us:.0f}" if floor_us else "-"
+                rows.append(
+                    ["experts", t, "graph", f"sweep {name}", "-", s.median_us, s.spread_pct]
+                    + ["-", "-", floor_us if floor_us else "-", pct]
+                )
+                results.setdefault("sweep", []).append(
+                    {"T": t, "config": name, "median_us": s.median_us, "spread": s.spread_pct}
+                )
+    return rows
+
+
+def route_rows(t, gen, iters, results):
+    logits, _, _ = routing(t, gen)
+    k = SHAPE["top_k"]
+    fns = {
+        "torch": lambda: moe.moe_route_reference(logits, k, True),
+        "cutile": lambda: moe.moe_route(logits, k, True),
+    }
+    rows = []
+    for mode in ("eager", "graph"):
+        run = fns if mode == "eager" else {n: graphed(f) for n, f in fns.items()}
+        st = interleaved(run, iters=iters)
+        rows.append(_row("router", t, mode, "softmax+topk+renorm", st, None))
+        results.setdefault("router", []).append(_record(t, mode, st, None, None))
+    return rows
+
+
+def _cfg_name(c: MoeConfig) -> str:
+    flags = ("swap " if c.swap else "") + ("1prog " if c.small_dispatch else "")
+    flags += f"occ{c.occupancy}" + (" tma" if c.gather_tma else "")
+    return f"{c.bm}x{c.bn_up}x{c.bn_down} tk{c.tk} {flags}"
+
+
+def _row(op, t, mode, baseline, st: dict[str, Stats], floor_us):
+    b, c = st["torch"], st["cutile"]
+    pct = f"{100 * floor_us / c.median_us:.0f}" if floor_us else "-"
+    return [op, t, mode, baseline, b.median_us, c.median_us, c.spread_pct, b.spread_pct] + [
+        f"{b.median_us / c.median_us:.2f}x",
+        floor_us if floor_us else "-",
+        pct,
+    ]
+
+
+def _record(t, mode, st, floor_us, active):
+    return {
+        "T": t,
+        "mode": mode,
+        "torch_us": st["torch"].median_us,
+        "cutile_us": st["cutile"].median_us,
+        "torch_spread": st["torch"].spread_pct,
+        "cutile_spread": st["cutile"].spread_pct,
+        "floor_us": floor_us,
+        "active_experts": active,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", default="1,8,2048", help="token counts (comma separated)")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sweep", action="store_true", help="also time other MoeConfigs")
+    ap.add_argument("--json", help="write the numbers here too")
+    args = ap.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",")]
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    impl, desc = transformers_default()
+    bw = copy_bandwidth()
+    results: dict = {"transformers_experts": impl, "computes_with": desc, "copy_GBps": bw / 1e9}
+    print(f"transformers default experts implementation: {impl!r} -> {desc}")
+    print(f"device-to-device copy: {bw / 1e9:.0f} GB/s (read + write bytes per second)")
+    rows = []
+    for t in tokens:
+        rows += experts_rows(t, gen, impl, desc, bw, args.iters, args.sweep, results)
+        torch.cuda.empty_cache()  # the previous row's weights and graphs are gone
+    for t in tokens:
+        rows += route_rows(t, gen, args.iters, results)
+    print(format_table(HEADER, rows))
+    print("relative error vs fp32:", {k: f"{v:.2e}" for k, v in results["errors"].items()})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

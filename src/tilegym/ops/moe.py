@@ -1,0 +1,787 @@
+"""Mixture-of-experts block as transformers' Qwen3-MoE computes it, in cuTile.
+
+`moe_route` is the router after its linear: softmax over the experts in fp32, top-k, optional
+renormalization over the k, cast to the logits dtype (`Qwen3MoeTopKRouter.forward`), in one
+kernel with a block of tokens per program.
+
+`moe_experts` is `Qwen3MoeExperts.forward` (+ the decoder layer's residual add):
+``out[t] = residual[t] + sum_j w[t, j] * down[e] @ (silu(g) * u)``, ``[g; u] = gate_up[e] @ x[t]``,
+``e = ids[t, j]``. Its kernels:
+
+1. dispatch: the ``T*k`` (token, slot) pairs are grouped by expert into ``BM``-row blocks, each
+   expert's rows padded to a whole number of blocks. It writes the slot of every padded row
+   (``n_slots`` as the padding sentinel), the padded row of every slot, and the expert of every
+   block (``n_experts`` for blocks past the last). At decode one program does it all (one-hot
+   counts and ranks, slot order kept); otherwise three kernels: per-expert counts by atomic
+   add (the returned old count is the slot's rank within its expert), a one-program scan, and a
+   scatter.
+2. grouped GEMM 1: per (block, column tile of I) the block's hidden rows are gathered (token =
+   slot // k), multiplied by the expert's gate rows and up rows, and ``silu(g) * u`` is stored
+   for the block's rows of an ``[padded rows, I]`` intermediate.
+3. grouped GEMM 2: that intermediate times ``down[e]^T`` per block into ``[padded rows, H]``,
+   in the activation dtype: a bf16 round trip is half of an fp32 one (prefill T = 2048, k = 8,
+   H = 2048: 67 MB less traffic), and it is the one rounding of an fp32-accumulated result that
+   transformers' own path also makes on each expert output.
+4. combine: per token, its k rows are gathered back, weighted by the routing weights and summed
+   in a fixed order in fp32, plus the residual, then cast once. No float atomics: the result
+   does not depend on the order of rows inside an expert.
+
+The grids depend only on T, k, E and the block size (blocks past the used ones return at
+once) and nothing is read back to the host, so a call can be captured in a CUDA graph.
+A program reads its expert's weight tile once for all rows of its block, so an expert's
+weights are read once per block: at decode (a few tokens, so at most a few rows per expert)
+every active expert has one 8-row block and its weights are read once; the weight tile is then
+the mma's A operand (`MoeConfig.swap`), so the mma's wide side holds weight rows, not padding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cuda.tile as ct
+import torch
+from cuda.tile.compilation import ArrayConstraint, ScalarConstraint
+
+from tilegym.ops._common import PAD_ZERO, next_pow2, signature, stream, with_hints
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+_NEG_INF = ct.PaddingMode.NEG_INF
+
+#: at most this many (token, slot) pairs take the one-program dispatch (decode: T <= 8, k = 8)
+SMALL_DISPATCH_SLOTS = 64
+#: slots per program of the count and scatter kernels (and rows per sentinel-fill store)
+SLOT_TILE = 1024
+#: one-hot tiles of the one-program dispatch and the scan hold about this many int32s
+ONEHOT_ELEMS = 4096
+#: routing-weight tile of the router kernel: about this many fp32 probabilities per program
+ROUTE_ELEMS = 2048
+#: rows per store of the one-program dispatch's sentinel fill
+SMALL_FILL = 256
+#: rows x columns gathered per program of the combine kernel
+COMBINE_ROWS = 32
+COMBINE_COLS = 256
+
+_DTYPES = (torch.bfloat16, torch.float16)
+_CT = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32}
+
+
+# ---------------------------------------------------------------------------------------------
+# Router
+# ---------------------------------------------------------------------------------------------
+
+
+@ct.kernel
+def tilegym_moe_route_kernel(
+    Logits,
+    Weights,
+    Ids,
+    TM: ConstInt,
+    EP: ConstInt,
+    TOP_K: ConstInt,
+    KP: ConstInt,
+    NORMALIZE: ConstBool,
+):
+    """Top-k of softmax(Logits[T, E]) for TM tokens: Weights/Ids [T, TOP_K].
+
+    EP (a power of two >= E) columns are loaded with -inf past E (probability 0); each of the
+    TOP_K rounds takes the row maximum, its first index, and masks that column with -1 (below
+    every probability). KP is TOP_K rounded up to a power of two (the stored tile).
+    """
+    bt = ct.bid(0)
+    x = ct.astype(ct.load(Logits, (bt, 0), (TM, EP), padding_mode=_NEG_INF), ct.float32)
+    p = ct.exp(x - ct.max(x, axis=1, keepdims=True))
+    p = p / ct.sum(p, axis=1, keepdims=True)
+    cols = ct.broadcast_to(ct.reshape(ct.arange(EP, dtype=ct.int32), (1, EP)), (TM, EP))
+    slot = ct.broadcast_to(ct.reshape(ct.arange(KP, dtype=ct.int32), (1, KP)), (TM, KP))
+    vals = ct.full((TM, KP), 0.0, dtype=ct.float32)
+    idx = ct.full((TM, KP), 0, dtype=ct.int32)
+    gone = ct.full((TM, EP), -1.0, dtype=ct.float32)
+    for j in range(TOP_K):
+        best = ct.max(p, axis=1, keepdims=True)
+        arg = ct.astype(ct.argmax(p, axis=1, keepdims=True), ct.int32)
+        here = slot == j
+        vals = ct.where(here, ct.broadcast_to(best, (TM, KP)), vals)
+        idx = ct.where(here, ct.broadcast_to(arg, (TM, KP)), idx)
+        p = ct.where(cols == ct.broadcast_to(arg, (TM, EP)), gone, p)
+    if NORMALIZE:
+        vals = vals / ct.sum(vals, axis=1, keepdims=True)
+    ct.store(Weights, (bt, 0), ct.astype(vals, Weights.dtype))
+    ct.store(Ids, (bt, 0), idx)
+
+
+def route_tiles(n_experts: int, top_k: int) -> tuple[int, int, int]:
+    """(TM, EP, KP) of the router kernel."""
+    ep = next_pow2(n_experts)
+    return max(1, min(64, ROUTE_ELEMS // ep)), ep, next_pow2(top_k)
+
+
+def _check_route(router_logits: torch.Tensor, top_k: int) -> None:
+    """One clear ValueError for inputs the router kernel does not take."""
+    if not router_logits.is_cuda:
+        raise ValueError(f"router_logits must be a CUDA tensor, got {router_logits.device}")
+    if router_logits.dtype not in (*_DTYPES, torch.float32):
+        raise ValueError(f"router_logits dtype {router_logits.dtype} is not supported")
+    if router_logits.dim() != 2:
+        raise ValueError(f"router_logits must be [T, E], got {tuple(router_logits.shape)}")
+    if not 1 <= top_k <= router_logits.shape[1]:
+        raise ValueError(f"top_k={top_k} must lie in [1, {router_logits.shape[1]}]")
+
+
+def moe_route(
+    router_logits: torch.Tensor, top_k: int, normalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, top_k] in the logits dtype, expert ids [T, top_k] int32), best first."""
+    _check_route(router_logits, top_k)
+    t, e = router_logits.shape
+    logits = router_logits if router_logits.stride(-1) == 1 else router_logits.contiguous()
+    dev = logits.device
+    weights = torch.empty((t, top_k), dtype=logits.dtype, device=dev)
+    ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
+    if t:
+        tm, ep, kp = route_tiles(e, top_k)
+        args = (logits, weights, ids, tm, ep, top_k, kp, bool(normalize))
+        ct.launch(stream(dev), (math.ceil(t / tm), 1, 1), tilegym_moe_route_kernel, args)
+    return weights, ids
+
+
+def moe_route_reference(
+    router_logits: torch.Tensor, top_k: int, normalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Qwen3MoeTopKRouter.forward` after its linear (fp32 softmax), ids as int32."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    top, ids = torch.topk(probs, top_k, dim=-1)
+    if normalize:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return top.to(router_logits.dtype), ids.to(torch.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch: (token, slot) pairs grouped by expert into padded blocks
+# ---------------------------------------------------------------------------------------------
+
+
+def _slot_ids(Ids, c, n_experts, missing, TS):
+    """(slots, valid, expert) of the TS-slot chunk c; expert is ``missing`` where the slot is
+    past the end or its id is outside [0, n_experts)."""
+    n = Ids.shape[0]
+    slots = c * TS + ct.arange(TS, dtype=ct.int32)
+    ids = ct.load(Ids, (c,), (TS,), padding_mode=PAD_ZERO)
+    valid = (slots < n) & (ids >= 0) & (ids < n_experts)
+    return slots, valid, ct.where(valid, ids, missing)
+
+
+def _onehot(expert, TS, EP):
+    """(TS, EP) int32: 1 where the slot's expert is the column (none for expert -1)."""
+    cols = ct.broadcast_to(ct.reshape(ct.arange(EP, dtype=ct.int32), (1, EP)), (TS, EP))
+    rows = ct.broadcast_to(ct.reshape(expert, (TS, 1)), (TS, EP))
+    return ct.astype(rows == cols, ct.int32)
+
+
+def _layout(counts, BM):
+    """(first block past each expert, first padded row of each expert) from per-expert counts."""
+    blocks = (counts + (BM - 1)) // BM
+    block_end = ct.cumsum(blocks, axis=0)
+    return block_end, (block_end - blocks) * BM
+
+
+def _store_block_experts(BlockExpert, block_end, n_experts, EP, BP):
+    """BlockExpert[b] = the expert whose blocks contain b: the count of experts ending at or
+    before b (n_experts for blocks past the last used one)."""
+    ends = ct.broadcast_to(ct.reshape(block_end, (1, EP)), (BP, EP))
+    for bc in range(ct.cdiv(BlockExpert.shape[0], BP)):
+        b = ct.broadcast_to(ct.reshape(bc * BP + ct.arange(BP, dtype=ct.int32), (BP, 1)), (BP, EP))
+        expert = ct.sum(ct.astype(ends <= b, ct.int32), axis=1)
+        ct.store(BlockExpert, (bc,), ct.minimum(expert, n_experts))
+
+
+def _fill_sentinel(Sorted, first, step, value, RC):
+    """Sorted[chunk c] = value for the RC-row chunks first, first + step, ...
+
+    Plain stores, not TMA: the one-program dispatch scatters into the same rows next, and an
+    asynchronous TMA store is not ordered with the scatter's ordinary stores."""
+    fill = ct.full((RC,), 0, dtype=ct.int32) + value
+    for rc in range(first, ct.cdiv(Sorted.shape[0], RC), step):
+        ct.store(Sorted, (rc,), fill, allow_tma=False)
+
+
+@ct.kernel
+def tilegym_moe_dispatch_small_kernel(
+    Ids,
+    Sorted,
+    Pos,
+    BlockExpert,
+    n_experts: int,
+    BM: ConstInt,
+    EP: ConstInt,
+    SC: ConstInt,
+    BP: ConstInt,
+    FILL: ConstInt,
+):
+    """The whole dispatch in one program (few slots): Ids [S] -> Sorted [MB*BM], Pos [S],
+    BlockExpert [MB]. Counts and ranks come from one-hot tiles, so inside an expert the rows
+    keep slot order."""
+    n = Ids.shape[0]
+    chunks = ct.cdiv(n, SC)
+    counts = ct.full((EP,), 0, dtype=ct.int32)
+    for c in range(chunks):
+        _, _, expert = _slot_ids(Ids, c, n_experts, -1, SC)
+        counts = counts + ct.sum(_onehot(expert, SC, EP), axis=0)
+    block_end, row_start = _layout(counts, BM)
+    _store_block_experts(BlockExpert, block_end, n_experts, EP, BP)
+    _fill_sentinel(Sorted, 0, 1, n, FILL)
+    seen = ct.broadcast_to(ct.reshape(row_start, (1, EP)), (SC, EP))
+    for c in range(chunks):
+        slots, valid, expert = _slot_ids(Ids, c, n_experts, -1, SC)
+        hot = _onehot(expert, SC, EP)
+        pos = ct.sum(hot * (ct.cumsum(hot, axis=0) - hot + seen), axis=1)
+        ct.scatter(Sorted, pos, slots, mask=valid)
+        ct.store(Pos, (c,), ct.where(valid, pos, Sorted.shape[0]))
+        seen = seen + ct.broadcast_to(ct.sum(hot, axis=0, keepdims=True), (SC, EP))
+
+
+@ct.kernel
+def tilegym_moe_count_kernel(Ids, Counts, Rank, Sorted, TS: ConstInt):
+    """Rank[s] = old Counts[expert of s] of an atomic increment (the slot's place inside its
+    expert); Counts must be zero before. Also fills Sorted with the sentinel S, grid-strided
+    (the scatter two launches later overwrites the used rows)."""
+    c = ct.bid(0)
+    n_experts = Counts.shape[0]
+    _, _, expert = _slot_ids(Ids, c, n_experts, n_experts, TS)
+    rank = ct.atomic_add(Counts, expert, 1, memory_order=ct.MemoryOrder.RELAXED)
+    ct.store(Rank, (c,), rank)
+    _fill_sentinel(Sorted, c, ct.num_blocks(0), Ids.shape[0], TS)
+
+
+@ct.kernel
+def tilegym_moe_scan_kernel(
+    Counts, RowStart, BlockExpert, BM: ConstInt, EP: ConstInt, BP: ConstInt
+):
+    """One program: each expert's first padded row (RowStart) and each block's expert."""
+    n_experts = Counts.shape[0]
+    counts = ct.load(Counts, (0,), (EP,), padding_mode=PAD_ZERO)
+    block_end, row_start = _layout(counts, BM)
+    ct.store(RowStart, (0,), row_start)
+    _store_block_experts(BlockExpert, block_end, n_experts, EP, BP)
+
+
+@ct.kernel
+def tilegym_moe_scatter_kernel(Ids, Rank, RowStart, Sorted, Pos, TS: ConstInt):
+    """Pos[s] = RowStart[expert] + Rank[s]; Sorted[Pos[s]] = s (invalid slots: Pos = rows)."""
+    c = ct.bid(0)
+    slots, valid, expert = _slot_ids(Ids, c, RowStart.shape[0], 0, TS)
+    start = ct.gather(RowStart, expert, mask=valid)
+    pos = start + ct.load(Rank, (c,), (TS,), padding_mode=PAD_ZERO)
+    ct.scatter(Sorted, pos, slots, mask=valid)
+    ct.store(Pos, (c,), ct.where(valid, pos, Sorted.shape[0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Grouped GEMMs and the combine
+# ---------------------------------------------------------------------------------------------
+
+
+def _acc(BM, BN, swap):
+    """fp32 accumulator: (BM, BN), or (BN, BM) with the operands swapped."""
+    if swap:
+        return ct.full((BN, BM), 0, dtype=ct.float32)
+    return ct.full((BM, BN), 0, dtype=ct.float32)
+
+
+def _mma(x, w, acc, swap):
+    """acc += x (BM, TK) @ w (BN, TK)^T; swapped, the weight tile is the mma's A operand."""
+    if swap:
+        return ct.mma(w, ct.transpose(x), acc)
+    return ct.mma(x, ct.transpose(w), acc)
+
+
+def _acc_out(acc, swap):
+    """The accumulator as a (BM, BN) tile."""
+    return ct.transpose(acc) if swap else acc
+
+
+def _weight_tile(W, e, bn, k, BN, TK):
+    """Rows [bn*BN, +BN) x columns [k*TK, +TK) of expert e's [N, K] matrix in W [E, N, K]."""
+    return ct.reshape(ct.load(W, (e, bn, k), (1, BN, TK), padding_mode=PAD_ZERO), (BN, TK))
+
+
+@ct.kernel
+def tilegym_moe_gate_up_kernel(
+    X,
+    Sorted,
+    BlockExpert,
+    Wg,
+    Wu,
+    A,
+    top_k: int,
+    BM: ConstInt,
+    BN: ConstInt,
+    TK: ConstInt,
+    SWAP: ConstBool,
+    GATHER_TMA: ConstBool,
+):
+    """A[block rows, bn tile] = silu(Xg @ Wg[e]^T) * (Xg @ Wu[e]^T), Xg the block's hidden rows
+    (token = slot // top_k; the sentinel gives token T, a zero row). Grid (blocks, I tiles).
+
+    GATHER_TMA lets the row gather use TMA: sm_100 has a gather form; on sm_90 it compiled to
+    a 176-456 byte stack frame per thread where element loads need none."""
+    b = ct.bid(0)
+    bn = ct.bid(1)
+    e = ct.gather(BlockExpert, b)
+    if e < Wg.shape[0]:
+        tokens = ct.load(Sorted, (b,), (BM,)) // top_k
+        gate = _acc(BM, BN, SWAP)
+        up = _acc(BM, BN, SWAP)
+        for k in range(ct.num_tiles(X, axis=1, shape=(BM, TK))):
+            x = ct.load_advanced_indexing(
+                X, (tokens, ct.Slice(k * TK, TK)), padding_mode=PAD_ZERO, allow_tma=GATHER_TMA
+            )
+            gate = _mma(x, _weight_tile(Wg, e, bn, k, BN, TK), gate, SWAP)
+            up = _mma(x, _weight_tile(Wu, e, bn, k, BN, TK), up, SWAP)
+        act = gate / (1.0 + ct.exp(-gate)) * up
+        ct.store(A, (b, bn), ct.astype(_acc_out(act, SWAP), A.dtype))
+
+
+@ct.kernel
+def tilegym_moe_down_kernel(
+    A,
+    BlockExpert,
+    Wd,
+    Y,
+    BM: ConstInt,
+    BN: ConstInt,
+    TK: ConstInt,
+    SWAP: ConstBool,
+):
+    """Y[block rows, bn tile] = A[block rows] @ Wd[e]^T. Grid (blocks, H tiles)."""
+    b = ct.bid(0)
+    bn = ct.bid(1)
+    e = ct.gather(BlockExpert, b)
+    if e < Wd.shape[0]:
+        acc = _acc(BM, BN, SWAP)
+        for k in range(ct.num_tiles(A, axis=1, shape=(BM, TK))):
+            a = ct.load(A, (b, k), (BM, TK), padding_mode=PAD_ZERO)
+            acc = _mma(a, _weight_tile(Wd, e, bn, k, BN, TK), acc, SWAP)
+        ct.store(Y, (b, bn), ct.astype(_acc_out(acc, SWAP), Y.dtype))
+
+
+@ct.kernel
+def tilegym_moe_combine_kernel(
+    Y,
+    Pos,
+    Wts,
+    R,
+    Out,
+    TT: ConstInt,
+    KP: ConstInt,
+    TH: ConstInt,
+    HAS_RES: ConstBool,
+):
+    """Out[t] = (R[t] +) sum_j Wts[t, j] * Y[Pos[t, j]] in fp32, for TT tokens x TH columns.
+
+    Pos/Wts are [T, k]; missing (t, j) get the row count of Y as their row (a zero row) and
+    weight 0. The sum runs over j in order: the result does not depend on the dispatch's row
+    order."""
+    bt = ct.bid(0)
+    bh = ct.bid(1)
+    t = ct.broadcast_to(ct.reshape(bt * TT + ct.arange(TT, dtype=ct.int32), (TT, 1)), (TT, KP))
+    j = ct.broadcast_to(ct.reshape(ct.arange(KP, dtype=ct.int32), (1, KP)), (TT, KP))
+    valid = (t < Out.shape[0]) & (j < Pos.shape[1])
+    pos = ct.where(valid, ct.load(Pos, (bt, 0), (TT, KP), padding_mode=PAD_ZERO), Y.shape[0])
+    w = ct.astype(ct.load(Wts, (bt, 0), (TT, KP), padding_mode=PAD_ZERO), ct.float32)
+    rows = ct.load_advanced_indexing(
+        Y,
+        (ct.reshape(pos, (TT * KP,)), ct.Slice(bh * TH, TH)),
+        padding_mode=PAD_ZERO,
+        allow_tma=False,
+    )
+    y = ct.astype(ct.reshape(rows, (TT, KP, TH)), ct.float32)
+    acc = ct.sum(y * ct.reshape(w, (TT, KP, 1)), axis=1)
+    if HAS_RES:
+        acc = acc + ct.astype(ct.load(R, (bt, bh), (TT, TH), padding_mode=PAD_ZERO), ct.float32)
+    ct.store(Out, (bt, bh), ct.astype(acc, Out.dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Tiles of one `moe_experts` call.
+
+    bm: rows per block (each expert's rows are padded to a multiple); bn_up / bn_down: column
+    tiles of GEMM 1 (over I) and GEMM 2 (over H); tk: K tile of both; swap: weight tile as the
+    mma's A operand (few rows per block); small_dispatch: the one-program dispatch;
+    occupancy: the GEMMs' occupancy hint (0: the compiler's choice); gather_tma: TMA for the
+    hidden-row gather of GEMM 1.
+    """
+
+    bm: int
+    bn_up: int
+    bn_down: int
+    tk: int
+    swap: bool = False
+    small_dispatch: bool = False
+    occupancy: int = 0
+    gather_tma: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("bm", "bn_up", "bn_down", "tk"):
+            v = getattr(self, name)
+            if v < 8 or v & (v - 1):
+                raise ValueError(f"{name}={v} must be a power of two >= 8")
+        if self.occupancy < 0:
+            raise ValueError(f"occupancy={self.occupancy} must be >= 0")
+
+
+def choose_config(n_slots: int, n_experts: int) -> MoeConfig:
+    """Tiles by the mean rows per expert (``n_slots / n_experts``).
+
+    Decode (<= 8 rows per expert, e.g. T <= 64 at k = 8 of 128 experts): 8-row blocks with the
+    weight tile as the mma's A operand; 32-column GEMM 1 tiles and 64-column GEMM 2 tiles, so
+    that at T = 1 (8 blocks) the grids are 8 x 24 and 8 x 32 programs, one wave at two per SM
+    of the H200's 132 (occupancy 2 also took the sm_90 build from 168 registers and a stack
+    frame to 128 and none). Splitting K (H or I) instead would need a second reduction pass.
+    Prefill: 64-row blocks (an expert wastes < 64 padded rows; 128-row blocks would pad
+    Qwen3-30B-A3B's 128 rows per expert at T = 2048 by half again) and 64 x 128 tiles, the
+    fused gate-up tile that ran without spills in `gemm`.
+    """
+    small = n_slots <= SMALL_DISPATCH_SLOTS
+    per_expert = n_slots / max(n_experts, 1)
+    if per_expert <= 8:
+        return MoeConfig(8, 32, 64, 128, swap=True, small_dispatch=small, occupancy=2)
+    if per_expert <= 16:
+        return MoeConfig(16, 64, 64, 128, swap=True, small_dispatch=small, occupancy=2)
+    if per_expert <= 32:
+        return MoeConfig(32, 64, 128, 64, swap=True, small_dispatch=small)
+    return MoeConfig(64, 128, 128, 64, small_dispatch=small)
+
+
+def _hinted(kernel, cfg: MoeConfig):
+    """The GEMM kernel with the config's occupancy hint (compiled once per hint)."""
+    return with_hints(kernel, occupancy=cfg.occupancy) if cfg.occupancy else kernel
+
+
+def max_blocks(n_slots: int, n_experts: int, bm: int) -> int:
+    """Upper bound on used blocks: each holds >= 1 slot, and padding adds < 1 block per
+    expert that has slots."""
+    return max(1, min(n_slots, math.ceil(n_slots / bm) + min(n_experts, n_slots)))
+
+
+def dispatch_tiles(n_experts: int) -> tuple[int, int]:
+    """(EP, chunk): the padded expert count and the one-hot chunk (slots or blocks) per step."""
+    ep = next_pow2(n_experts)
+    return ep, max(8, min(64, ONEHOT_ELEMS // ep))
+
+
+def combine_tiles(top_k: int, hidden: int) -> tuple[int, int, int]:
+    """(TT, KP, TH) of the combine kernel."""
+    kp = next_pow2(top_k)
+    return max(1, COMBINE_ROWS // kp), kp, min(COMBINE_COLS, next_pow2(hidden))
+
+
+def _carve(numels: list[int], device) -> list[torch.Tensor]:
+    """int32 views of one allocation, each starting 16-byte aligned."""
+    starts, total = [], 0
+    for n in numels:
+        starts.append(total)
+        total += -(-n // 4) * 4
+    buf = torch.empty(max(total, 4), dtype=torch.int32, device=device)
+    return [buf[s : s + n] for s, n in zip(starts, numels, strict=True)]
+
+
+def moe_dispatch(
+    ids: torch.Tensor, n_experts: int, bm: int, small: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted slot per padded row [MB*bm], padded row per slot [S], expert per block [MB]) for
+    flat int32 ``ids`` [S]; sentinels: S (rows), MB*bm (slots with an id outside the experts),
+    n_experts (blocks)."""
+    n = ids.numel()
+    dev = ids.device
+    mb = max_blocks(n, n_experts, bm)
+    sorted_, pos, bexp = _carve([mb * bm, n, mb], dev)
+    ep, chunk = dispatch_tiles(n_experts)
+    s = stream(dev)
+    if small:
+        args = (ids, sorted_, pos, bexp, n_experts, bm, ep, chunk, chunk, SMALL_FILL)
+        ct.launch(s, (1, 1, 1), tilegym_moe_dispatch_small_kernel, args)
+        return sorted_, pos, bexp
+    counts = torch.zeros(n_experts, dtype=torch.int32, device=dev)
+    rank, row_start = _carve([n, n_experts], dev)
+    grid = (math.ceil(n / SLOT_TILE), 1, 1)
+    ct.launch(s, grid, tilegym_moe_count_kernel, (ids, counts, rank, sorted_, SLOT_TILE))
+    ct.launch(s, (1, 1, 1), tilegym_moe_scan_kernel, (counts, row_start, bexp, bm, ep, chunk))
+    args = (ids, rank, row_start, sorted_, pos, SLOT_TILE)
+    ct.launch(s, grid, tilegym_moe_scatter_kernel, args)
+    return sorted_, pos, bexp
+
+
+def dispatch_reference(
+    ids: torch.Tensor, n_experts: int, bm: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What `moe_dispatch` writes, in plain PyTorch, slots in order inside each expert (the
+    one-program dispatch's order; the atomic one may order an expert's rows differently)."""
+    flat = ids.reshape(-1).to(torch.int64).cpu()
+    n = flat.numel()
+    mb = max_blocks(n, n_experts, bm)
+    valid = (flat >= 0) & (flat < n_experts)
+    counts = torch.bincount(flat[valid], minlength=n_experts)
+    blocks = (counts + bm - 1) // bm
+    block_end = torch.cumsum(blocks, 0)
+    row_start = (block_end - blocks) * bm
+    sorted_ = torch.full((mb * bm,), n, dtype=torch.int32)
+    pos = torch.full((n,), mb * bm, dtype=torch.int32)
+    seen = torch.zeros(n_experts, dtype=torch.int64)
+    for s in range(n):
+        if valid[s]:
+            e = int(flat[s])
+            p = int(row_start[e] + seen[e])
+            seen[e] += 1
+            sorted_[p] = s
+            pos[s] = p
+    b = torch.arange(mb)
+    bexp = (block_end.view(1, -1) <= b.view(-1, 1)).sum(1).clamp(max=n_experts).to(torch.int32)
+    return sorted_, pos, bexp
+
+
+def _check_experts(hidden, ids, weights, gate_up, down, residual) -> None:
+    """One clear ValueError for inputs the kernels do not take."""
+    tensors = {"hidden": hidden, "ids": ids, "weights": weights, "gate_up": gate_up, "down": down}
+    if residual is not None:
+        tensors["residual"] = residual
+    for name, t in tensors.items():
+        if not t.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor, got {t.device}")
+    if hidden.dtype not in _DTYPES:
+        raise ValueError(f"hidden dtype {hidden.dtype} is not supported (bfloat16, float16)")
+    if gate_up.dtype != hidden.dtype or down.dtype != hidden.dtype:
+        raise ValueError("gate_up and down must have the hidden dtype")
+    if hidden.dim() != 2 or ids.dim() != 2 or weights.shape != ids.shape:
+        raise ValueError("hidden must be [T, H], ids and weights [T, k]")
+    t, h = hidden.shape
+    if ids.shape[0] != t:
+        raise ValueError(f"ids has {ids.shape[0]} rows for {t} tokens")
+    if ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"ids dtype {ids.dtype} must be int32 or int64")
+    if gate_up.dim() != 3 or gate_up.shape[2] != h or gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up must be [E, 2I, {h}], got {tuple(gate_up.shape)}")
+    e, i2, _ = gate_up.shape
+    if tuple(down.shape) != (e, h, i2 // 2):
+        raise ValueError(f"down must be [{e}, {h}, {i2 // 2}], got {tuple(down.shape)}")
+    if gate_up.stride(2) != 1 or down.stride(2) != 1:
+        raise ValueError("expert weights must be contiguous along their last dim")
+    if residual is not None and residual.shape != hidden.shape:
+        raise ValueError(f"residual shape {tuple(residual.shape)} != {tuple(hidden.shape)}")
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A 2-D tensor with unit column stride and dense rows (what the kernels index)."""
+    return (
+        t
+        if t.stride(-1) == 1 and (t.shape[0] <= 1 or t.stride(0) == t.shape[1])
+        else (t.contiguous())
+    )
+
+
+def moe_experts(
+    hidden: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    residual: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    config: MoeConfig | None = None,
+) -> torch.Tensor:
+    """``(residual +) sum_j weights[:, j] * expert_{ids[:, j]}(hidden)`` -> [T, H].
+
+    gate_up [E, 2I, H] (gate rows, then up rows), down [E, H, I] as `Qwen3MoeExperts` stores
+    them. `out` (contiguous [T, H]) receives the result when given; `config` overrides
+    `choose_config` (benchmark sweeps, tests).
+    """
+    _check_experts(hidden, ids, weights, gate_up, down, residual)
+    t, h = hidden.shape
+    n_experts, i2, _ = gate_up.shape
+    inter = i2 // 2
+    top_k = ids.shape[1]
+    dev = hidden.device
+    if out is None:
+        out = torch.empty_like(hidden, memory_format=torch.contiguous_format)
+    if t == 0:
+        return out
+    n = t * top_k
+    cfg = config or choose_config(n, n_experts)
+    flat = ids.reshape(-1)
+    flat = flat if flat.dtype == torch.int32 and flat.is_contiguous() else flat.int().contiguous()
+    sorted_, pos, bexp = moe_dispatch(flat, n_experts, cfg.bm, cfg.small_dispatch)
+    rows = sorted_.numel()
+    buf = torch.empty(rows * (inter + h), dtype=hidden.dtype, device=dev)
+    act, y = buf[: rows * inter].view(rows, inter), buf[rows * inter :].view(rows, h)
+    grouped_gate_up_silu(_rows(hidden), sorted_, bexp, gate_up, top_k, cfg, act)
+    grouped_down(act, bexp, down, cfg, y)
+    return combine(y, pos.view(t, top_k), weights, residual, out)
+
+
+def grouped_gate_up_silu(
+    hidden: torch.Tensor,
+    sorted_: torch.Tensor,
+    bexp: torch.Tensor,
+    gate_up: torch.Tensor,
+    top_k: int,
+    cfg: MoeConfig,
+    act: torch.Tensor,
+) -> torch.Tensor:
+    """Stage 1 of `moe_experts`: ``act[r] = silu(g) * u`` for each padded row r of the
+    dispatch (``[g; u] = gate_up[e] @ hidden[slot // top_k]``), rows in expert order."""
+    inter = gate_up.shape[1] // 2
+    args = (hidden, sorted_, bexp, gate_up[:, :inter], gate_up[:, inter:], act, top_k)
+    args += (cfg.bm, cfg.bn_up, cfg.tk, cfg.swap, cfg.gather_tma)
+    grid = (bexp.numel(), math.ceil(inter / cfg.bn_up), 1)
+    ct.launch(stream(act.device), grid, _hinted(tilegym_moe_gate_up_kernel, cfg), args)
+    return act
+
+
+def grouped_down(
+    act: torch.Tensor, bexp: torch.Tensor, down: torch.Tensor, cfg: MoeConfig, y: torch.Tensor
+) -> torch.Tensor:
+    """Stage 2: ``y[r] = down[e] @ act[r]`` for each padded row r of expert e's blocks."""
+    args = (act, bexp, down, y, cfg.bm, cfg.bn_down, cfg.tk, cfg.swap)
+    grid = (bexp.numel(), math.ceil(down.shape[1] / cfg.bn_down), 1)
+    ct.launch(stream(y.device), grid, _hinted(tilegym_moe_down_kernel, cfg), args)
+    return y
+
+
+def combine(
+    y: torch.Tensor,
+    pos: torch.Tensor,
+    weights: torch.Tensor,
+    residual: torch.Tensor | None,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Stage 3: ``out[t] = (residual[t] +) sum_j weights[t, j] * y[pos[t, j]]``, in fp32 and
+    in slot order (deterministic: no float atomics)."""
+    t, top_k = pos.shape
+    h = y.shape[1]
+    tt, kp, th = combine_tiles(top_k, h)
+    res = _rows(residual) if residual is not None else out
+    args = (y, pos, _rows(weights), res, out, tt, kp, th, residual is not None)
+    grid = (math.ceil(t / tt), math.ceil(h / th), 1)
+    ct.launch(stream(out.device), grid, tilegym_moe_combine_kernel, args)
+    return out
+
+
+def moe_experts_reference(
+    hidden: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`Qwen3MoeExperts.forward` (+ residual) in fp32 (returned fp32); ids outside the
+    experts contribute nothing, as transformers skips its expert-parallel sentinel."""
+    x = hidden.float()
+    inter = down.shape[-1]
+    out = torch.zeros_like(x) if residual is None else residual.float().clone()
+    ids64 = ids.to(torch.int64)
+    for e in range(gate_up.shape[0]):
+        tok, slot = torch.where(ids64 == e)
+        if tok.numel() == 0:
+            continue
+        gu = x[tok] @ gate_up[e].float().T
+        act = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+        contrib = (act @ down[e].float().T) * weights[tok, slot].float().unsqueeze(-1)
+        out.index_add_(0, tok, contrib)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# AOT signatures
+# ---------------------------------------------------------------------------------------------
+
+
+def _arr(dtype, ndim: int) -> ArrayConstraint:
+    """An array as the runtime passes the model's tensors: unit last stride, 16-byte aligned
+    base and row strides (what lets the weight tiles load through TMA)."""
+    step = 16 // (4 if dtype in (ct.int32, ct.float32) else 2)
+    return ArrayConstraint(
+        dtype,
+        ndim,
+        index_dtype=ct.int32,
+        stride_lower_bound_incl=0,
+        alias_groups=(),
+        may_alias_internally=False,
+        stride_constant=(None,) * (ndim - 1) + (1,),
+        stride_divisible_by=(step,) * (ndim - 1) + (1,),
+        base_addr_divisible_by=16,
+    )
+
+
+#: Qwen3-30B-A3B: hidden 2048, moe_intermediate_size 768, 128 experts, 8 per token
+QWEN3_30B_A3B = dict(hidden=2048, inter=768, experts=128, top_k=8)
+
+
+def aot_signatures(
+    experts: int = QWEN3_30B_A3B["experts"],
+    top_k: int = QWEN3_30B_A3B["top_k"],
+    hidden: int = QWEN3_30B_A3B["hidden"],
+    tokens: tuple[int, ...] = (1, 8, 128, 256, 512, 2048),
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,),
+) -> dict:
+    """`{kernel: [KernelSignature, ...]}` for every kernel here: the router (logits in each
+    dtype and fp32), the dispatch kernels and the GEMM/combine tiles `choose_config` picks at
+    ``tokens`` (decode, the middle buckets and prefill)."""
+    i32, n_int = _arr(ct.int32, 1), ScalarConstraint(ct.int32)
+    ep, chunk = dispatch_tiles(experts)
+    cfgs = sorted({choose_config(t * top_k, experts) for t in tokens}, key=lambda c: c.bm)
+    sigs: dict = {}
+
+    def add(kernel, *params):
+        sig = signature(*params)
+        if sig not in sigs.setdefault(kernel, []):
+            sigs[kernel].append(sig)
+
+    tm, ep_route, kp = route_tiles(experts, top_k)
+    for dt in (*dtypes, torch.float32):
+        logits = _arr(_CT[dt], 2)
+        for norm in (True, False):
+            consts = (tm, ep_route, top_k, kp, norm)
+            add(tilegym_moe_route_kernel, logits, logits, _arr(ct.int32, 2), *consts)
+    for cfg in cfgs:
+        if cfg.small_dispatch:
+            consts = (cfg.bm, ep, chunk, chunk, SMALL_FILL)
+            add(tilegym_moe_dispatch_small_kernel, i32, i32, i32, i32, n_int, *consts)
+        else:
+            add(tilegym_moe_count_kernel, i32, i32, i32, i32, SLOT_TILE)
+            add(tilegym_moe_scan_kernel, i32, i32, i32, cfg.bm, ep, chunk)
+            add(tilegym_moe_scatter_kernel, i32, i32, i32, i32, i32, SLOT_TILE)
+    combine = combine_tiles(top_k, hidden)
+    for dt in dtypes:
+        a2, a3 = _arr(_CT[dt], 2), _arr(_CT[dt], 3)
+        for cfg in cfgs:
+            tiles = (cfg.bm, cfg.bn_up, cfg.tk, cfg.swap, cfg.gather_tma)
+            gate_up = _hinted(tilegym_moe_gate_up_kernel, cfg)
+            add(gate_up, a2, i32, i32, a3, a3, a2, n_int, *tiles)
+            tiles = (cfg.bm, cfg.bn_down, cfg.tk, cfg.swap)
+            add(_hinted(tilegym_moe_down_kernel, cfg), a2, i32, a3, a2, *tiles)
+        for has_res in (True, False):
+            pos = _arr(ct.int32, 2)
+            add(tilegym_moe_combine_kernel, a2, pos, a2, a2, a2, *combine, has_res)
+    return sigs
+
+
+__all__ = [
+    "MoeConfig",
+    "aot_signatures",
+    "choose_config",
+    "dispatch_reference",
+    "moe_dispatch",
+    "moe_experts",
+    "moe_experts_reference",
+    "moe_route",
+    "moe_route_reference",
+]

@@ -1,0 +1,21 @@
+"""gemma3 fused QKV projection entry point over ``tilegym.ops.gemm``.
+
+The patch packs q_proj/k_proj/v_proj weights once into one ``[1024+2*256, 1152]`` weight (4 query
+heads and one kv head of 256); the per-head q/k norms and RoPE follow on its q and k columns.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilegym.ops import gemm
+
+
+def qkv_proj(hidden_states: torch.Tensor, qkv_weight: torch.Tensor) -> torch.Tensor:
+    """``hidden_states @ [Wq; Wk; Wv]^T`` in one launch."""
+    return gemm.linear(hidden_states, qkv_weight)
+
+
+def aot_signatures() -> dict:
+    """The plain-linear kernel at decode and prefill tiles (bf16, the model dtype)."""
+    return gemm.aot_signatures(ops=("linear",), dtypes=(torch.bfloat16,))

@@ -1,0 +1,76 @@
+"""Qwen3-MoE router and experts entry points (128 experts, 8 per token, hidden 2048, expert
+width 768) over ``tilegym.ops.moe``.
+
+The model calls ``moe_route`` and ``moe_experts`` (``tilegym.transformers.moe_block``). The
+experts op runs in stages: a dispatch grouping the (token, slot) pairs by expert into padded
+row blocks, a grouped gate/up GEMM with SiLU-and-mul, a grouped down GEMM, and a combine that
+weights each token's rows, sums them in fp32 and adds the residual. The two experts entry points
+below run those kernels up to, and from, the per-slot activation ``[T, k, I]`` (taken out of and
+put back into the kernels' expert-sorted rows by the dispatch's row map), so that each grouped
+GEMM has its own Definition.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilegym.ops import moe as _ops
+
+NUM_EXPERTS = 128
+TOP_K = 8
+NORM_TOPK_PROB = True
+
+
+def router(router_logits: torch.Tensor):
+    """(routing weights ``[T, 8]`` in the logits dtype, expert ids ``[T, 8]`` int32), best
+    first: fp32 softmax over the 128 experts, top 8, renormalized over the 8."""
+    return _ops.moe_route(router_logits, TOP_K, NORM_TOPK_PROB)
+
+
+def _dispatch(ids: torch.Tensor, n_experts: int):
+    """(config, sorted slot per padded row, padded row per slot, expert per block)."""
+    t, k = ids.shape
+    cfg = _ops.choose_config(t * k, n_experts)
+    flat = ids.reshape(-1).to(torch.int32).contiguous()
+    return (cfg, *_ops.moe_dispatch(flat, n_experts, cfg.bm, cfg.small_dispatch))
+
+
+def experts_gate_up_silu(
+    hidden: torch.Tensor, ids: torch.Tensor, gate_up_weight: torch.Tensor
+) -> torch.Tensor:
+    """``silu(x_t @ Wg[e]^T) * (x_t @ Wu[e]^T)`` for every (token t, slot j), ``e = ids[t, j]``:
+    ``[T, 2048]`` hidden, ``[T, 8]`` ids, ``[128, 2*768, 2048]`` packed [gate; up] weights ->
+    ``[T, 8, 768]``."""
+    t, k = ids.shape
+    n_experts, i2, _ = gate_up_weight.shape
+    cfg, sorted_, pos, bexp = _dispatch(ids, n_experts)
+    act = hidden.new_empty((sorted_.numel(), i2 // 2))
+    _ops.grouped_gate_up_silu(hidden.contiguous(), sorted_, bexp, gate_up_weight, k, cfg, act)
+    return act[pos.long()].view(t, k, i2 // 2)
+
+
+def experts_down_combine(
+    act: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    down_weight: torch.Tensor,
+    residual: torch.Tensor,
+) -> torch.Tensor:
+    """``residual_t + sum_j weights[t, j] * act[t, j] @ Wd[e]^T`` (``e = ids[t, j]``, sum in
+    fp32): ``[T, 8, 768]`` activations, ``[128, 2048, 768]`` down weights -> ``[T, 2048]``."""
+    t, k, inter = act.shape
+    n_experts, hidden, _ = down_weight.shape
+    cfg, sorted_, pos, bexp = _dispatch(ids, n_experts)
+    rows = act.new_zeros((sorted_.numel(), inter))
+    rows[pos.long()] = act.reshape(t * k, inter)
+    y = _ops.grouped_down(rows, bexp, down_weight, cfg, act.new_empty((rows.shape[0], hidden)))
+    out = torch.empty_like(residual, memory_format=torch.contiguous_format)
+    return _ops.combine(y, pos.view(t, k), weights, residual, out)
+
+
+def aot_signatures() -> dict:
+    """Every MoE kernel at Qwen3-30B-A3B's sizes (router, dispatch, both grouped GEMMs at the
+    decode and prefill tiles, combine; bf16 activations)."""
+    return _ops.aot_signatures(
+        experts=NUM_EXPERTS, top_k=TOP_K, hidden=2048, dtypes=(torch.bfloat16,)
+    )
