@@ -73,6 +73,21 @@ def _with_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
     return out
 
 
+def _fewer_experts(config: dict[str, Any], experts: int, per_token: int, width: int):
+    """A mixture of experts' config (``num_experts`` or ``num_local_experts``) with at most
+    ``experts`` experts, ``per_token`` of them per token and ``width``-wide experts: at the
+    real count a tiny Qwen3-MoE keeps 128 x 3 x 768 x hidden weights a layer. Dense configs
+    pass unchanged."""
+    key = next((k for k in ("num_experts", "num_local_experts") if config.get(k)), None)
+    if key is None:  # transformers 5.24 writes Qwen3-MoE's count as num_local_experts
+        return config
+    out = dict(config, **{key: min(config[key], experts)})
+    out["num_experts_per_tok"] = min(config.get("num_experts_per_tok", 1), per_token)
+    if "moe_intermediate_size" in out:
+        out["moe_intermediate_size"] = min(out["moe_intermediate_size"], width)
+    return out
+
+
 def small_config(config: dict[str, Any]) -> dict[str, Any]:
     """The GPU tests' config: the real head geometry, at most 1024 wide, 3 layers."""
     out = _with_layers({k: v for k, v in config.items() if not k.startswith("_")}, 3)
@@ -89,7 +104,7 @@ def small_config(config: dict[str, Any]) -> dict[str, Any]:
     out["head_dim"] = head_dim
     out["intermediate_size"] = min(out["intermediate_size"], 3 * out["hidden_size"])
     out.update(vocab_size=4096, **TOKEN_IDS)
-    return out
+    return _fewer_experts(out, experts=16, per_token=4, width=256)
 
 
 def tiny_config(config: dict[str, Any], model_type: str) -> dict[str, Any]:
@@ -98,6 +113,7 @@ def tiny_config(config: dict[str, Any], model_type: str) -> dict[str, Any]:
     out["head_dim"] = out.get("head_dim") or out["hidden_size"] // out["num_attention_heads"]
     out.update(TINY, **TOKEN_IDS)
     out["hidden_size"] = TINY["num_attention_heads"] * out["head_dim"]  # some derive head_dim
+    out = _fewer_experts(out, experts=8, per_token=2, width=64)
     out["_source"] = f"{model_type} architecture shrunk to 2 layers and small dimensions (CPU)"
     return out
 
@@ -209,6 +225,20 @@ def _written(config: dict[str, Any], model_type: str) -> dict[str, Any]:
     return out
 
 
+def family_patching(root: Path, model_type: str) -> str | None:
+    """The family folder of the repository at ``root`` that patches ``model_type`` (its
+    ``MODEL_TYPE``, e.g. gemma3 for gemma3_text, or its name), or None."""
+    from tilegym.transformers.monkey_patch import folder_model_type
+
+    families = root / FAMILIES_DIR
+    folders = sorted(families.iterdir()) if families.is_dir() else []
+    for folder in folders:
+        module = folder / f"modeling_{folder.name}.py"
+        if module.is_file() and folder_model_type(folder) == model_type:
+            return folder.name
+    return None
+
+
 def probe_family(model_type: str, config: dict[str, Any]):
     """Describe and verify the family on a tiny CPU instance; ``BotError`` names a refusal."""
     import torch
@@ -257,6 +287,9 @@ def init(
     root = Path(repo).resolve()
     if (root / FAMILIES_DIR / model_type).exists():
         raise BotError(f"{FAMILIES_DIR}/{model_type} exists: {model_type} is already a family")
+    owner = family_patching(root, model_type)
+    if owner is not None:
+        raise BotError(f"{FAMILIES_DIR}/{owner} patches {model_type}: it is already a family")
     git = Repo(root)
     if git.is_dirty(untracked_files=False):
         raise BotError("the working tree has uncommitted changes: commit or stash them first")

@@ -276,9 +276,20 @@ def _non_literal_entry(module: ast.Module, model_key: str) -> int | None:
     return None
 
 
+def patch_entry(model_key: str) -> str:
+    """The ``MODEL_PATCH_KWARGS`` key of experiments on ``model_key``: the model type its preset
+    benchmarks (the bench selects flags by model type; ``gemma3`` patches ``gemma3_text``), or
+    the key itself."""
+    from tilegym_hf_bench.presets import PRESETS
+
+    preset = PRESETS.get(model_key)
+    return preset.model_type if preset is not None else model_key
+
+
 def patch_kwargs_finding(model_key: str, change: Change) -> Finding | None:
-    """Only the value under key ``"K"`` of the module-level ``MODEL_PATCH_KWARGS`` may change,
-    and only to a literal."""
+    """Only the value under the experiment's key (``patch_entry``) of the module-level
+    ``MODEL_PATCH_KWARGS`` may change, and only to a literal."""
+    model_key = patch_entry(model_key)
     where = f'{PATCH_KWARGS_NAME}["{model_key}"]'
     if change.head is None:
         message = f"deleted; an experiment may only change {where}"

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 from tilegym_hf_bench.metrics_schema import validation_errors
-from tilegym_hf_bench.presets import PRESETS, config_dict
+from tilegym_hf_bench.presets import PRESETS
 from tilegym_hf_bench.tilegym_patch import MODEL_PATCH_KWARGS
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -22,18 +22,37 @@ UNPATCHED = sorted(
 )
 
 
+# IBM Granite 3's layers (Llama's plus embedding, residual and attention multipliers and logits
+# scaling), shrunk: a model type no family patches, whatever tiny presets exist
+GRANITE = dict(
+    model_type="granite",
+    hidden_size=64,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    embedding_multiplier=12.0,
+    residual_multiplier=0.22,
+    attention_multiplier=0.0625,
+    logits_scaling=4.0,
+    tie_word_embeddings=True,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
 @pytest.fixture(scope="module")
 def unpatched(tmp_path_factory):
     """(model key, model type, checkpoint directory): a small random checkpoint on disk of a
-    model type this project has no patch for, built from that family's tiny preset."""
-    if not UNPATCHED:
-        pytest.skip("every tiny preset's model type has cuTile patch flags")
-    tiny = PRESETS[UNPATCHED[0]]
-    config = AutoConfig.for_model(**config_dict(tiny))
+    model type this project has no patch for (Granite)."""
+    assert GRANITE["model_type"] not in MODEL_PATCH_KWARGS
+    config = AutoConfig.for_model(**GRANITE)
     torch.manual_seed(0)
-    path = tmp_path_factory.mktemp(tiny.key)
+    path = tmp_path_factory.mktemp("granite")
     AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(path)
-    return tiny.key.removeprefix("tiny-"), tiny.model_type, path
+    return "granite", "granite", path
 
 
 def bench(*args, device="cpu", timeout=180):

@@ -193,7 +193,6 @@ def test_a_failing_timed_run_still_restores_the_garbage_collector():
     assert gc.isenabled()
 
 
-
 def test_guard_lets_compiled_code_run_and_flags_a_shape_change():
     double = torch.compile(lambda x: x * 2, backend="eager")
     double(torch.ones(3))

@@ -119,3 +119,94 @@ def test_the_scaffold_of_a_registered_family_equals_its_hand_written_description
     namespace: dict = {}
     exec((root / "src/tilegym/transformers/phi3/modeling_phi3.py").read_text(), namespace)
     assert namespace["FAMILY"] == mp.FAMILIES["phi3"].description()
+
+
+def _without_patch_flags(root: Path, repo, model_type: str) -> None:
+    """The temporary project as it was before ``model_type`` had patch flags (committed)."""
+    patch = root / PATCH_PY
+    lines = patch.read_text().splitlines(True)
+    patch.write_text("".join(li for li in lines if f'"{model_type}"' not in li))
+    repo.index.add([PATCH_PY])
+    repo.index.commit(f"no {model_type} yet")
+
+
+def _preset_config(tmp_path: Path, name: str, **changes) -> Path:
+    preset = json.loads(
+        (PROJECT / f"modeling/transformers/src/tilegym_hf_bench/configs/{name}.json").read_text()
+    )
+    preset.pop("_source")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**preset, **changes}))
+    return config
+
+
+def test_gemma3_is_covered_and_scaffolds_its_registered_description(project, tmp_path, capsys):
+    """Gemma 3 1B as published (GeGLU, (1 + weight) norms on both sides of each sub-block,
+    per-head q/k norms): model init accepts it and reads off the Family the repository
+    registers by hand in its gemma3 folder."""
+    from tilegym.transformers import monkey_patch as mp
+
+    root, repo = project
+    _without_patch_flags(root, repo, "gemma3_text")
+    config = _preset_config(tmp_path, "gemma3")
+    args = ["-C", str(root), "model", "init", "gemma3_text", "--config", str(config)]
+    assert main([*args, "--key", "gemma31b"]) == 0, capsys.readouterr().err
+    namespace: dict = {}
+    path = root / "src/tilegym/transformers/gemma3_text/modeling_gemma3_text.py"
+    exec(path.read_text(), namespace)
+    assert namespace["FAMILY"] == mp.FAMILIES["gemma3"].description()
+
+
+def test_a_model_type_an_existing_family_patches_is_refused(project, tmp_path, capsys):
+    """The gemma3 folder patches gemma3_text (its MODEL_TYPE): a second family for that model
+    type is refused before anything is checked or written."""
+    root, repo = project
+    folder = root / "src/tilegym/transformers/gemma3"
+    folder.mkdir()
+    source = PROJECT / "src/tilegym/transformers/gemma3/modeling_gemma3.py"
+    shutil.copy(source, folder / "modeling_gemma3.py")
+    repo.index.add(["src/tilegym/transformers/gemma3/modeling_gemma3.py"])
+    repo.index.commit("gemma3 family")
+    before = repo.head.commit.hexsha
+    assert main(["-C", str(root), "model", "init", "gemma3_text"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "error: src/tilegym/transformers/gemma3 patches gemma3_text: it is already a family"
+    )
+    assert repo.active_branch.name == "main" and repo.head.commit.hexsha == before
+
+
+def test_gemma3_with_attention_soft_capping_is_refused_by_name(project, tmp_path, capsys):
+    root, repo = project
+    config = _preset_config(tmp_path, "gemma3", attn_logit_softcapping=50.0)
+    before = repo.head.commit.hexsha
+    args = ["-C", str(root), "model", "init", "gemma3_text", "--config", str(config)]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "attention logit soft-capping (Gemma 2): config.attn_logit_softcapping = 50.0" in err[-1]
+    assert repo.head.commit.hexsha == before
+    assert not (root / "src/tilegym/transformers/gemma3_text").exists()
+
+
+def test_a_mixture_of_experts_scaffolds_with_few_small_experts(project, tmp_path, capsys):
+    """Qwen3-30B-A3B's config (128 experts of width 768, 8 a token): the scaffold's tiny CPU
+    preset keeps 8 experts of width 64, 2 a token, and the GPU tests' config 16 of width 256;
+    the description is the registered one (the sparse block included)."""
+    from tilegym.transformers import monkey_patch as mp
+
+    root, repo = project
+    _without_patch_flags(root, repo, "qwen3_moe")
+    config = _preset_config(tmp_path, "qwen3_moe")
+    args = ["-C", str(root), "model", "init", "qwen3_moe", "--config", str(config)]
+    assert main([*args, "--key", "moe30b"]) == 0, capsys.readouterr().err
+    configs = root / "modeling/transformers/src/tilegym_hf_bench/configs"
+    tiny = json.loads((configs / "tiny-moe30b.json").read_text())
+    count = tiny.get("num_experts", tiny.get("num_local_experts"))  # 5.24 renames it
+    assert (count, tiny["num_experts_per_tok"], tiny["moe_intermediate_size"]) == (8, 2, 64)
+    small = json.loads((root / "src/tilegym/transformers/qwen3_moe/small_config.json").read_text())
+    experts = small.get("num_experts", small.get("num_local_experts"))  # 5.24 renames it
+    assert (experts, small["num_experts_per_tok"]) == (16, 4)
+    assert small["moe_intermediate_size"] == 256
+    namespace: dict = {}
+    exec((root / "src/tilegym/transformers/qwen3_moe/modeling_qwen3_moe.py").read_text(), namespace)
+    assert namespace["FAMILY"] == mp.FAMILIES["qwen3_moe"].description()
