@@ -29,8 +29,8 @@ from tilegym.ops.library import moe_experts, moe_route
 def make_moe_block_forward(routes, gemm) -> Callable:
     """``XSparseMoeBlock.forward`` with an optional ``residual`` (``routes``: the layer's
     ``Routes``; ``gemm``: ``tilegym.ops.library`` when ``routes.linear``)."""
-    # the experts kernels compute SiLU-gated experts (``Routes.act``, where the release has it)
-    fused_experts = routes.linear and routes.swiglu and getattr(routes, "act", "silu") == "silu"
+    # the experts kernels compute SiLU-gated experts (``Routes.act``)
+    fused_experts = routes.linear and routes.swiglu and routes.act == "silu"
 
     def forward(
         self, hidden_states: torch.Tensor, residual: torch.Tensor | None = None

@@ -25,12 +25,6 @@ SUPPORTED_TRANSFORMERS = (5, 17)
 FLAGS = ("rope", "rms_norm", "swiglu", "attn", "linear")
 GEMM_API = ("linear", "fused_gate_up_silu", "fused_gate_up_gelu_tanh", "linear_residual")
 _MARK = "_tilegym_patched"
-_SNAKE = {  # upstream class suffix -> the shared glue's make_<snake>_forward
-    "RMSNorm": "rms_norm",
-    "MLP": "mlp",
-    "Attention": "attention",
-    "DecoderLayer": "decoder_layer",
-}
 
 
 class UnsupportedTransformersVersion(RuntimeError):
@@ -47,6 +41,15 @@ class AlreadyPatched(RuntimeError):
 
 SHARED_GLUE = "tilegym.transformers.llama.modeling_llama"
 """The Llama-style decoder forwards every family below shares."""
+
+MOE_GLUE = "tilegym.transformers.moe_block"
+_BUILDERS = {  # upstream class suffix -> (module, the shared builder of its forward)
+    "RMSNorm": (SHARED_GLUE, "make_rms_norm_forward"),
+    "MLP": (SHARED_GLUE, "make_mlp_forward"),
+    "Attention": (SHARED_GLUE, "make_attention_forward"),
+    "DecoderLayer": (SHARED_GLUE, "make_decoder_layer_forward"),
+    "MoeBlock": (MOE_GLUE, "make_moe_block_forward"),  # Family.moe_block's class
+}
 
 
 @dataclass(frozen=True)
@@ -209,10 +212,11 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
     }
     if desc.moe_block:  # the sparse MLP block, called by the layer forward with the residual
         classes["MoeBlock"] = getattr(upstream, f"{prefix}{desc.moe_block}")
-    unknown = sorted(set(desc.forwards) - set(_SNAKE))
+    unknown = sorted(set(desc.forwards) - set(_BUILDERS))
     if unknown:
         raise ValueError(
-            f"Family.forwards of {model_type!r} names {unknown}; known parts: {', '.join(_SNAKE)}"
+            f"Family.forwards of {model_type!r} names {unknown}; "
+            f"known parts: {', '.join(_BUILDERS)}"
         )
     handle = PatchHandle(model_type)
     for flag, wanted in flags.items():
@@ -247,7 +251,8 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
 
     def builder(part: str) -> Callable:
         """The family's own builder for ``part`` (``Family.forwards``), else the shared one."""
-        return desc.forwards.get(part) or getattr(glue, f"make_{_SNAKE[part]}_forward")
+        module, name = _BUILDERS[part]
+        return desc.forwards.get(part) or getattr(importlib.import_module(module), name)
 
     if routes.rms_norm:
         forwards["RMSNorm"] = builder("RMSNorm")(desc)
@@ -262,9 +267,7 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         )
         forwards["DecoderLayer"] = builder("DecoderLayer")(routes, desc)
         if desc.moe_block:
-            from tilegym.transformers.moe_block import make_moe_block_forward
-
-            forwards["MoeBlock"] = make_moe_block_forward(routes, gemm)
+            forwards["MoeBlock"] = builder("MoeBlock")(routes, gemm)
 
     try:
         if model is None:

@@ -93,7 +93,7 @@ class Family:
     # "SparseMoeBlock"), patched by tilegym.transformers.moe_block; None: every MLP is dense
     forwards: Mapping[str, Callable] = field(default_factory=dict, compare=False)
     # the family's own forward builders by upstream class suffix ("RMSNorm", "MLP",
-    # "Attention", "DecoderLayer"), each with the shared make_*_forward's signature: how an
+    # "Attention", "DecoderLayer", "MoeBlock"), each with the shared builder's signature: how an
     # experiment wires a new kernel into one family without touching the shared glue
 
 
