@@ -242,7 +242,14 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also time other MoeConfigs")
     ap.add_argument("--json", help="write the numbers here too")
     args = ap.parse_args()
-    tokens = [int(t) for t in args.tokens.split(",")]
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        ap.error(f"--tokens {args.tokens!r}: comma-separated token counts, e.g. 1,8,2048")
+    if min(tokens) < 1 or args.iters < 1:
+        ap.error("--tokens and --iters must be positive")
+    if not torch.cuda.is_available():
+        sys.exit("error: bench_moe times CUDA kernels; no CUDA GPU here")
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     impl, desc = transformers_default()
     bw = copy_bandwidth()
