@@ -286,6 +286,7 @@ class FakeGitHub:
                             "body": body,
                             "auth": self.headers.get("Authorization"),
                             "at": time.monotonic(),
+                            "wall": time.time(),  # to compare with a rate-limit reset
                         }
                     )
                     queued = fake.faults.get((self.command, url.path))
