@@ -41,24 +41,26 @@ HEADER += ["speedup", "floor_us", "%floor"]
 #: configs --sweep times next to the default, by regime
 SWEEP = {
     "decode": [
-        MoeConfig(8, 32, 64, 128, swap=True, small_dispatch=True, occupancy=0),
-        MoeConfig(8, 32, 64, 128, swap=True, small_dispatch=True, occupancy=4),
-        MoeConfig(8, 64, 64, 128, swap=True, small_dispatch=True, occupancy=2),
-        MoeConfig(8, 32, 128, 128, swap=True, small_dispatch=True, occupancy=2),
-        MoeConfig(8, 32, 64, 64, swap=True, small_dispatch=True, occupancy=2),
-        MoeConfig(8, 64, 128, 128, swap=True, small_dispatch=True, occupancy=2),
-        MoeConfig(8, 32, 64, 128, swap=True, small_dispatch=False, occupancy=2),
-        MoeConfig(8, 32, 64, 128, swap=True, small_dispatch=True, occupancy=2, gather_tma=True),
+        MoeConfig(8, 64, 64, 128, swap=True, dispatch="sorted", occupancy=2),
+        MoeConfig(8, 64, 64, 128, swap=True, dispatch="per_slot", occupancy=0),
+        MoeConfig(8, 64, 64, 64, swap=True, dispatch="per_slot", occupancy=2),
+        MoeConfig(8, 64, 64, 256, swap=True, dispatch="per_slot", occupancy=2),
+        MoeConfig(8, 64, 128, 128, swap=True, dispatch="per_slot", occupancy=2),
+        MoeConfig(8, 128, 64, 128, swap=True, dispatch="per_slot", occupancy=2),
+        MoeConfig(8, 32, 64, 128, swap=True, dispatch="per_slot", occupancy=2),
+    ],
+    "middle": [
+        MoeConfig(16, 64, 64, 128, swap=True, occupancy=2),
+        MoeConfig(8, 64, 64, 64, swap=True, occupancy=2),
+        MoeConfig(8, 128, 128, 64, swap=True, occupancy=2),
     ],
     "prefill": [
-        MoeConfig(64, 64, 128, 64),
-        MoeConfig(64, 128, 64, 64),
         MoeConfig(64, 128, 128, 64, occupancy=1),
-        MoeConfig(64, 128, 128, 64, occupancy=2),
+        MoeConfig(64, 128, 64, 64),
+        MoeConfig(64, 64, 128, 64),
+        MoeConfig(64, 128, 128, 128),
         MoeConfig(128, 128, 128, 64),
         MoeConfig(32, 64, 128, 64, swap=True),
-        MoeConfig(64, 128, 128, 32),
-        MoeConfig(64, 128, 128, 64, gather_tma=True),
     ],
 }
 
@@ -170,7 +172,7 @@ def experts_rows(t, gen, impl, desc, bw, iters, sweep, results):
             rows.append(_row("experts", t, mode, f"{impl}: {desc}", st, floor_us))
             results.setdefault("experts", []).append(_record(t, mode, st, floor_us, active))
         if sweep:
-            regime = "decode" if t <= 64 else "prefill"
+            regime = "decode" if t <= 8 else "middle" if t <= 256 else "prefill"
             fns = {"default": cutile_fn}
             for cfg in SWEEP[regime]:
                 fns[_cfg_name(cfg)] = lambda cfg=cfg: moe.moe_experts(
@@ -206,8 +208,7 @@ def route_rows(t, gen, iters, results):
 
 
 def _cfg_name(c: MoeConfig) -> str:
-    flags = ("swap " if c.swap else "") + ("1prog " if c.small_dispatch else "")
-    flags += f"occ{c.occupancy}" + (" tma" if c.gather_tma else "")
+    flags = ("swap " if c.swap else "") + f"{c.dispatch} occ{c.occupancy}"
     return f"{c.bm}x{c.bn_up}x{c.bn_down} tk{c.tk} {flags}"
 
 

@@ -23,16 +23,16 @@ from tilegym.ops import moe
 from tilegym.ops.moe import MoeConfig
 from tilegym.ops.testing import assert_close_rel, rel_err
 
-#: the tile buckets of `choose_config`, each also run with the other dispatch
+#: the tile buckets of `choose_config`, each also run with another dispatch
 CONFIGS = [
-    MoeConfig(8, 32, 64, 128, swap=True, small_dispatch=True, occupancy=2),
-    MoeConfig(8, 32, 64, 128, swap=True, small_dispatch=False, occupancy=2),
-    MoeConfig(16, 64, 64, 128, swap=True, small_dispatch=True, occupancy=2),
-    MoeConfig(16, 64, 64, 128, swap=True, small_dispatch=False),
+    MoeConfig(8, 64, 64, 128, swap=True, dispatch="per_slot", occupancy=2),
+    MoeConfig(8, 64, 64, 128, swap=True, occupancy=2),
+    MoeConfig(16, 64, 64, 128, swap=True, dispatch="per_slot", occupancy=2),
+    MoeConfig(16, 64, 64, 128, swap=True),
     MoeConfig(32, 64, 128, 64, swap=True),
     MoeConfig(64, 128, 128, 64),
-    MoeConfig(64, 128, 128, 64, small_dispatch=True),
-    MoeConfig(64, 64, 128, 64, gather_tma=True, occupancy=1),
+    MoeConfig(64, 128, 128, 64, dispatch="per_slot"),
+    MoeConfig(64, 64, 128, 64, occupancy=1),
 ]
 
 
@@ -45,8 +45,8 @@ def cpu_gen():
 
 
 def _cfg_id(c: MoeConfig) -> str:
-    tail = ("s" if c.swap else "") + ("1" if c.small_dispatch else "") + f"o{c.occupancy}"
-    return f"{c.bm}x{c.bn_up}x{c.bn_down}k{c.tk}{tail}{'T' if c.gather_tma else ''}"
+    tail = ("s" if c.swap else "") + f"o{c.occupancy}-{c.dispatch}"
+    return f"{c.bm}x{c.bn_up}x{c.bn_down}k{c.tk}{tail}"
 
 
 def _qwen3_moe_config(experts=8, top_k=2, hidden=64, inter=32, normalize=True):
@@ -185,6 +185,20 @@ def test_dispatch_reference_bookkeeping(bm, cpu_gen):
         _check_dispatch(sorted_, pos, bexp, ids, e, bm, stable=True)
 
 
+def test_per_slot_dispatch_reference_layout(cpu_gen):
+    """Every valid slot alone in its own block's first row, blocks in slot order."""
+    ids = _routing(5, 8, 2, cpu_gen)[0]
+    ids[1, 1] = 8  # outside the experts
+    sorted_, pos, bexp = moe.dispatch_reference(ids, 8, 4, "per_slot")
+    flat = ids.reshape(-1)
+    assert sorted_.numel() == 10 * 4 and moe.n_blocks(10, 8, 4, "per_slot") == 10
+    assert bexp.tolist() == [e if e < 8 else 8 for e in flat.tolist()]
+    assert pos.tolist() == [4 * s if s != 3 else 40 for s in range(10)]
+    rows = sorted_.view(10, 4)
+    assert rows[:, 0].tolist() == [s if s != 3 else 10 for s in range(10)]
+    assert bool((rows[:, 1:] == 10).all())
+
+
 def test_dispatch_check_catches_a_wrong_layout(cpu_gen):
     ids = _routing(37, 8, 2, cpu_gen)[0]
     sorted_, pos, bexp = moe.dispatch_reference(ids, 8, 8)
@@ -195,7 +209,7 @@ def test_dispatch_check_catches_a_wrong_layout(cpu_gen):
         _check_dispatch(swapped, pos, bexp, ids, 8, 8, stable=True)
 
 
-def _blocked_experts(hidden, ids, weights, gate_up, down, residual, bm):
+def _blocked_experts(hidden, ids, weights, gate_up, down, residual, bm, dispatch):
     """The kernels' data flow in PyTorch: gather rows by the dispatch, one expert per block,
     outputs by padded row, combine through ``pos``. Unused rows stay NaN, so a row read that
     the dispatch did not fill shows."""
@@ -203,7 +217,7 @@ def _blocked_experts(hidden, ids, weights, gate_up, down, residual, bm):
     k = ids.shape[1]
     e, i2, _ = gate_up.shape
     inter = i2 // 2
-    sorted_, pos, bexp = moe.dispatch_reference(ids, e, bm)
+    sorted_, pos, bexp = moe.dispatch_reference(ids, e, bm, dispatch)
     rows = sorted_.numel()
     x = torch.cat([hidden.float(), torch.zeros(1, h)])  # the sentinel's token is a zero row
     xg = x[(sorted_.long() // k).clamp(max=t)]
@@ -220,15 +234,16 @@ def _blocked_experts(hidden, ids, weights, gate_up, down, residual, bm):
     return out if residual is None else out + residual.float()
 
 
+@pytest.mark.parametrize("dispatch", ["sorted", "per_slot"])
 @pytest.mark.parametrize("bm", [8, 32, 64])
-def test_blocked_data_flow_matches_reference(bm, cpu_gen):
+def test_blocked_data_flow_matches_reference(bm, dispatch, cpu_gen):
     gate_up, down = _weights(6, 64, 48, cpu_gen, torch.float32)
     for t, k in ((1, 2), (37, 2), (130, 3)):
         x = torch.randn((t, 64), generator=cpu_gen)
         ids, w = _routing(t, 6, k, cpu_gen)
         ids[: t // 2, 0] = -1 if t > 1 else ids[0, 0]  # some slots outside the experts
         res = torch.randn((t, 64), generator=cpu_gen)
-        got = _blocked_experts(x, ids, w, gate_up, down, res, bm)
+        got = _blocked_experts(x, ids, w, gate_up, down, res, bm, dispatch)
         ref = moe.moe_experts_reference(x, ids, w, gate_up, down, res)
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
@@ -276,18 +291,21 @@ def test_custom_ops_compile_fullgraph_on_cpu(cpu_gen):
 
 def test_choose_config_buckets():
     decode = moe.choose_config(1 * 8, 128)
-    assert (decode.bm, decode.swap, decode.small_dispatch) == (8, True, True)
-    assert moe.choose_config(8 * 8, 128).small_dispatch
-    assert not moe.choose_config(9 * 8, 128).small_dispatch
+    assert (decode.bm, decode.swap, decode.dispatch) == (8, True, "per_slot")
+    assert decode.bn_up == decode.bn_down == 64  # the warpgroup mma's M
+    assert moe.choose_config(8 * 8, 128).dispatch == "per_slot"
+    assert moe.choose_config(9 * 8, 128).dispatch == "sorted"
     assert moe.choose_config(128 * 8, 128).bm == 8
     assert moe.choose_config(256 * 8, 128).bm == 16
     assert moe.choose_config(512 * 8, 128).bm == 32
     prefill = moe.choose_config(2048 * 8, 128)
-    assert (prefill.bm, prefill.swap) == (64, False)
+    assert (prefill.bm, prefill.swap, prefill.dispatch) == (64, False, "sorted")
     with pytest.raises(ValueError, match="power of two"):
         MoeConfig(24, 64, 64, 64)
     with pytest.raises(ValueError, match="occupancy"):
         MoeConfig(8, 64, 64, 64, occupancy=-1)
+    with pytest.raises(ValueError, match="dispatch"):
+        MoeConfig(8, 64, 64, 64, dispatch="small")
 
 
 def test_max_blocks_bounds_the_used_blocks(cpu_gen):
@@ -349,7 +367,7 @@ def test_aot_signatures_cover_the_launches(launches, cpu_gen):
         moe.moe_experts(x, ids, w.to(torch.bfloat16), gate_up, down, x if t > 8 else None)
         cfg = moe.choose_config(t * k, e)
         grids = {kern: grid for kern, grid, _ in launches}
-        mb = moe.max_blocks(t * k, e, cfg.bm)
+        mb = moe.n_blocks(t * k, e, cfg.bm, cfg.dispatch)
         assert grids[moe._hinted(moe.tilegym_moe_gate_up_kernel, cfg)] == (mb, i // cfg.bn_up, 1)
         assert grids[moe._hinted(moe.tilegym_moe_down_kernel, cfg)] == (mb, h // cfg.bn_down, 1)
     for kernel, _, args in launches:
@@ -462,17 +480,18 @@ def test_experts_fp16_and_int64_ids(gen):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("small", [True, False])
+@pytest.mark.parametrize("dispatch", moe.DISPATCHES)
 @pytest.mark.parametrize(
     "t,e,k,bm", [(1, 128, 8, 8), (8, 128, 8, 8), (37, 6, 2, 16), (2048, 128, 8, 64)]
 )
-def test_dispatch_outputs(t, e, k, bm, small, gen):
+def test_dispatch_outputs(t, e, k, bm, dispatch, gen):
     ids, _ = _routing(t, e, k, gen, "cuda")
     ids[0, 0] = e  # one slot outside the experts
-    sorted_, pos, bexp = moe.moe_dispatch(ids.reshape(-1).contiguous(), e, bm, small)
-    _check_dispatch(sorted_, pos, bexp, ids, e, bm, stable=small)
-    if small:
-        expected = moe.dispatch_reference(ids, e, bm)
+    sorted_, pos, bexp = moe.moe_dispatch(ids.reshape(-1).contiguous(), e, bm, dispatch)
+    if dispatch == "sorted":
+        _check_dispatch(sorted_, pos, bexp, ids, e, bm, stable=False)
+    else:  # deterministic: exactly the reference's layout
+        expected = moe.dispatch_reference(ids, e, bm, dispatch)
         for got, want in zip((sorted_, pos, bexp), expected, strict=True):
             assert torch.equal(got.cpu(), want)
 

@@ -8,30 +8,34 @@ kernel with a block of tokens per program.
 ``out[t] = residual[t] + sum_j w[t, j] * down[e] @ (silu(g) * u)``, ``[g; u] = gate_up[e] @ x[t]``,
 ``e = ids[t, j]``. Its kernels:
 
-1. dispatch: the ``T*k`` (token, slot) pairs are grouped by expert into ``BM``-row blocks, each
-   expert's rows padded to a whole number of blocks. It writes the slot of every padded row
-   (``n_slots`` as the padding sentinel), the padded row of every slot, and the expert of every
-   block (``n_experts`` for blocks past the last). At decode one program does it all (one-hot
-   counts and ranks, slot order kept); otherwise three kernels: per-expert counts by atomic
-   add (the returned old count is the slot's rank within its expert), a one-program scan, and a
-   scatter.
-2. grouped GEMM 1: per (block, column tile of I) the block's hidden rows are gathered (token =
-   slot // k), multiplied by the expert's gate rows and up rows, and ``silu(g) * u`` is stored
-   for the block's rows of an ``[padded rows, I]`` intermediate.
-3. grouped GEMM 2: that intermediate times ``down[e]^T`` per block into ``[padded rows, H]``,
+1. dispatch: the ``T*k`` (token, slot) pairs are laid out in ``BM``-row blocks of one expert
+   each. It writes the slot of every padded row (``n_slots`` as the padding sentinel), the
+   padded row of every slot, and the expert of every block (``n_experts`` for blocks past the
+   last). ``sorted`` groups each expert's slots into as few blocks as it can: per-expert counts
+   by atomic add (the returned old count is the slot's rank within its expert), a scan in one
+   program, and a scatter; ``per_slot`` gives every slot its own block, for decode, where the
+   sorting costs more than re-reading the few experts that two tokens share (a one-program
+   sorting dispatch, tried too, was slower than either at T = 1 and 8).
+2. row gather: the block's hidden rows (token = slot // k; zero rows for padding) are copied
+   into an ``[padded rows, H]`` buffer in block order.
+3. grouped GEMM 1: per (block, column tile of I), the block's gathered rows times the expert's
+   gate rows and up rows, and ``silu(g) * u`` is stored for the block's rows of an
+   ``[padded rows, I]`` intermediate. Both operands are loaded as tiles (through shared
+   memory): gathering the rows inside this kernel put them in registers, and the sm_90 build
+   then had no mma instruction at all.
+4. grouped GEMM 2: that intermediate times ``down[e]^T`` per block into ``[padded rows, H]``,
    in the activation dtype: a bf16 round trip is half of an fp32 one (prefill T = 2048, k = 8,
    H = 2048: 67 MB less traffic), and it is the one rounding of an fp32-accumulated result that
    transformers' own path also makes on each expert output.
-4. combine: per token, its k rows are gathered back, weighted by the routing weights and summed
+5. combine: per token, its k rows are gathered back, weighted by the routing weights and summed
    in a fixed order in fp32, plus the residual, then cast once. No float atomics: the result
    does not depend on the order of rows inside an expert.
 
 The grids depend only on T, k, E and the block size (blocks past the used ones return at
 once) and nothing is read back to the host, so a call can be captured in a CUDA graph.
 A program reads its expert's weight tile once for all rows of its block, so an expert's
-weights are read once per block: at decode (a few tokens, so at most a few rows per expert)
-every active expert has one 8-row block and its weights are read once; the weight tile is then
-the mma's A operand (`MoeConfig.swap`), so the mma's wide side holds weight rows, not padding.
+weights are read once per block. At decode a block holds one slot; the weight tile is then the
+mma's A operand (`MoeConfig.swap`), so the mma's 64-row side holds weight rows, not padding.
 """
 
 from __future__ import annotations
@@ -49,16 +53,20 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 _NEG_INF = ct.PaddingMode.NEG_INF
 
-#: at most this many (token, slot) pairs take the one-program dispatch (decode: T <= 8, k = 8)
-SMALL_DISPATCH_SLOTS = 64
+#: `choose_config` gives every slot its own block up to this many slots
+PER_SLOT_MAX = 64
+#: slots per step of the per-slot dispatch's one program
+PER_SLOT_TILE = 1024
 #: slots per program of the count and scatter kernels (and rows per sentinel-fill store)
 SLOT_TILE = 1024
-#: one-hot tiles of the one-program dispatch and the scan hold about this many int32s
-ONEHOT_ELEMS = 4096
+#: the scan's (blocks x experts) comparison tile holds about this many int32s
+SCAN_ELEMS = 4096
 #: routing-weight tile of the router kernel: about this many fp32 probabilities per program
 ROUTE_ELEMS = 2048
-#: rows per store of the one-program dispatch's sentinel fill
-SMALL_FILL = 256
+#: how `moe_dispatch` groups the slots (`MoeConfig.dispatch`)
+DISPATCHES = ("sorted", "per_slot")
+#: columns per program of the row-gather kernel
+GATHER_COLS = 256
 #: rows x columns gathered per program of the combine kernel
 COMBINE_ROWS = 32
 COMBINE_COLS = 256
@@ -172,13 +180,6 @@ def _slot_ids(Ids, c, n_experts, missing, TS):
     return slots, valid, ct.where(valid, ids, missing)
 
 
-def _onehot(expert, TS, EP):
-    """(TS, EP) int32: 1 where the slot's expert is the column (none for expert -1)."""
-    cols = ct.broadcast_to(ct.reshape(ct.arange(EP, dtype=ct.int32), (1, EP)), (TS, EP))
-    rows = ct.broadcast_to(ct.reshape(expert, (TS, 1)), (TS, EP))
-    return ct.astype(rows == cols, ct.int32)
-
-
 def _layout(counts, BM):
     """(first block past each expert, first padded row of each expert) from per-expert counts."""
     blocks = (counts + (BM - 1)) // BM
@@ -197,48 +198,10 @@ def _store_block_experts(BlockExpert, block_end, n_experts, EP, BP):
 
 
 def _fill_sentinel(Sorted, first, step, value, RC):
-    """Sorted[chunk c] = value for the RC-row chunks first, first + step, ...
-
-    Plain stores, not TMA: the one-program dispatch scatters into the same rows next, and an
-    asynchronous TMA store is not ordered with the scatter's ordinary stores."""
+    """Sorted[chunk c] = value for the RC-row chunks first, first + step, ..."""
     fill = ct.full((RC,), 0, dtype=ct.int32) + value
     for rc in range(first, ct.cdiv(Sorted.shape[0], RC), step):
         ct.store(Sorted, (rc,), fill, allow_tma=False)
-
-
-@ct.kernel
-def tilegym_moe_dispatch_small_kernel(
-    Ids,
-    Sorted,
-    Pos,
-    BlockExpert,
-    n_experts: int,
-    BM: ConstInt,
-    EP: ConstInt,
-    SC: ConstInt,
-    BP: ConstInt,
-    FILL: ConstInt,
-):
-    """The whole dispatch in one program (few slots): Ids [S] -> Sorted [MB*BM], Pos [S],
-    BlockExpert [MB]. Counts and ranks come from one-hot tiles, so inside an expert the rows
-    keep slot order."""
-    n = Ids.shape[0]
-    chunks = ct.cdiv(n, SC)
-    counts = ct.full((EP,), 0, dtype=ct.int32)
-    for c in range(chunks):
-        _, _, expert = _slot_ids(Ids, c, n_experts, -1, SC)
-        counts = counts + ct.sum(_onehot(expert, SC, EP), axis=0)
-    block_end, row_start = _layout(counts, BM)
-    _store_block_experts(BlockExpert, block_end, n_experts, EP, BP)
-    _fill_sentinel(Sorted, 0, 1, n, FILL)
-    seen = ct.broadcast_to(ct.reshape(row_start, (1, EP)), (SC, EP))
-    for c in range(chunks):
-        slots, valid, expert = _slot_ids(Ids, c, n_experts, -1, SC)
-        hot = _onehot(expert, SC, EP)
-        pos = ct.sum(hot * (ct.cumsum(hot, axis=0) - hot + seen), axis=1)
-        ct.scatter(Sorted, pos, slots, mask=valid)
-        ct.store(Pos, (c,), ct.where(valid, pos, Sorted.shape[0]))
-        seen = seen + ct.broadcast_to(ct.sum(hot, axis=0, keepdims=True), (SC, EP))
 
 
 @ct.kernel
@@ -277,6 +240,28 @@ def tilegym_moe_scatter_kernel(Ids, Rank, RowStart, Sorted, Pos, TS: ConstInt):
     ct.store(Pos, (c,), ct.where(valid, pos, Sorted.shape[0]))
 
 
+@ct.kernel
+def tilegym_moe_dispatch_per_slot_kernel(
+    Ids, Sorted, Pos, BlockExpert, n_experts: int, BM: ConstInt, SP: ConstInt
+):
+    """Every slot its own block, in slot order (one program, SP slots per step): block s holds
+    slot s in its first row and padding after; a slot with an id outside the experts gets the
+    sentinels (block expert n_experts, row S*BM)."""
+    n = Ids.shape[0]
+    first_col = ct.reshape(ct.arange(BM, dtype=ct.int32), (1, BM)) == 0
+    for c in range(ct.cdiv(n, SP)):
+        slots, valid, expert = _slot_ids(Ids, c, n_experts, n_experts, SP)
+        inside = slots < n
+        ct.scatter(BlockExpert, slots, expert, mask=inside)
+        ct.scatter(Pos, slots, ct.where(valid, slots * BM, n * BM), mask=inside)
+        col = ct.reshape(slots, (SP, 1))
+        rows = col * BM + ct.reshape(ct.arange(BM, dtype=ct.int32), (1, BM))
+        mine = ct.broadcast_to(ct.reshape(valid, (SP, 1)), (SP, BM)) & first_col
+        slot_of_row = ct.where(mine, ct.broadcast_to(col, (SP, BM)), n)
+        inside_rows = ct.broadcast_to(ct.reshape(inside, (SP, 1)), (SP, BM))
+        ct.scatter(Sorted, rows, slot_of_row, mask=inside_rows)
+
+
 # ---------------------------------------------------------------------------------------------
 # Grouped GEMMs and the combine
 # ---------------------------------------------------------------------------------------------
@@ -308,39 +293,51 @@ def _weight_tile(W, e, bn, k, BN, TK):
 
 @ct.kernel
 def tilegym_moe_gate_up_kernel(
-    X,
-    Sorted,
+    Xs,
     BlockExpert,
     Wg,
     Wu,
     A,
-    top_k: int,
     BM: ConstInt,
     BN: ConstInt,
     TK: ConstInt,
     SWAP: ConstBool,
-    GATHER_TMA: ConstBool,
 ):
-    """A[block rows, bn tile] = silu(Xg @ Wg[e]^T) * (Xg @ Wu[e]^T), Xg the block's hidden rows
-    (token = slot // top_k; the sentinel gives token T, a zero row). Grid (blocks, I tiles).
+    """A[block rows, bn tile] = silu(Xs @ Wg[e]^T) * (Xs @ Wu[e]^T) for the block's rows of the
+    pre-gathered hidden rows Xs (`tilegym_moe_gather_rows_kernel`). Grid (blocks, I tiles).
 
-    GATHER_TMA lets the row gather use TMA: sm_100 has a gather form; on sm_90 it compiled to
-    a 176-456 byte stack frame per thread where element loads need none."""
+    Xs tiles load like the weight tiles, so both mma operands come through shared memory. With
+    the rows gathered here instead, into registers, the sm_90 build had no mma instruction at
+    all (scalar FMUL/FADD): 7-9% of the copy bandwidth at decode against 29-87% now."""
     b = ct.bid(0)
     bn = ct.bid(1)
     e = ct.gather(BlockExpert, b)
     if e < Wg.shape[0]:
-        tokens = ct.load(Sorted, (b,), (BM,)) // top_k
         gate = _acc(BM, BN, SWAP)
         up = _acc(BM, BN, SWAP)
-        for k in range(ct.num_tiles(X, axis=1, shape=(BM, TK))):
-            x = ct.load_advanced_indexing(
-                X, (tokens, ct.Slice(k * TK, TK)), padding_mode=PAD_ZERO, allow_tma=GATHER_TMA
-            )
+        for k in range(ct.num_tiles(Xs, axis=1, shape=(BM, TK))):
+            x = ct.load(Xs, (b, k), (BM, TK), padding_mode=PAD_ZERO)
             gate = _mma(x, _weight_tile(Wg, e, bn, k, BN, TK), gate, SWAP)
             up = _mma(x, _weight_tile(Wu, e, bn, k, BN, TK), up, SWAP)
         act = gate / (1.0 + ct.exp(-gate)) * up
         ct.store(A, (b, bn), ct.astype(_acc_out(act, SWAP), A.dtype))
+
+
+@ct.kernel
+def tilegym_moe_gather_rows_kernel(
+    X, Sorted, BlockExpert, Xs, top_k: int, n_experts: int, BM: ConstInt, TH: ConstInt
+):
+    """Xs[block rows, h tile] = X[token of each row] (a zero row for padding): the hidden rows
+    in the dispatch's order, so that the grouped GEMM loads them as plain tiles. Grid (blocks,
+    H tiles); blocks past the used ones return at once."""
+    b = ct.bid(0)
+    h = ct.bid(1)
+    if ct.gather(BlockExpert, b) < n_experts:
+        tokens = ct.load(Sorted, (b,), (BM,)) // top_k
+        rows = ct.load_advanced_indexing(
+            X, (tokens, ct.Slice(h * TH, TH)), padding_mode=PAD_ZERO, allow_tma=False
+        )
+        ct.store(Xs, (b, h), rows)
 
 
 @ct.kernel
@@ -414,9 +411,10 @@ class MoeConfig:
 
     bm: rows per block (each expert's rows are padded to a multiple); bn_up / bn_down: column
     tiles of GEMM 1 (over I) and GEMM 2 (over H); tk: K tile of both; swap: weight tile as the
-    mma's A operand (few rows per block); small_dispatch: the one-program dispatch;
-    occupancy: the GEMMs' occupancy hint (0: the compiler's choice); gather_tma: TMA for the
-    hidden-row gather of GEMM 1.
+    mma's A operand (few rows per block); occupancy: the GEMMs' occupancy hint (0: the
+    compiler's choice). dispatch: how slots become blocks: ``sorted`` (count, scan, scatter)
+    or ``per_slot`` (every slot its own block, in slot order: no grouping, so an expert chosen
+    by two tokens is read twice).
     """
 
     bm: int
@@ -424,9 +422,8 @@ class MoeConfig:
     bn_down: int
     tk: int
     swap: bool = False
-    small_dispatch: bool = False
+    dispatch: str = "sorted"
     occupancy: int = 0
-    gather_tma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn_up", "bn_down", "tk"):
@@ -435,29 +432,31 @@ class MoeConfig:
                 raise ValueError(f"{name}={v} must be a power of two >= 8")
         if self.occupancy < 0:
             raise ValueError(f"occupancy={self.occupancy} must be >= 0")
+        if self.dispatch not in DISPATCHES:
+            raise ValueError(f"dispatch={self.dispatch!r} must be one of {DISPATCHES}")
 
 
 def choose_config(n_slots: int, n_experts: int) -> MoeConfig:
-    """Tiles by the mean rows per expert (``n_slots / n_experts``).
+    """Tiles by the mean rows per expert (``n_slots / n_experts``), measured on the H200
+    (`benchmarks/ops/bench_moe.py --sweep`, Qwen3-30B-A3B's experts).
 
-    Decode (<= 8 rows per expert, e.g. T <= 64 at k = 8 of 128 experts): 8-row blocks with the
-    weight tile as the mma's A operand; 32-column GEMM 1 tiles and 64-column GEMM 2 tiles, so
-    that at T = 1 (8 blocks) the grids are 8 x 24 and 8 x 32 programs, one wave at two per SM
-    of the H200's 132 (occupancy 2 also took the sm_90 build from 168 registers and a stack
-    frame to 128 and none). Splitting K (H or I) instead would need a second reduction pass.
+    Decode (<= 8 rows per expert, e.g. T <= 128 at k = 8 of 128 experts): 8-row blocks with the
+    weight tile as the mma's A operand and 64 weight rows per tile on both GEMMs (the sm_90
+    warpgroup mma's M; with 32, GEMM 1 ran 3x slower). Up to `PER_SLOT_MAX` slots every slot is
+    its own block: the sorting dispatch cost more than the few experts that two tokens share.
     Prefill: 64-row blocks (an expert wastes < 64 padded rows; 128-row blocks would pad
-    Qwen3-30B-A3B's 128 rows per expert at T = 2048 by half again) and 64 x 128 tiles, the
-    fused gate-up tile that ran without spills in `gemm`.
+    Qwen3-30B-A3B's 128 rows per expert at T = 2048 by half again, and ran 1.7x slower) and
+    64 x 128 tiles.
     """
-    small = n_slots <= SMALL_DISPATCH_SLOTS
     per_expert = n_slots / max(n_experts, 1)
     if per_expert <= 8:
-        return MoeConfig(8, 32, 64, 128, swap=True, small_dispatch=small, occupancy=2)
+        dispatch = "per_slot" if n_slots <= PER_SLOT_MAX else "sorted"
+        return MoeConfig(8, 64, 64, 128, swap=True, dispatch=dispatch, occupancy=2)
     if per_expert <= 16:
-        return MoeConfig(16, 64, 64, 128, swap=True, small_dispatch=small, occupancy=2)
+        return MoeConfig(16, 64, 64, 128, swap=True, occupancy=2)
     if per_expert <= 32:
-        return MoeConfig(32, 64, 128, 64, swap=True, small_dispatch=small)
-    return MoeConfig(64, 128, 128, 64, small_dispatch=small)
+        return MoeConfig(32, 64, 128, 64, swap=True)
+    return MoeConfig(64, 128, 128, 64)
 
 
 def _hinted(kernel, cfg: MoeConfig):
@@ -471,10 +470,21 @@ def max_blocks(n_slots: int, n_experts: int, bm: int) -> int:
     return max(1, min(n_slots, math.ceil(n_slots / bm) + min(n_experts, n_slots)))
 
 
+def n_blocks(n_slots: int, n_experts: int, bm: int, dispatch: str = "sorted") -> int:
+    """Blocks `moe_dispatch` lays out (the GEMM grids' first extent): one per slot for
+    ``per_slot``, else `max_blocks`."""
+    return n_slots if dispatch == "per_slot" else max_blocks(n_slots, n_experts, bm)
+
+
+def per_slot_tile(n_slots: int) -> int:
+    """Slots per step of the per-slot dispatch."""
+    return min(PER_SLOT_TILE, next_pow2(n_slots))
+
+
 def dispatch_tiles(n_experts: int) -> tuple[int, int]:
-    """(EP, chunk): the padded expert count and the one-hot chunk (slots or blocks) per step."""
+    """(EP, chunk): the padded expert count and the scan's blocks per step."""
     ep = next_pow2(n_experts)
-    return ep, max(8, min(64, ONEHOT_ELEMS // ep))
+    return ep, max(8, min(64, SCAN_ELEMS // ep))
 
 
 def combine_tiles(top_k: int, hidden: int) -> tuple[int, int, int]:
@@ -494,20 +504,20 @@ def _carve(numels: list[int], device) -> list[torch.Tensor]:
 
 
 def moe_dispatch(
-    ids: torch.Tensor, n_experts: int, bm: int, small: bool
+    ids: torch.Tensor, n_experts: int, bm: int, dispatch: str = "sorted"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sorted slot per padded row [MB*bm], padded row per slot [S], expert per block [MB]) for
     flat int32 ``ids`` [S]; sentinels: S (rows), MB*bm (slots with an id outside the experts),
-    n_experts (blocks)."""
+    n_experts (blocks). ``dispatch``: `MoeConfig.dispatch`."""
     n = ids.numel()
     dev = ids.device
-    mb = max_blocks(n, n_experts, bm)
+    mb = n_blocks(n, n_experts, bm, dispatch)
     sorted_, pos, bexp = _carve([mb * bm, n, mb], dev)
     ep, chunk = dispatch_tiles(n_experts)
     s = stream(dev)
-    if small:
-        args = (ids, sorted_, pos, bexp, n_experts, bm, ep, chunk, chunk, SMALL_FILL)
-        ct.launch(s, (1, 1, 1), tilegym_moe_dispatch_small_kernel, args)
+    if dispatch == "per_slot":
+        args = (ids, sorted_, pos, bexp, n_experts, bm, per_slot_tile(n))
+        ct.launch(s, (1, 1, 1), tilegym_moe_dispatch_per_slot_kernel, args)
         return sorted_, pos, bexp
     counts = torch.zeros(n_experts, dtype=torch.int32, device=dev)
     rank, row_start = _carve([n, n_experts], dev)
@@ -520,14 +530,22 @@ def moe_dispatch(
 
 
 def dispatch_reference(
-    ids: torch.Tensor, n_experts: int, bm: int
+    ids: torch.Tensor, n_experts: int, bm: int, dispatch: str = "sorted"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What `moe_dispatch` writes, in plain PyTorch, slots in order inside each expert (the
-    one-program dispatch's order; the atomic one may order an expert's rows differently)."""
+    """What `moe_dispatch` writes, in plain PyTorch: for ``per_slot`` its exact layout, else
+    the grouped layout with slots in order inside each expert (the atomic dispatch may order
+    an expert's rows differently)."""
     flat = ids.reshape(-1).to(torch.int64).cpu()
     n = flat.numel()
-    mb = max_blocks(n, n_experts, bm)
     valid = (flat >= 0) & (flat < n_experts)
+    if dispatch == "per_slot":
+        slots = torch.arange(n)
+        sorted_ = torch.full((n, bm), n, dtype=torch.int32)
+        sorted_[valid, 0] = slots[valid].to(torch.int32)
+        pos = torch.where(valid, slots * bm, n * bm).to(torch.int32)
+        bexp = torch.where(valid, flat, n_experts).to(torch.int32)
+        return sorted_.reshape(-1), pos, bexp
+    mb = n_blocks(n, n_experts, bm)
     counts = torch.bincount(flat[valid], minlength=n_experts)
     blocks = (counts + bm - 1) // bm
     block_end = torch.cumsum(blocks, 0)
@@ -617,7 +635,7 @@ def moe_experts(
     cfg = config or choose_config(n, n_experts)
     flat = ids.reshape(-1)
     flat = flat if flat.dtype == torch.int32 and flat.is_contiguous() else flat.int().contiguous()
-    sorted_, pos, bexp = moe_dispatch(flat, n_experts, cfg.bm, cfg.small_dispatch)
+    sorted_, pos, bexp = moe_dispatch(flat, n_experts, cfg.bm, cfg.dispatch)
     rows = sorted_.numel()
     buf = torch.empty(rows * (inter + h), dtype=hidden.dtype, device=dev)
     act, y = buf[: rows * inter].view(rows, inter), buf[rows * inter :].view(rows, h)
@@ -638,10 +656,15 @@ def grouped_gate_up_silu(
     """Stage 1 of `moe_experts`: ``act[r] = silu(g) * u`` for each padded row r of the
     dispatch (``[g; u] = gate_up[e] @ hidden[slot // top_k]``), rows in expert order."""
     inter = gate_up.shape[1] // 2
-    args = (hidden, sorted_, bexp, gate_up[:, :inter], gate_up[:, inter:], act, top_k)
-    args += (cfg.bm, cfg.bn_up, cfg.tk, cfg.swap, cfg.gather_tma)
+    s = stream(act.device)
+    h = hidden.shape[1]
+    xs = hidden.new_empty((sorted_.numel(), h))
+    th = min(GATHER_COLS, next_pow2(h))
+    args = (hidden, sorted_, bexp, xs, top_k, gate_up.shape[0], cfg.bm, th)
+    ct.launch(s, (bexp.numel(), math.ceil(h / th), 1), tilegym_moe_gather_rows_kernel, args)
+    args = (xs, bexp, gate_up[:, :inter], gate_up[:, inter:], act, cfg.bm, cfg.bn_up, cfg.tk)
     grid = (bexp.numel(), math.ceil(inter / cfg.bn_up), 1)
-    ct.launch(stream(act.device), grid, _hinted(tilegym_moe_gate_up_kernel, cfg), args)
+    ct.launch(s, grid, _hinted(tilegym_moe_gate_up_kernel, cfg), (*args, cfg.swap))
     return act
 
 
@@ -731,13 +754,15 @@ def aot_signatures(
     hidden: int = QWEN3_30B_A3B["hidden"],
     tokens: tuple[int, ...] = (1, 8, 128, 256, 512, 2048),
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,),
+    configs: tuple[MoeConfig, ...] = (),
 ) -> dict:
     """`{kernel: [KernelSignature, ...]}` for every kernel here: the router (logits in each
     dtype and fp32), the dispatch kernels and the GEMM/combine tiles `choose_config` picks at
     ``tokens`` (decode, the middle buckets and prefill)."""
     i32, n_int = _arr(ct.int32, 1), ScalarConstraint(ct.int32)
     ep, chunk = dispatch_tiles(experts)
-    cfgs = sorted({choose_config(t * top_k, experts) for t in tokens}, key=lambda c: c.bm)
+    cfgs = {choose_config(t * top_k, experts) for t in tokens} | set(configs)
+    cfgs = sorted(cfgs, key=lambda c: (c.bm, c.bn_up, c.bn_down, c.tk, repr(c)))
     sigs: dict = {}
 
     def add(kernel, *params):
@@ -752,9 +777,11 @@ def aot_signatures(
             consts = (tm, ep_route, top_k, kp, norm)
             add(tilegym_moe_route_kernel, logits, logits, _arr(ct.int32, 2), *consts)
     for cfg in cfgs:
-        if cfg.small_dispatch:
-            consts = (cfg.bm, ep, chunk, chunk, SMALL_FILL)
-            add(tilegym_moe_dispatch_small_kernel, i32, i32, i32, i32, n_int, *consts)
+        if cfg.dispatch == "per_slot":
+            for t in tokens:
+                if t * top_k <= PER_SLOT_MAX:
+                    consts = (cfg.bm, per_slot_tile(t * top_k))
+                    add(tilegym_moe_dispatch_per_slot_kernel, i32, i32, i32, i32, n_int, *consts)
         else:
             add(tilegym_moe_count_kernel, i32, i32, i32, i32, SLOT_TILE)
             add(tilegym_moe_scan_kernel, i32, i32, i32, cfg.bm, ep, chunk)
@@ -763,9 +790,10 @@ def aot_signatures(
     for dt in dtypes:
         a2, a3 = _arr(_CT[dt], 2), _arr(_CT[dt], 3)
         for cfg in cfgs:
-            tiles = (cfg.bm, cfg.bn_up, cfg.tk, cfg.swap, cfg.gather_tma)
-            gate_up = _hinted(tilegym_moe_gate_up_kernel, cfg)
-            add(gate_up, a2, i32, i32, a3, a3, a2, n_int, *tiles)
+            th = min(GATHER_COLS, next_pow2(hidden))
+            add(tilegym_moe_gather_rows_kernel, a2, i32, i32, a2, n_int, n_int, cfg.bm, th)
+            tiles = (cfg.bm, cfg.bn_up, cfg.tk, cfg.swap)
+            add(_hinted(tilegym_moe_gate_up_kernel, cfg), a2, i32, a3, a3, a2, *tiles)
             tiles = (cfg.bm, cfg.bn_down, cfg.tk, cfg.swap)
             add(_hinted(tilegym_moe_down_kernel, cfg), a2, i32, a3, a2, *tiles)
         for has_res in (True, False):
@@ -780,6 +808,7 @@ __all__ = [
     "choose_config",
     "dispatch_reference",
     "moe_dispatch",
+    "n_blocks",
     "moe_experts",
     "moe_experts_reference",
     "moe_route",

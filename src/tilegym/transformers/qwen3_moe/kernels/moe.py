@@ -32,7 +32,7 @@ def _dispatch(ids: torch.Tensor, n_experts: int):
     t, k = ids.shape
     cfg = _ops.choose_config(t * k, n_experts)
     flat = ids.reshape(-1).to(torch.int32).contiguous()
-    return (cfg, *_ops.moe_dispatch(flat, n_experts, cfg.bm, cfg.small_dispatch))
+    return (cfg, *_ops.moe_dispatch(flat, n_experts, cfg.bm, cfg.dispatch))
 
 
 def experts_gate_up_silu(
