@@ -12,7 +12,8 @@ Rules, in order (the first that applies decides):
 3. base metrics fail the schema, base not ``ok``, or base and head not comparable (model key,
    workload lengths, GPU name and compute capability, profiler) → ``inconclusive``;
 4. either side measured without a CUDA GPU → ``inconclusive`` (nothing to rerun);
-5. head correctness fails when recomputed → ``incorrect`` (not measured → ``inconclusive``);
+5. head correctness fails when recomputed → ``incorrect`` (not measured, or a reference that
+   cannot referee because the bf16 model itself is far from fp32 → ``inconclusive``);
 6. stored coverage disagrees with the recomputed one → ``inconclusive`` (refused);
 7. GPU kernel time per generated token above base by more than ``gpu_margin`` → ``discard``;
 8. coverage not above base by more than 0.01 percentage points, or above it while the
@@ -38,6 +39,7 @@ from typing import Any
 from tilegym_hf_bench.metrics_schema import validation_errors
 from tilegym_hf_bench.profiling.attribution import recount
 from tilegym_hf_bench.profiling.classify import KernelClassifier
+from tilegym_hf_bench.tolerance import unusable_reference
 from tilegym_hf_bench.tolerance import verdict as correctness_verdict
 
 from tilegym_bot.stats import RatioEstimate, mean, ratio_of_means
@@ -373,6 +375,8 @@ def recheck_correctness(correctness: dict[str, Any]) -> tuple[bool, str | None]:
     rule = correctness_verdict(kernel_err, base_err, True)
     if not rule.passed:
         claimed = " (the file claims it passed)" if correctness.get("passed") else ""
+        if rule.tolerance is None:
+            return False, rule.reason + claimed
         return (
             False,
             f"logits relative error {kernel_err:.4g} > tolerance {rule.tolerance:.4g}{claimed}",
@@ -458,6 +462,13 @@ def decide(
         return verdict(
             "inconclusive",
             "head correctness was not measured: cannot keep a kernel whose output is unchecked",
+        )
+    base_err = _finite(correctness.get("baseline_rel_err"))
+    if base_err is not None and (why := unusable_reference(base_err)):
+        return verdict(
+            "inconclusive",
+            f"correctness cannot be established: {why}; measure on weights (or a preset) where "
+            "the bf16 model tracks fp32",
         )
     passed, why = recheck_correctness(correctness)
     if not passed:

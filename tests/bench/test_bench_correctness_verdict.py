@@ -2,7 +2,12 @@
 
 import math
 
-from tilegym_hf_bench.tolerance import REL_ERR_FLOOR, verdict
+from tilegym_hf_bench.tolerance import (
+    MAX_BASELINE_REL_ERR,
+    REL_ERR_FLOOR,
+    unusable_reference,
+    verdict,
+)
 
 
 def test_kernelized_within_tolerance_passes():
@@ -29,3 +34,14 @@ def test_non_finite_baseline_cannot_pass():
 def test_without_cutile_only_the_baseline_is_judged():
     v = verdict(None, 0.004, True)
     assert v.passed and v.tolerance is None
+
+
+def test_a_reference_the_bf16_model_is_far_from_cannot_referee():
+    """gemma3's preset once had its bf16 logits 0.93 from fp32: 1.5x that passes zeros (1.0)."""
+    v = verdict(1.0, 0.93, True)
+    assert not v.passed and v.tolerance is None
+    assert "cannot referee" in v.reason and "0.93" in v.reason
+    assert unusable_reference(MAX_BASELINE_REL_ERR) is None
+    assert unusable_reference(MAX_BASELINE_REL_ERR * 1.01) is not None
+    assert verdict(0.01, MAX_BASELINE_REL_ERR, True).passed
+    assert verdict(None, 0.93, True).passed  # a baseline-only run checks no kernel

@@ -345,6 +345,19 @@ def test_a_self_reported_pass_is_recomputed(make_metrics):
     assert decide(base, head).status == "incorrect"
 
 
+def test_a_reference_too_far_from_bf16_makes_correctness_inconclusive(make_metrics):
+    """The bf16 model 0.93 from fp32 (gemma3's random preset as it was): its tolerance would
+    pass a kernel returning zeros, so no pass is trusted, whatever the file says."""
+    base = make_metrics(commit=BASE_SHA)
+    head = make_metrics(coverage=55.0)
+    head["correctness"].update(passed=True, logits_rel_err=1.0, baseline_rel_err=0.93)
+    head["correctness"].update(tolerance=1.396)
+    decision = decide(base, head)
+    assert decision.status == "inconclusive", decision.reasons
+    assert "correctness cannot be established" in decision.reasons[0]
+    assert not decision.rerun_useful
+
+
 def test_stored_coverage_that_disagrees_with_its_kernels_is_refused(make_metrics):
     base = make_metrics(commit=BASE_SHA)
     head = make_metrics(coverage=55.0)
