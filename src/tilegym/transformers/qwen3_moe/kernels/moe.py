@@ -2,8 +2,9 @@
 width 768) over ``tilegym.ops.moe``.
 
 The model calls ``moe_route`` and ``moe_experts`` (``tilegym.transformers.moe_block``). The
-experts op runs in stages: a dispatch grouping the (token, slot) pairs by expert into padded
-row blocks, a grouped gate/up GEMM with SiLU-and-mul, a grouped down GEMM, and a combine that
+experts op runs in stages: a dispatch laying the (token, slot) pairs out in padded row blocks
+of one expert each (grouped by expert; one pair per block at decode), a gather of the blocks'
+hidden rows, a grouped gate/up GEMM with SiLU-and-mul, a grouped down GEMM, and a combine that
 weights each token's rows, sums them in fp32 and adds the residual. The two experts entry points
 below run those kernels up to, and from, the per-slot activation ``[T, k, I]`` (taken out of and
 put back into the kernels' expert-sorted rows by the dispatch's row map), so that each grouped
