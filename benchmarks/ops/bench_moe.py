@@ -1,6 +1,7 @@
 """Qwen3-MoE experts and router: cuTile (`tilegym.ops.moe`) vs what transformers runs (H200 table).
 
-    python benchmarks/ops/bench_moe.py [--tokens 1,8,2048] [--iters 50] [--sweep] [--json FILE]
+    python benchmarks/ops/bench_moe.py [--tokens 1,8,2048] [--iters 50] [--sweep] [--stages]
+                                       [--json FILE]
 
 Shapes: Qwen3-30B-A3B (hidden 2048, moe_intermediate_size 768, 128 experts, 8 per token), bf16,
 routing from random router logits (softmax, top-8, renormalized, as the model's router does).
@@ -13,6 +14,8 @@ routing from random router logits (softmax, top-8, renormalized, as the model's 
   at the device-to-device copy bandwidth measured here (a 1 GiB copy: 2 GiB moved per call).
 - router: `moe.moe_route` vs the PyTorch ops (softmax in fp32, topk, renormalize, cast).
 - --sweep: also times other `MoeConfig`s per token count (cuTile only, same interleaving).
+- --stages: also times each stage of the default config alone (dispatch, row gather + gate-up
+  GEMM, down GEMM, combine), the GEMMs against their share of the weight-read floor.
 
 Times: medians of CUDA-event timed calls after warm-up, variants interleaved call by call, the
 L2 flushed before each call (weights come from HBM, as in a forward pass over 48 layers);
@@ -191,6 +194,45 @@ def experts_rows(t, gen, impl, desc, bw, iters, sweep, results):
     return rows
 
 
+def stage_rows(t, gen, bw, iters, results):
+    """Each stage of the default config alone (graph replays, interleaved): where a call's time
+    goes. The GEMM rows' %floor is their share of the weights (2/3 and 1/3) at copy bandwidth."""
+    h, i, e, k = SHAPE["hidden"], SHAPE["inter"], SHAPE["experts"], SHAPE["top_k"]
+    gate_up = (torch.randn((e, 2 * i, h), generator=gen, device="cuda") / h**0.5).bfloat16()
+    down = (torch.randn((e, h, i), generator=gen, device="cuda") / i**0.5).bfloat16()
+    x = torch.randn((t, h), generator=gen, device="cuda").bfloat16()
+    _, weights, ids = routing(t, gen)
+    cfg = moe.choose_config(t * k, e)
+    flat = ids.reshape(-1).contiguous()
+    sorted_, pos, bexp = moe.moe_dispatch(flat, e, cfg.bm, cfg.dispatch)
+    act = x.new_empty((sorted_.numel(), i))
+    y = x.new_empty((sorted_.numel(), h))
+    out = torch.empty_like(x)
+    fns = {
+        "dispatch": lambda: moe.moe_dispatch(flat, e, cfg.bm, cfg.dispatch),
+        "gather+gate_up": lambda: moe.grouped_gate_up_silu(x, sorted_, bexp, gate_up, k, cfg, act),
+        "down": lambda: moe.grouped_down(act, bexp, down, cfg, y),
+        "combine": lambda: moe.combine(y, pos.view(t, k), weights, None, out),
+        "all": lambda: moe.moe_experts(x, ids, weights, gate_up, down),
+    }
+    active = int(ids.unique().numel())
+    share = {"gather+gate_up": 2 / 3, "down": 1 / 3, "all": 1.0}
+    rows = []
+    with torch.no_grad():
+        st = interleaved({n: graphed(f) for n, f in fns.items()}, iters=iters)
+    for name, s in st.items():
+        floor_us = share[name] * active * 3 * h * i * 2 / bw * 1e6 if name in share else None
+        pct = f"{100 * floor_us / s.median_us:.0f}" if floor_us else "-"
+        rows.append(
+            [f"stage {name}", t, "graph", _cfg_name(cfg), "-", s.median_us, s.spread_pct]
+            + ["-", "-", floor_us if floor_us else "-", pct]
+        )
+        results.setdefault("stages", []).append(
+            {"T": t, "stage": name, "median_us": s.median_us, "spread": s.spread_pct}
+        )
+    return rows
+
+
 def route_rows(t, gen, iters, results):
     logits, _, _ = routing(t, gen)
     k = SHAPE["top_k"]
@@ -241,6 +283,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sweep", action="store_true", help="also time other MoeConfigs")
+    ap.add_argument("--stages", action="store_true", help="also time each stage alone")
     ap.add_argument("--json", help="write the numbers here too")
     args = ap.parse_args()
     try:
@@ -261,6 +304,9 @@ def main() -> None:
     for t in tokens:
         rows += experts_rows(t, gen, impl, desc, bw, args.iters, args.sweep, results)
         torch.cuda.empty_cache()  # the previous row's weights and graphs are gone
+        if args.stages:
+            rows += stage_rows(t, gen, bw, args.iters, results)
+            torch.cuda.empty_cache()
     for t in tokens:
         rows += route_rows(t, gen, args.iters, results)
     print(format_table(HEADER, rows))
