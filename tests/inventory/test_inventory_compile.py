@@ -96,6 +96,23 @@ def test_real_kernel_compiles_for_three_architectures_and_is_cached(tmp_path):
     assert cache_file.stat().st_mtime_ns == stamp  # all hits: nothing compiled, nothing written
 
 
+HINTED_SIGNATURES = """
+def aot_signatures():
+    signature = KernelSignature(
+        [_array(), _array(), _array(), TILE], CallingConvention.cutile_python_v1()
+    )
+    return {mul_kernel: [signature], mul_kernel.replace_hints(occupancy=2): [signature]}
+"""
+
+
+def test_a_variant_with_other_hints_is_compiled_and_cached_on_its_own(tmp_path):
+    """Same kernel, same signatures, another occupancy hint: another compile (what launches)."""
+    root = _tree(tmp_path, HEADER + GOOD_KERNEL + ENTRY + HINTED_SIGNATURES)
+    assert compile_paths([], root) == []
+    cached = (tmp_path / "cache" / "aot_compiles.json").read_text()
+    assert cached.count('"gpu_code"') == 6  # 3 architectures x 2 variants
+
+
 def test_type_error_is_one_finding_per_architecture(tmp_path):
     root = _tree(tmp_path, HEADER + BAD_KERNEL + ENTRY + SIGNATURES)
     findings = compile_paths([], root)

@@ -317,7 +317,7 @@ def plan_solution(loaded: Loaded, repo_root: Path) -> tuple[list[Finding], list[
         ):
             jobs.append(
                 CompileJob(
-                    key=_cache_key(code_hash, kernel_name, signatures, gpu_code, version),
+                    key=_cache_key(code_hash, kernel, signatures, gpu_code, version),
                     shown=loaded.shown,
                     line=hw_line,
                     hardware=hardware,
@@ -432,8 +432,10 @@ def kernel_code_hash(kernel: Any, repo_root: Path) -> str:
     return digest.hexdigest()
 
 
-def _cache_key(
-    code_hash: str, kernel_name: str, signatures: list, gpu_code: str, version: str
-) -> str:
-    payload = json.dumps([code_hash, kernel_name, [repr(s) for s in signatures], gpu_code, version])
+def _cache_key(code_hash: str, kernel: Any, signatures: list, gpu_code: str, version: str) -> str:
+    """Key of one compile: the kernel's compiler hints are part of it, so that two variants of a
+    kernel with the same signatures (e.g. another occupancy, `with_hints`) are each compiled."""
+    hints = repr(getattr(kernel, "_compiler_options", None))
+    sigs = [repr(s) for s in signatures]
+    payload = json.dumps([code_hash, kernel_label(kernel), hints, sigs, gpu_code, version])
     return hashlib.sha256(payload.encode()).hexdigest()
