@@ -140,13 +140,20 @@ def routing(t: int, gen: torch.Generator):
     return logits, weights, ids
 
 
-def experts_rows(t, gen, impl, desc, bw, iters, sweep, results):
+def experts_inputs(t: int, gen: torch.Generator):
+    """(gate_up, down, hidden, routing weights, expert ids) at the model's shapes, bf16."""
     h, i, e = SHAPE["hidden"], SHAPE["inter"], SHAPE["experts"]
     gate_up = (torch.randn((e, 2 * i, h), generator=gen, device="cuda") / h**0.5).bfloat16()
     down = (torch.randn((e, h, i), generator=gen, device="cuda") / i**0.5).bfloat16()
-    module = experts_module(impl, gate_up, down)
     x = torch.randn((t, h), generator=gen, device="cuda").bfloat16()
     _, weights, ids = routing(t, gen)
+    return gate_up, down, x, weights, ids
+
+
+def experts_rows(t, gen, impl, desc, bw, iters, sweep, results):
+    h, i = SHAPE["hidden"], SHAPE["inter"]
+    gate_up, down, x, weights, ids = experts_inputs(t, gen)
+    module = experts_module(impl, gate_up, down)
     ids64 = ids.long()
     active = int(ids.unique().numel())
     floor_us = active * 3 * h * i * 2 / bw * 1e6 if t <= 64 else None
@@ -198,10 +205,7 @@ def stage_rows(t, gen, bw, iters, results):
     """Each stage of the default config alone (graph replays, interleaved): where a call's time
     goes. The GEMM rows' %floor is their share of the weights (2/3 and 1/3) at copy bandwidth."""
     h, i, e, k = SHAPE["hidden"], SHAPE["inter"], SHAPE["experts"], SHAPE["top_k"]
-    gate_up = (torch.randn((e, 2 * i, h), generator=gen, device="cuda") / h**0.5).bfloat16()
-    down = (torch.randn((e, h, i), generator=gen, device="cuda") / i**0.5).bfloat16()
-    x = torch.randn((t, h), generator=gen, device="cuda").bfloat16()
-    _, weights, ids = routing(t, gen)
+    gate_up, down, x, weights, ids = experts_inputs(t, gen)
     cfg = moe.choose_config(t * k, e)
     flat = ids.reshape(-1).contiguous()
     sorted_, pos, bexp = moe.moe_dispatch(flat, e, cfg.bm, cfg.dispatch)

@@ -363,20 +363,21 @@ def _summary(base: Any, head: Any, base_cov: _Recounted, head_cov: _Recounted) -
     }
 
 
-def recheck_correctness(correctness: dict[str, Any]) -> tuple[bool, str | None]:
+def recheck_correctness(correctness: dict[str, Any]) -> tuple[bool | None, str | None]:
     """(passed, why not) from the recorded errors with the trusted tolerance rule; a file's own
-    ``passed`` and ``tolerance`` count only where they are stricter."""
+    ``passed`` and ``tolerance`` count only where they are stricter. ``passed`` is None when the
+    reference cannot referee (`tolerance.unusable_reference`): nothing is established."""
     kernel_err = _finite(correctness.get("logits_rel_err"))
     base_err = _finite(correctness.get("baseline_rel_err"))
     if base_err is None:
         return False, "the bf16 baseline's error against fp32 is not recorded or not finite"
+    if why := unusable_reference(base_err):
+        return None, why
     if kernel_err is None:
         return False, "the kernelized model's error is not recorded or not finite"
     rule = correctness_verdict(kernel_err, base_err, True)
     if not rule.passed:
         claimed = " (the file claims it passed)" if correctness.get("passed") else ""
-        if rule.tolerance is None:
-            return False, rule.reason + claimed
         return (
             False,
             f"logits relative error {kernel_err:.4g} > tolerance {rule.tolerance:.4g}{claimed}",
@@ -463,14 +464,13 @@ def decide(
             "inconclusive",
             "head correctness was not measured: cannot keep a kernel whose output is unchecked",
         )
-    base_err = _finite(correctness.get("baseline_rel_err"))
-    if base_err is not None and (why := unusable_reference(base_err)):
+    passed, why = recheck_correctness(correctness)
+    if passed is None:
         return verdict(
             "inconclusive",
             f"correctness cannot be established: {why}; measure on weights (or a preset) where "
             "the bf16 model tracks fp32",
         )
-    passed, why = recheck_correctness(correctness)
     if not passed:
         return verdict(
             "incorrect",

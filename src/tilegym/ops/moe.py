@@ -487,6 +487,11 @@ def dispatch_tiles(n_experts: int) -> tuple[int, int]:
     return ep, max(8, min(64, SCAN_ELEMS // ep))
 
 
+def gather_tile(hidden: int) -> int:
+    """Columns per program of the row-gather kernel."""
+    return min(GATHER_COLS, next_pow2(hidden))
+
+
 def combine_tiles(top_k: int, hidden: int) -> tuple[int, int, int]:
     """(TT, KP, TH) of the combine kernel."""
     kp = next_pow2(top_k)
@@ -513,12 +518,12 @@ def moe_dispatch(
     dev = ids.device
     mb = n_blocks(n, n_experts, bm, dispatch)
     sorted_, pos, bexp = _carve([mb * bm, n, mb], dev)
-    ep, chunk = dispatch_tiles(n_experts)
     s = stream(dev)
     if dispatch == "per_slot":
         args = (ids, sorted_, pos, bexp, n_experts, bm, per_slot_tile(n))
         ct.launch(s, (1, 1, 1), tilegym_moe_dispatch_per_slot_kernel, args)
         return sorted_, pos, bexp
+    ep, chunk = dispatch_tiles(n_experts)
     counts = torch.zeros(n_experts, dtype=torch.int32, device=dev)
     rank, row_start = _carve([n, n_experts], dev)
     grid = (math.ceil(n / SLOT_TILE), 1, 1)
@@ -659,7 +664,7 @@ def grouped_gate_up_silu(
     s = stream(act.device)
     h = hidden.shape[1]
     xs = hidden.new_empty((sorted_.numel(), h))
-    th = min(GATHER_COLS, next_pow2(h))
+    th = gather_tile(h)
     args = (hidden, sorted_, bexp, xs, top_k, gate_up.shape[0], cfg.bm, th)
     ct.launch(s, (bexp.numel(), math.ceil(h / th), 1), tilegym_moe_gather_rows_kernel, args)
     args = (xs, bexp, gate_up[:, :inter], gate_up[:, inter:], act, cfg.bm, cfg.bn_up, cfg.tk)
@@ -787,10 +792,10 @@ def aot_signatures(
             add(tilegym_moe_scan_kernel, i32, i32, i32, cfg.bm, ep, chunk)
             add(tilegym_moe_scatter_kernel, i32, i32, i32, i32, i32, SLOT_TILE)
     combine = combine_tiles(top_k, hidden)
+    th = gather_tile(hidden)
     for dt in dtypes:
         a2, a3 = _arr(_CT[dt], 2), _arr(_CT[dt], 3)
         for cfg in cfgs:
-            th = min(GATHER_COLS, next_pow2(hidden))
             add(tilegym_moe_gather_rows_kernel, a2, i32, i32, a2, n_int, n_int, cfg.bm, th)
             tiles = (cfg.bm, cfg.bn_up, cfg.tk, cfg.swap)
             add(_hinted(tilegym_moe_gate_up_kernel, cfg), a2, i32, a3, a3, a2, *tiles)
