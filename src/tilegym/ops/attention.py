@@ -23,6 +23,12 @@ Masking is described compactly instead of as a dense ``[B, 1, Sq, Skv]`` tensor:
   the device, so one captured CUDA graph serves every step.
 
 Query rows that can see no key (left-padding rows) produce zeros.
+
+Head dims (``KERNEL_HEAD_DIMS``): 64 and 128 are run and checked on a GPU. 96 (Phi-3.5-mini)
+runs in 128-wide tiles (``head_tile``): loads zero-fill the columns past 96, so ``q @ k^T`` is
+unchanged, and stores drop them. 256 (gemma-3-1b) uses smaller key/query tiles. 96 and 256
+are compiled (AOT, sm_90/sm_100/sm_120), not yet run on a GPU, so the model patch serves only
+``SUPPORTED_HEAD_DIMS``.
 """
 
 from __future__ import annotations
@@ -43,11 +49,20 @@ ConstBool = ct.Constant[bool]
 LOG2E = 1.0 / math.log(2.0)
 _NEG_BIG = -1.0e30  # finite "minus infinity" for running maxima: keeps fully masked rows NaN-free
 SUPPORTED_HEAD_DIMS = (64, 128)
+"""Head dims run and checked on a GPU: the only ones the model patch hands to these kernels."""
+KERNEL_HEAD_DIMS = (64, 96, 128, 256)
+"""Head dims the kernels accept; 96 and 256 compile but have not run on a GPU yet."""
 _ZERO = ct.PaddingMode.ZERO
 
 
 class AttentionInputError(ValueError):
     """Inputs outside the envelope the cuTile attention kernels support."""
+
+
+def head_tile(head_dim: int) -> int:
+    """Tile extent over the head dim (the kernels' ``D``): tile extents are powers of two, so
+    96 runs 128 wide; loads zero-fill past the array's last column and stores skip it."""
+    return _next_pow2(head_dim)
 
 
 # --------------------------------------------------------------------------------------------
@@ -157,10 +172,14 @@ class PrefillConfig:
 
 
 def default_prefill_config(head_dim: int) -> PrefillConfig:
-    """Tile choice per head dim (measured on H200, see benchmarks/ops/bench_attention.py)."""
+    """Tile choice per head dim (64 and 128 measured on H200, see
+    benchmarks/ops/bench_attention.py; 96 runs as 128; 256 not measured: half the key tile,
+    so K/V tiles keep 128's bytes, and one block per SM for its larger accumulator)."""
     if head_dim <= 64:
         return PrefillConfig(tile_m=128, tile_n=128, occupancy=2)
-    return PrefillConfig(tile_m=64, tile_n=64, occupancy=2)
+    if head_dim <= 128:
+        return PrefillConfig(tile_m=64, tile_n=64, occupancy=2)
+    return PrefillConfig(tile_m=64, tile_n=32, occupancy=1)
 
 
 _dummy_masks: dict[torch.device, torch.Tensor] = {}
@@ -177,6 +196,13 @@ def _dummy_mask(device: torch.device) -> torch.Tensor:
     return t
 
 
+def _check_head_dim(head_dim: int) -> None:
+    if head_dim not in KERNEL_HEAD_DIMS:
+        raise AttentionInputError(
+            f"head_dim {head_dim} not supported (supported: {KERNEL_HEAD_DIMS})"
+        )
+
+
 def _check_common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise AttentionInputError("query, key and value must be 4D [batch, heads, seq, head_dim]")
@@ -185,8 +211,7 @@ def _check_common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[in
         raise AttentionInputError(
             f"key/value shapes {tuple(k.shape)}/{tuple(v.shape)} do not fit query {tuple(q.shape)}"
         )
-    if d not in SUPPORTED_HEAD_DIMS:
-        raise AttentionInputError(f"head_dim {d} not supported (supported: {SUPPORTED_HEAD_DIMS})")
+    _check_head_dim(d)
     hkv = k.shape[1]
     if hq % hkv:
         raise AttentionInputError(f"{hq} query heads are not a multiple of {hkv} key/value heads")
@@ -262,7 +287,7 @@ def prefill_attention(
             scale * LOG2E,
             int(q_start),
             int(window or 0),
-            d,
+            head_tile(d),
             hq,
             hq // hkv,
             cfg.tile_m,
@@ -470,12 +495,14 @@ DECODE_AUTO_SPLIT_WAVES = 2
 DECODE_AUTO_OCCUPANCY = 2
 """Split plan of ``auto`` when it splits (few blocks, long cache): two blocks per SM."""
 DECODE_ONE_SPLIT_TILE_KEYS = 256
-"""Largest key tile of a one-split launch (the cache is covered in as few tiles as possible)."""
+"""Largest key tile of a one-split launch (the cache is covered in as few tiles as possible) up
+to head_dim 128; ``one_split_tile_n`` keeps its 64 KiB K tile bytes at larger head dims."""
 DECODE_FORMS = ("cols", "rows")
 DECODE_FORM = "cols"
 """MMA orientation (``_decode_cols``: keys on the MMA rows; ``_decode_rows``: query heads)."""
 DECODE_TILE_N = 64
-"""Keys per tile for head_dim 128 (16 KiB of K per load); head_dim 64 uses twice as many."""
+"""Keys per tile for head_dim 128 (16 KiB of K per load); ``default_decode_tile_n`` scales it
+to the same bytes at the other head dims (twice as many keys at 64, half at 256)."""
 DECODE_SPLIT_WAVES = 1
 """Target blocks per SM when choosing the number of key splits. With 16-byte aligned strides the
 decode kernels compile to warp-specialized TMA pipelines using ~150-220 KiB of shared memory, i.e.
@@ -489,8 +516,16 @@ one ~190 KiB-shared-memory block per SM in the default form)."""
 
 
 def default_decode_tile_n(head_dim: int) -> int:
-    """Keys per decode tile: the same 16 KiB K/V tile bytes at either head dim."""
-    return DECODE_TILE_N if head_dim > 64 else 2 * DECODE_TILE_N
+    """Keys per decode tile: the same 16 KiB K/V tile bytes at every head dim (96 runs as 128;
+    64 and 128 measured on H200, 256 not measured)."""
+    return DECODE_TILE_N * 128 // head_tile(head_dim)
+
+
+def one_split_tile_n(head_dim: int) -> int:
+    """Largest key tile of a one-split launch: ``DECODE_ONE_SPLIT_TILE_KEYS`` up to head_dim 128,
+    fewer keys beyond so that a K tile stays at head_dim 128's 64 KiB (256 keys of 256 would
+    need 128 KiB each for K and V, more than one SM's shared memory holds)."""
+    return min(DECODE_ONE_SPLIT_TILE_KEYS, DECODE_ONE_SPLIT_TILE_KEYS * 128 // head_tile(head_dim))
 
 
 def plan_splits(
@@ -569,7 +604,7 @@ def plan_decode(
         num_splits = 1
         if tile_n is None:  # one loop trip where it fits, else the fewest (two tile sizes)
             base = default_decode_tile_n(head_dim)
-            tile_n = base if visible <= base else max(base, DECODE_ONE_SPLIT_TILE_KEYS)
+            tile_n = base if visible <= base else max(base, one_split_tile_n(head_dim))
     elif mode == "auto" and not num_splits:
         split_waves = DECODE_AUTO_SPLIT_WAVES if split_waves is None else split_waves
         occupancy = DECODE_AUTO_OCCUPANCY if occupancy is None else occupancy
@@ -771,7 +806,7 @@ def _launch_decode(q, qg, k, v, out, kv_arg, kv_lens, kv_end, window, scale, pla
             kv_end,
             int(window or 0),
             plan.tiles_per_split,
-            d,
+            head_tile(d),
             *cfg,
         ),
     )
@@ -785,7 +820,7 @@ def _launch_decode(q, qg, k, v, out, kv_arg, kv_lens, kv_end, window, scale, pla
                 o_part.view(b * hq, splits, d),
                 lse_part.view(b * hq, splits),
                 out.view(b * hq, d),
-                d,
+                head_tile(d),
                 _next_pow2(splits),
                 pdl,
             ),
@@ -888,6 +923,7 @@ def prefill_signatures(head_dim: int, num_q_heads: int, group: int, dtype=ct.bfl
     """Signatures the prefill kernel is compiled for at one head configuration."""
     from cuda.tile.compilation import ScalarConstraint
 
+    _check_head_dim(head_dim)
     cfg = default_prefill_config(head_dim)
     sigs = []
     for causal, sliding, pad in ((True, False, False), (True, False, True), (True, True, True)):
@@ -902,7 +938,7 @@ def prefill_signatures(head_dim: int, num_q_heads: int, group: int, dtype=ct.bfl
                     ScalarConstraint(ct.float32),
                     ScalarConstraint(ct.int32),
                     ScalarConstraint(ct.int32),
-                    head_dim,
+                    head_tile(head_dim),
                     num_q_heads,
                     group,
                     cfg.tile_m,
@@ -925,7 +961,7 @@ def decode_kernel_configs(head_dim: int, group: int) -> list[tuple]:
     (Each variant takes ~5-25 s per architecture to compile; the rest JIT-compile on first use.)"""
     g2 = _next_pow2(group)
     base = default_decode_tile_n(head_dim)
-    one_tiles = sorted({base, max(base, DECODE_ONE_SPLIT_TILE_KEYS)})
+    one_tiles = sorted({base, max(base, one_split_tile_n(head_dim))})
     epis = [(EPI_OUT, t) for t in one_tiles] + [(EPI_PARTS, base)]
     out = []
     for rows in (False, True):
@@ -957,8 +993,9 @@ def decode_signatures(head_dim: int, group: int, dtype=ct.bfloat16):
     ]
     masks = [array_constraint(ct.int8, 2), array_constraint(ct.int32, 1)]
     scalars = [ScalarConstraint(ct.float32), i32, i32, i32]
+    _check_head_dim(head_dim)
     dec = [
-        _sig(head + masks + scalars + [head_dim, *cfg])
+        _sig(head + masks + scalars + [head_tile(head_dim), *cfg])
         for cfg in decode_kernel_configs(head_dim, group)
     ]
     red = [
@@ -967,7 +1004,7 @@ def decode_signatures(head_dim: int, group: int, dtype=ct.bfloat16):
                 array_constraint(ct.float32, 3),
                 array_constraint(ct.float32, 2),
                 array_constraint(dtype, 2),
-                head_dim,
+                head_tile(head_dim),
                 nsp,
                 pdl,
             ]
@@ -979,7 +1016,8 @@ def decode_signatures(head_dim: int, group: int, dtype=ct.bfloat16):
 
 
 def aot_signatures(head_dim: int = 128, num_q_heads: int = 16, num_kv_heads: int = 8):
-    """``{kernel: [KernelSignature, ...]}`` for the AOT compile gate (default: qwen3 heads)."""
+    """``{kernel: [KernelSignature, ...]}`` for the AOT compile gate (default: qwen3 heads);
+    any of ``KERNEL_HEAD_DIMS`` (the kernels' ``D`` is ``head_tile(head_dim)``)."""
     group = num_q_heads // num_kv_heads
     sigs = {prefill_attention_kernel: prefill_signatures(head_dim, num_q_heads, group)}
     sigs.update(decode_signatures(head_dim, group))
