@@ -10,10 +10,22 @@ from transformers.masking_utils import (
     sliding_window_causal_mask_function,
 )
 
-from tilegym.ops.attention import plan_splits, reference_attention, reference_mask
+from tilegym.ops.attention import (
+    KERNEL_HEAD_DIMS,
+    one_split_tile_n,
+    plan_splits,
+    reference_attention,
+    reference_mask,
+)
 from tilegym.ops.testing import REL_TOL, assert_close_rel, rel_err
 
 HEADS = {"qwen3": (16, 8, 128), "llama": (32, 8, 64)}
+"""(query heads, kv heads, head_dim) run on a GPU, the benchmark's head configurations."""
+NEW_HEADS = {"phi3.5": (32, 32, 96), "gemma3": (4, 1, 256)}
+"""Phi-3.5-mini (head_dim 96, in 128-wide tiles) and gemma-3-1b (head_dim 256, GQA 4:1):
+compiled for sm_90 on the CPU, not yet run on a GPU."""
+ALL_HEADS = {**HEADS, **NEW_HEADS}
+NEW_HEADS_DIMS = sorted({d for _, _, d in NEW_HEADS.values()})
 
 
 # ------------------------------------------------------------------ CPU: mask semantics, planning
@@ -88,12 +100,12 @@ PREFILL_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("model", sorted(HEADS))
+@pytest.mark.parametrize("model", sorted(ALL_HEADS))
 @pytest.mark.parametrize("b,sq,skv,window,lengths", PREFILL_CASES)
 def test_prefill_matches_fp32_reference(model, b, sq, skv, window, lengths, gen):
     from tilegym.ops.attention import prefill_attention
 
-    hq, hkv, d = HEADS[model]
+    hq, hkv, d = ALL_HEADS[model]
     q, k, v = _qkv(b, hq, hkv, sq, skv, d, gen)
     key_valid = None if lengths is None else _left_padding(lengths, skv)
     out = torch.full((b, sq, hq, d), float("nan"), dtype=q.dtype, device="cuda")
@@ -119,10 +131,11 @@ def test_prefill_matches_fp32_reference(model, b, sq, skv, window, lengths, gen)
 
 
 @pytest.mark.gpu
-def test_prefill_padded_rows_are_zero_and_zero_output_fails(gen):
+@pytest.mark.parametrize("model", ["qwen3", *sorted(NEW_HEADS)])
+def test_prefill_padded_rows_are_zero_and_zero_output_fails(model, gen):
     from tilegym.ops.attention import prefill_attention
 
-    hq, hkv, d = HEADS["qwen3"]
+    hq, hkv, d = ALL_HEADS[model]
     q, k, v = _qkv(2, hq, hkv, 50, 50, d, gen)
     valid = _left_padding((50, 20), 50)
     got = prefill_attention(q, k, v, key_valid=valid)
@@ -134,10 +147,11 @@ def test_prefill_padded_rows_are_zero_and_zero_output_fails(gen):
 
 
 @pytest.mark.gpu
-def test_prefill_non_causal(gen):
+@pytest.mark.parametrize("model", ["llama", *sorted(NEW_HEADS)])
+def test_prefill_non_causal(model, gen):
     from tilegym.ops.attention import prefill_attention
 
-    hq, hkv, d = HEADS["llama"]
+    hq, hkv, d = ALL_HEADS[model]
     q, k, v = _qkv(2, hq, hkv, 70, 130, d, gen)
     got = prefill_attention(q, k, v, causal=False)
     ref = reference_attention(q, k, v, reference_mask(2, 70, 130, causal=False, device="cuda"))
@@ -148,8 +162,8 @@ def test_prefill_non_causal(gen):
 def test_prefill_rejects_unsupported_head_dim(gen):
     from tilegym.ops.attention import AttentionInputError, prefill_attention
 
-    q, k, v = _qkv(1, 4, 2, 8, 8, 96, gen)
-    with pytest.raises(AttentionInputError, match="head_dim 96"):
+    q, k, v = _qkv(1, 4, 2, 8, 8, 80, gen)
+    with pytest.raises(AttentionInputError, match="head_dim 80"):
         prefill_attention(q, k, v)
 
 
@@ -160,12 +174,12 @@ DECODE_LENGTHS = [1, 7, 64, 65, 255, 1000, 4097, 8192]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile_n", [64, 128])
-@pytest.mark.parametrize("model", sorted(HEADS))
+@pytest.mark.parametrize("model", sorted(ALL_HEADS))
 @pytest.mark.parametrize("skv", DECODE_LENGTHS)
 def test_decode_matches_fp32_reference(model, skv, tile_n, gen, poison_empty):
     from tilegym.ops.attention import decode_attention
 
-    hq, hkv, d = HEADS[model]
+    hq, hkv, d = ALL_HEADS[model]
     b = 3
     q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
     got = decode_attention(q, k, v, scale=0.09, tile_n=tile_n, split_waves=4)
@@ -176,12 +190,12 @@ def test_decode_matches_fp32_reference(model, skv, tile_n, gen, poison_empty):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile_n", [64, 128])
-@pytest.mark.parametrize("model", sorted(HEADS))
+@pytest.mark.parametrize("model", sorted(ALL_HEADS))
 @pytest.mark.parametrize("splits", [1, 3, None])
 def test_decode_padding_window_and_splits(model, splits, tile_n, gen, poison_empty):
     from tilegym.ops.attention import decode_attention
 
-    hq, hkv, d = HEADS[model]
+    hq, hkv, d = ALL_HEADS[model]
     b, skv = 4, 1500
     q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
     valid = _left_padding((1500, 900, 65, 1), skv)
@@ -196,11 +210,11 @@ def test_decode_padding_window_and_splits(model, splits, tile_n, gen, poison_emp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile_n", [64, 128])
-@pytest.mark.parametrize("model", sorted(HEADS))
+@pytest.mark.parametrize("model", sorted(ALL_HEADS))
 def test_decode_per_sequence_lengths_ignore_stale_cache(model, tile_n, gen, poison_empty):
     from tilegym.ops.attention import decode_attention
 
-    hq, hkv, d = HEADS[model]
+    hq, hkv, d = ALL_HEADS[model]
     b, skv = 3, 2000
     q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
     lens = torch.tensor([2000, 1234, 3], device="cuda", dtype=torch.int32)
@@ -294,10 +308,10 @@ def test_plan_decode_auto_one_split_for_short_caches():
     )
 
     short = DECODE_AUTO_ONE_SPLIT_KEYS
-    for d, base in ((128, 64), (64, 128)):
+    for d, base, large in ((128, 64, 256), (64, 128, 256), (96, 64, 256), (256, 64, 128)):
         p = plan_decode(8, short, d, 132, mode="auto")
         assert (p.scheme, p.splits) == ("one", 1)
-        assert p.tile_n * p.tiles_per_split >= short and p.tiles_per_split <= 2
+        assert p.tile_n * p.tiles_per_split >= short and p.tiles_per_split <= -(-short // large)
         p = plan_decode(8, 37, d, 132, mode="auto")  # fits one default tile
         assert (p.scheme, p.tile_n, p.tiles_per_split) == ("one", base, 1)
         p = plan_decode(8, 8192, d, 132, mode="auto")  # few blocks, long cache: split
@@ -305,7 +319,7 @@ def test_plan_decode_auto_one_split_for_short_caches():
         assert p.occupancy == DECODE_AUTO_OCCUPANCY
         # enough (batch, kv head) blocks: one split with the large tile at any length
         p = plan_decode(DECODE_AUTO_ONE_SPLIT_BLOCKS, 8192, d, 132, mode="auto")
-        assert (p.scheme, p.splits) == ("one", 1) and p.tile_n == max(base, 256)
+        assert (p.scheme, p.splits) == ("one", 1) and p.tile_n == large
         # a short sliding window over a long cache is short too
         p = plan_decode(8, 8192, d, 132, mode="auto", window=100)
         assert p.scheme == "one" and p.tile_n * p.tiles_per_split >= 100 + p.tile_n - 1
@@ -317,7 +331,7 @@ def test_plan_decode_auto_one_split_for_short_caches():
 def test_plan_decode_covers_every_key(mode, span, bh):
     from tilegym.ops.attention import DECODE_MAX_SPLITS, plan_decode
 
-    for d in (64, 128):
+    for d in KERNEL_HEAD_DIMS:
         for kw in ({}, {"num_splits": 37}, {"min_split_keys": 1, "split_waves": 8}):
             p = plan_decode(bh, span, d, 132, mode=mode, **kw)
             assert p.splits * p.tiles_per_split * p.tile_n >= span
@@ -341,7 +355,7 @@ def test_plan_decode_explicit_arguments_win():
 
 def test_decode_aot_signatures_cover_benchmark_and_test_variants():
     """Every kernel configuration the benchmark sweep and the mode tests launch (unmasked) is in
-    ``decode_kernel_configs``, i.e. compiled by the AOT gate."""
+    ``decode_kernel_configs``, i.e. compiled by the AOT gate, at every tested head config."""
     from tilegym.ops.attention import (
         decode_kernel_config,
         decode_kernel_configs,
@@ -350,14 +364,16 @@ def test_decode_aot_signatures_cover_benchmark_and_test_variants():
     )
 
     bench = _bench_module()
-    for hq, hkv, d in HEADS.values():
+    for model, (hq, hkv, d) in ALL_HEADS.items():
         group = hq // hkv
         configs = set(decode_kernel_configs(d, group))
         assert len(decode_signatures(d, group)[next(iter(decode_signatures(d, group)))]) == len(
             configs
         )
-        launched = [{}, *bench.decode_variants(d).values()]  # the sweep: default plans
-        launched += [{**kw, **p} for kw in VARIANTS.values() for p in PLANS.values()]  # tests
+        launched = [{}]
+        if model in bench.HEADS:  # the sweep (default plans) runs the benchmark's heads only
+            launched += bench.decode_variants(d).values()
+        launched += [{**kw, **p} for kw in VARIANTS.values() for p in plans(d).values()]  # tests
         for kw in launched:
             kw = {k: v for k, v in kw.items() if k != "occupancy"}
             for bh in (8, 40, 64):
@@ -386,14 +402,22 @@ def _check_decode(got, ref, out):
 
 
 MODE_LENGTHS = [1, 37, 256, 257, 1000, 4097, 8192]
-# plan overrides: default, one split (small and large key tiles), many splits, short splits
-PLANS = {
-    "default": {},
-    "one": {"num_splits": 1},
-    "one256": {"num_splits": 1, "tile_n": 256},
-    "many": {"num_splits": 37},
-    "short": {"min_split_keys": 1, "split_waves": 8},
-}
+
+
+def plans(d: int) -> dict[str, dict]:
+    """Plan overrides: default, one split (small and large key tiles), many splits, short
+    splits. The large tile is the one-split tile of ``plan_decode`` (256 keys up to head_dim
+    128, 128 keys at 256, where 256 keys would not fit the shared memory)."""
+    return {
+        "default": {},
+        "one": {"num_splits": 1},
+        "one-large": {"num_splits": 1, "tile_n": one_split_tile_n(d)},
+        "many": {"num_splits": 37},
+        "short": {"min_split_keys": 1, "split_waves": 8},
+    }
+
+
+PLANS = sorted(plans(128))
 # launch scheme x MMA orientation (x occupancy hint) variants; every one is checked
 VARIANTS = {
     "pdl": {"mode": "pdl"},
@@ -410,20 +434,20 @@ _PLANS_OF = {"pdl-o2": ["default", "many", "short"]}
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "variant,plan",
-    [(m, p) for m in VARIANTS for p in _PLANS_OF.get(m, sorted(PLANS))],
+    [(m, p) for m in VARIANTS for p in _PLANS_OF.get(m, PLANS)],
 )
-@pytest.mark.parametrize("model", sorted(HEADS))
+@pytest.mark.parametrize("model", sorted(ALL_HEADS))
 @pytest.mark.parametrize("skv", MODE_LENGTHS)
 def test_decode_modes_match_fp32_reference(model, variant, plan, skv, gen, poison_empty):
     from tilegym.ops.attention import decode_attention
 
-    hq, hkv, d = HEADS[model]
+    hq, hkv, d = ALL_HEADS[model]
     for b in (1, 5):
         q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
         ref = reference_attention(q, k, v, reference_mask(b, 1, skv, device="cuda"), scale=0.11)
         for _ in range(2):  # twice: a second call into the same buffers
             out = _poisoned_out(b, hq, d)
-            kw = {**VARIANTS[variant], **PLANS[plan]}
+            kw = {**VARIANTS[variant], **plans(d)[plan]}
             got = decode_attention(q, k, v, scale=0.11, out=out, **kw)
             _check_decode(got, ref, out)
 
@@ -453,13 +477,13 @@ MASK_VARIANTS = ["pdl", "split", "auto", "rows-pdl", "rows-auto"]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MASK_VARIANTS)
-@pytest.mark.parametrize("model", sorted(HEADS))
+@pytest.mark.parametrize("model", sorted(ALL_HEADS))
 def test_decode_modes_cache_views_per_sequence_lengths(model, mode, gen, poison_empty):
     """Reads ``[:, :, :length]`` views of ``[B, Hkv, capacity, D]`` cache buffers (strided over
     capacity) with per-sequence lengths; stale NaNs past each length must not leak in."""
     from tilegym.ops.attention import decode_attention
 
-    hq, hkv, d = HEADS[model]
+    hq, hkv, d = ALL_HEADS[model]
     lens_list = [1, 37, 1000, 4097, 256]
     b, length, capacity = len(lens_list), max(lens_list), 4608
     kbuf = torch.full((b, hkv, capacity, d), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -472,7 +496,7 @@ def test_decode_modes_cache_views_per_sequence_lengths(model, mode, gen, poison_
     lens = torch.tensor(lens_list, device="cuda", dtype=torch.int32)
     mask = reference_mask(b, 1, length, kv_lens=lens, device="cuda")
     ref = reference_attention(q, k.nan_to_num(), v.nan_to_num(), mask)
-    for plan in PLANS.values():
+    for plan in plans(d).values():
         out = _poisoned_out(b, hq, d)
         got = decode_attention(q, k, v, kv_lens=lens, out=out, **VARIANTS[mode], **plan)
         _check_decode(got, ref, out)
@@ -490,18 +514,18 @@ def test_decode_modes_cache_views_per_sequence_lengths(model, mode, gen, poison_
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MASK_VARIANTS)
-@pytest.mark.parametrize("model", sorted(HEADS))
+@pytest.mark.parametrize("model", sorted(ALL_HEADS))
 def test_decode_modes_padding_and_window(model, mode, gen, poison_empty):
     from tilegym.ops.attention import decode_attention
 
-    hq, hkv, d = HEADS[model]
+    hq, hkv, d = ALL_HEADS[model]
     b, skv = 4, 3001
     q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
     valid = _left_padding((3001, 900, 65, 1), skv)
     for window in (None, 300, 200, 37):
         mask = reference_mask(b, 1, skv, key_valid=valid, window=window, device="cuda")
         ref = reference_attention(q, k, v, mask)
-        for plan in PLANS.values():
+        for plan in plans(d).values():
             out = _poisoned_out(b, hq, d)
             got = decode_attention(
                 q, k, v, key_valid=valid, window=window, out=out, **VARIANTS[mode], **plan
@@ -544,7 +568,7 @@ def test_bench_decode_variants_are_valid_arguments():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("model", sorted(HEADS))
+@pytest.mark.parametrize("model", sorted(ALL_HEADS))
 @pytest.mark.parametrize("b", [1, 8])
 @pytest.mark.parametrize("pos", [0, 63, 1000, 8191])
 def test_decode_device_position_sees_keys_up_to_it(model, b, pos, gen, poison_empty):
@@ -552,7 +576,7 @@ def test_decode_device_position_sees_keys_up_to_it(model, b, pos, gen, poison_em
     after it (stale or never written) must not leak in, with or without padding."""
     from tilegym.ops.attention import decode_attention
 
-    hq, hkv, d = HEADS[model]
+    hq, hkv, d = ALL_HEADS[model]
     skv = 8192 + 64
     q, k, v = _qkv(b, hq, hkv, 1, skv, d, gen)
     k, v = k.clone(), v.clone()
@@ -586,3 +610,144 @@ def test_decode_position_rejects_a_bad_tensor_and_kv_lens_together(gen):
     pos = torch.tensor([3], device="cuda", dtype=torch.int32)
     with pytest.raises(AttentionInputError, match="not both"):
         decode_attention(q, k, v, position=pos, kv_lens=pos.expand(2))
+
+
+# ------------------------------------------------------------------ head dims 96 and 256
+
+
+def test_tiles_per_head_dim():
+    """64 and 128 keep their H200-measured tiles; 96 runs exactly as 128 (128-wide tiles); 256
+    has its own, smaller query/key tiles."""
+    from tilegym.ops.attention import (
+        PrefillConfig,
+        default_decode_tile_n,
+        default_prefill_config,
+        head_tile,
+    )
+
+    assert KERNEL_HEAD_DIMS == (64, 96, 128, 256)
+    assert [head_tile(d) for d in KERNEL_HEAD_DIMS] == [64, 128, 128, 256]
+    assert default_prefill_config(64) == PrefillConfig(128, 128, 2)
+    assert default_prefill_config(96) == default_prefill_config(128) == PrefillConfig(64, 64, 2)
+    assert default_prefill_config(256) == PrefillConfig(64, 32, 1)
+    assert [default_decode_tile_n(d) for d in KERNEL_HEAD_DIMS] == [128, 64, 64, 64]
+    assert [one_split_tile_n(d) for d in KERNEL_HEAD_DIMS] == [256, 256, 256, 128]
+
+
+@pytest.mark.parametrize("d", [32, 80, 100, 192, 512])
+def test_head_dims_outside_the_envelope_are_refused(d):
+    from tilegym.ops.attention import (
+        AttentionInputError,
+        aot_signatures,
+        decode_attention,
+        prefill_attention,
+    )
+
+    q = torch.zeros(1, 2, 1, d, dtype=torch.bfloat16)
+    with pytest.raises(AttentionInputError, match=f"head_dim {d} "):
+        prefill_attention(q, q, q)
+    with pytest.raises(AttentionInputError, match=f"head_dim {d} "):
+        decode_attention(q, q, q)
+    with pytest.raises(AttentionInputError, match=f"head_dim {d} "):
+        aot_signatures(d, 2, 1)
+
+
+def test_model_patch_still_refuses_head_dims_not_run_on_a_gpu():
+    """96 and 256 compile, but the model patch serves only the GPU-checked head dims."""
+    from types import SimpleNamespace
+
+    from tilegym.ops.attention import SUPPORTED_HEAD_DIMS
+    from tilegym.transformers.attention import unsupported_reason
+
+    assert SUPPORTED_HEAD_DIMS == (64, 128)
+    for d in NEW_HEADS_DIMS:
+        assert f"head_dim {d} is not supported" in unsupported_reason(SimpleNamespace(head_dim=d))
+    for d in SUPPORTED_HEAD_DIMS:
+        assert unsupported_reason(SimpleNamespace(head_dim=d)) is None
+
+
+def test_aot_signatures_cover_the_new_head_dims():
+    """The kernels' ``D`` is the tile width (128 for 96); prefill, every decode variant and the
+    reduction are declared at both new head configurations."""
+    from tilegym.ops.attention import (
+        aot_signatures,
+        decode_attention_kernel,
+        decode_kernel_configs,
+        decode_reduce_kernel,
+        prefill_attention_kernel,
+    )
+
+    for hq, hkv, d in NEW_HEADS.values():
+        sigs = aot_signatures(d, hq, hkv)
+        assert set(sigs) == {
+            prefill_attention_kernel,
+            decode_attention_kernel,
+            decode_reduce_kernel,
+        }
+        assert len(sigs[decode_attention_kernel]) == len(decode_kernel_configs(d, hq // hkv))
+        width = 128 if d == 96 else d
+        for kernel, index in (
+            (prefill_attention_kernel, 8),
+            (decode_attention_kernel, 12),
+            (decode_reduce_kernel, 3),
+        ):
+            for sig in sigs[kernel]:
+                assert sig.parameters[index].value == width, (kernel, d)
+
+
+@pytest.mark.parametrize("kernel_name", ["prefill", "decode_attention", "decode_reduce"])
+@pytest.mark.parametrize("model", sorted(NEW_HEADS))
+def test_aot_signatures_compile_for_sm90_at_new_head_dims(model, kernel_name):
+    """Every declared signature at head_dim 96 and 256 compiles on the CPU for Hopper."""
+    from tilegym.kernel_inventory.compile import compile_kernel, toolchain_problem
+    from tilegym.ops.attention import aot_signatures
+
+    if toolchain_problem():
+        pytest.skip(toolchain_problem())
+    hq, hkv, d = NEW_HEADS[model]
+    (kernel, sigs) = next(
+        (k, s)
+        for k, s in aot_signatures(d, hq, hkv).items()
+        if k._pyfunc.__name__.startswith(kernel_name)
+    )
+    assert compile_kernel(kernel, sigs, "sm_90") is None, kernel._pyfunc.__name__
+
+
+def _in_wider(t: torch.Tensor, width: int, fill: float) -> torch.Tensor:
+    """``t`` (a ``[B, H, S, D]`` view of ``[B, S, H, D]``) copied into the first ``D`` columns of
+    a ``[B, S, H, width]`` buffer whose other columns hold ``fill``; the ``[B, H, S, D]`` view."""
+    b, h, s, d = t.shape
+    buf = torch.full((b, s, h, width), fill, dtype=t.dtype, device=t.device)
+    buf[..., :d] = t.transpose(1, 2)
+    return buf.transpose(1, 2)[..., :d]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", sorted(NEW_HEADS))
+def test_new_head_dims_read_and_write_only_their_columns(model, gen):
+    """Every head's row is followed by 32 NaN columns in q, k and v and by 32 sentinel columns
+    in the output: loads must stop at the head dim (96 runs in 128-wide tiles, whose last 32
+    columns must be zeros, not memory) and stores must leave the sentinels alone."""
+    from tilegym.ops.attention import decode_attention, prefill_attention
+
+    hq, hkv, d = NEW_HEADS[model]
+    b, s, width, nan, sentinel = 3, 300, d + 32, float("nan"), 7.0
+    q, k, v = (_in_wider(t, width, nan) for t in _qkv(b, hq, hkv, s, s, d, gen))
+    valid = _left_padding((300, 129, 7), s)
+    out_buf = torch.full((b, s, hq, width), sentinel, dtype=q.dtype, device="cuda")
+    out_buf[..., :d] = nan
+    for window in (None, 37):
+        got = prefill_attention(q, k, v, window=window, key_valid=valid, out=out_buf[..., :d])
+        mask = reference_mask(b, s, s, window=window, key_valid=valid, device="cuda")
+        assert_close_rel(got, reference_attention(q, k, v, mask))
+        assert torch.all(out_buf[..., d:] == sentinel)
+    q1 = _in_wider(q[:, :, -1:].contiguous(), width, nan)
+    position = torch.tensor([s - 1], device="cuda", dtype=torch.int32)
+    ref = reference_attention(q1, k, v, reference_mask(b, 1, s, key_valid=valid, device="cuda"))
+    for variant in VARIANTS.values():
+        for kw in ({}, {"position": position}, {"num_splits": 3}):
+            dec_buf = torch.full((b, 1, hq, width), sentinel, dtype=q.dtype, device="cuda")
+            dec_buf[..., :d] = nan
+            got = decode_attention(q1, k, v, key_valid=valid, out=dec_buf[..., :d], **variant, **kw)
+            _check_decode(got, ref, dec_buf[..., :d])
+            assert torch.all(dec_buf[..., d:] == sentinel), (variant, kw)

@@ -173,8 +173,9 @@ class PrefillConfig:
 
 def default_prefill_config(head_dim: int) -> PrefillConfig:
     """Tile choice per head dim (64 and 128 measured on H200, see
-    benchmarks/ops/bench_attention.py; 96 runs as 128; 256 not measured: half the key tile,
-    so K/V tiles keep 128's bytes, and one block per SM for its larger accumulator)."""
+    benchmarks/ops/bench_attention.py; 96 runs as 128). 256 is not measured: half the key tile
+    keeps 128's K/V tile bytes, one block per SM for the larger accumulator; on sm_90 it
+    compiles with an 8-24 byte stack frame (64 keys: 56-80 bytes, 128 queries: 1.5 KiB)."""
     if head_dim <= 64:
         return PrefillConfig(tile_m=128, tile_n=128, occupancy=2)
     if head_dim <= 128:
@@ -501,8 +502,8 @@ DECODE_FORMS = ("cols", "rows")
 DECODE_FORM = "cols"
 """MMA orientation (``_decode_cols``: keys on the MMA rows; ``_decode_rows``: query heads)."""
 DECODE_TILE_N = 64
-"""Keys per tile for head_dim 128 (16 KiB of K per load); ``default_decode_tile_n`` scales it
-to the same bytes at the other head dims (twice as many keys at 64, half at 256)."""
+"""Keys per tile for head_dim 128 (16 KiB of K per load); head_dim 64 uses twice as many, 256
+as many (``default_decode_tile_n``)."""
 DECODE_SPLIT_WAVES = 1
 """Target blocks per SM when choosing the number of key splits. With 16-byte aligned strides the
 decode kernels compile to warp-specialized TMA pipelines using ~150-220 KiB of shared memory, i.e.
@@ -516,9 +517,11 @@ one ~190 KiB-shared-memory block per SM in the default form)."""
 
 
 def default_decode_tile_n(head_dim: int) -> int:
-    """Keys per decode tile: the same 16 KiB K/V tile bytes at every head dim (96 runs as 128;
-    64 and 128 measured on H200, 256 not measured)."""
-    return DECODE_TILE_N * 128 // head_tile(head_dim)
+    """Keys per decode tile: 16 KiB K/V tiles up to head_dim 128 (64 and 128 measured on H200;
+    96 runs as 128), and no fewer than ``DECODE_TILE_N`` keys at 256 (not measured): 32-key
+    tiles of 256 compile for sm_90 with ~2 KiB of stack per thread in the default ``cols``
+    form, 64-key tiles with 32-344 bytes."""
+    return max(DECODE_TILE_N, DECODE_TILE_N * 128 // head_tile(head_dim))
 
 
 def one_split_tile_n(head_dim: int) -> int:
