@@ -22,8 +22,7 @@ from tilegym.ops.testing import REL_TOL, assert_close_rel, rel_err
 HEADS = {"qwen3": (16, 8, 128), "llama": (32, 8, 64)}
 """(query heads, kv heads, head_dim) run on a GPU, the benchmark's head configurations."""
 NEW_HEADS = {"phi3.5": (32, 32, 96), "gemma3": (4, 1, 256)}
-"""Phi-3.5-mini (head_dim 96, in 128-wide tiles) and gemma-3-1b (head_dim 256, GQA 4:1):
-compiled for sm_90 on the CPU, not yet run on a GPU."""
+"""Phi-3.5-mini (head_dim 96, in 128-wide tiles) and gemma-3-1b (head_dim 256, GQA 4:1)."""
 ALL_HEADS = {**HEADS, **NEW_HEADS}
 NEW_HEADS_DIMS = sorted({d for _, _, d in NEW_HEADS.values()})
 
@@ -652,18 +651,19 @@ def test_head_dims_outside_the_envelope_are_refused(d):
         aot_signatures(d, 2, 1)
 
 
-def test_model_patch_still_refuses_head_dims_not_run_on_a_gpu():
-    """96 and 256 compile, but the model patch serves only the GPU-checked head dims."""
+def test_model_patch_serves_only_the_timed_head_dims():
+    """96 and 256 pass the kernels' and the models' GPU tests; the model patch serves them once
+    phi3 and gemma3 are measured no slower with them (``SUPPORTED_HEAD_DIMS``)."""
     from types import SimpleNamespace
 
-    from tilegym.ops.attention import SUPPORTED_HEAD_DIMS
+    from tilegym.ops.attention import KERNEL_HEAD_DIMS, SUPPORTED_HEAD_DIMS
     from tilegym.transformers.attention import unsupported_reason
 
-    assert SUPPORTED_HEAD_DIMS == (64, 128)
-    for d in NEW_HEADS_DIMS:
-        assert f"head_dim {d} is not supported" in unsupported_reason(SimpleNamespace(head_dim=d))
+    assert set(SUPPORTED_HEAD_DIMS) < set(KERNEL_HEAD_DIMS) == {64, 96, 128, 256}
     for d in SUPPORTED_HEAD_DIMS:
         assert unsupported_reason(SimpleNamespace(head_dim=d)) is None
+    for d in (*NEW_HEADS_DIMS, 80):
+        assert f"head_dim {d} is not supported" in unsupported_reason(SimpleNamespace(head_dim=d))
 
 
 def test_aot_signatures_cover_the_new_head_dims():
@@ -698,7 +698,9 @@ def test_aot_signatures_cover_the_new_head_dims():
 @pytest.mark.parametrize("kernel_name", ["prefill", "decode_attention", "decode_reduce"])
 @pytest.mark.parametrize("model", sorted(NEW_HEADS))
 def test_aot_signatures_compile_for_sm90_at_new_head_dims(model, kernel_name):
-    """Every declared signature at head_dim 96 and 256 compiles on the CPU for Hopper."""
+    """The declared signatures at head_dim 96 and 256 compile on the CPU for Hopper: all of the
+    prefill and reduction kernels, and the first decode variant (each takes 10-15 s; all of
+    them ran on an H200 in tests/ops/test_attention.py's GPU tests)."""
     from tilegym.kernel_inventory.compile import compile_kernel, toolchain_problem
     from tilegym.ops.attention import aot_signatures
 
@@ -710,6 +712,8 @@ def test_aot_signatures_compile_for_sm90_at_new_head_dims(model, kernel_name):
         for k, s in aot_signatures(d, hq, hkv).items()
         if k._pyfunc.__name__.startswith(kernel_name)
     )
+    if kernel_name == "decode_attention":
+        sigs = sigs[:1]
     assert compile_kernel(kernel, sigs, "sm_90") is None, kernel._pyfunc.__name__
 
 

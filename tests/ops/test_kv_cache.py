@@ -37,23 +37,37 @@ def test_append_returns_views_of_all_tokens():
     assert keys.data_ptr() == buf.keys.data_ptr()
 
 
+def _nan_cache(b, h, cap, d, width):
+    """A NaN ``[b, h, cap, d]`` cache that is the first ``d`` columns of a ``width``-wide buffer
+    (``width > d``: the columns a 128-wide tile of head_dim 96 must not touch)."""
+    return torch.full((b, h, cap, width), float("nan"), dtype=torch.bfloat16, device="cuda")[
+        ..., :d
+    ]
+
+
+def _assert_written_only(cache, new, pos):
+    s_new, cap = new.shape[2], cache.shape[2]
+    assert torch.equal(cache[:, :, pos : pos + s_new], new)
+    untouched = torch.ones(cap, dtype=torch.bool, device="cuda")
+    untouched[pos : pos + s_new] = False
+    assert torch.isnan(cache[:, :, untouched]).all()
+    wide = cache.as_strided(
+        (*cache.shape[:3], cache.stride(2)), cache.stride(), cache.storage_offset()
+    )
+    assert torch.isnan(wide[..., cache.shape[3] :]).all()
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d,width", [(64, 64), (96, 96), (96, 160), (128, 128), (256, 256)])
 @pytest.mark.parametrize("pos,s_new", [(0, 1), (0, 77), (5, 1), (255, 64), (100, 130), (511, 1)])
-def test_kv_cache_write_matches_slice_assignment(d, pos, s_new, gen):
+def test_kv_cache_write_matches_slice_assignment(d, width, pos, s_new, gen):
     b, h, cap = 3, 8, 512 + 64
     k_new = torch.randn(b, s_new, h, d, device="cuda", generator=gen).bfloat16().transpose(1, 2)
     v_new = torch.randn(b, s_new, h, d, device="cuda", generator=gen).bfloat16().transpose(1, 2)
-    k_cache = torch.full((b, h, cap, d), float("nan"), dtype=torch.bfloat16, device="cuda")
-    v_cache = torch.full_like(k_cache, float("nan"))
+    k_cache, v_cache = _nan_cache(b, h, cap, d, width), _nan_cache(b, h, cap, d, width)
     kv_cache_write(k_new, v_new, k_cache, v_cache, pos)
-    assert torch.equal(k_cache[:, :, pos : pos + s_new], k_new)
-    assert torch.equal(v_cache[:, :, pos : pos + s_new], v_new)
-    untouched = torch.ones(cap, dtype=torch.bool, device="cuda")
-    untouched[pos : pos + s_new] = False
-    assert (
-        torch.isnan(k_cache[:, :, untouched]).all() and torch.isnan(v_cache[:, :, untouched]).all()
-    )
+    _assert_written_only(k_cache, k_new, pos)
+    _assert_written_only(v_cache, v_new, pos)
 
 
 @pytest.mark.gpu
@@ -89,15 +103,15 @@ def test_buffer_append_on_gpu_matches_reference_through_growth_and_rejects_bad_i
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d,width", [(128, 128), (96, 160), (256, 256)])
 @pytest.mark.parametrize("pos,s_new", [(0, 1), (0, 77), (5, 1), (255, 64), (511, 1)])
-def test_kv_cache_write_at_device_position_advances_the_length(pos, s_new, gen):
+def test_kv_cache_write_at_device_position_advances_the_length(d, width, pos, s_new, gen):
     from tilegym.ops.kv_cache import kv_cache_write_at
 
-    b, h, cap, d = 2, 8, 512 + 64, 128
+    b, h, cap = 2, 8, 512 + 64
     k_new = torch.randn(b, s_new, h, d, device="cuda", generator=gen).bfloat16().transpose(1, 2)
     v_new = torch.randn(b, h, s_new, d, device="cuda", generator=gen).bfloat16()
-    k_cache = torch.full((b, h, cap, d), float("nan"), dtype=torch.bfloat16, device="cuda")
-    v_cache = torch.full_like(k_cache, float("nan"))
+    k_cache, v_cache = _nan_cache(b, h, cap, d, width), _nan_cache(b, h, cap, d, width)
     length = torch.tensor(-7, device="cuda")  # a StaticLayer's 0-d int64 counter, stale
     kv_cache_write_at(
         k_new,
@@ -108,13 +122,8 @@ def test_kv_cache_write_at_device_position_advances_the_length(pos, s_new, gen):
         length,
     )
     assert int(length) == pos + s_new
-    assert torch.equal(k_cache[:, :, pos : pos + s_new], k_new)
-    assert torch.equal(v_cache[:, :, pos : pos + s_new], v_new)
-    untouched = torch.ones(cap, dtype=torch.bool, device="cuda")
-    untouched[pos : pos + s_new] = False
-    assert (
-        torch.isnan(k_cache[:, :, untouched]).all() and torch.isnan(v_cache[:, :, untouched]).all()
-    )
+    _assert_written_only(k_cache, k_new, pos)
+    _assert_written_only(v_cache, v_new, pos)
 
 
 def test_kv_cache_write_at_reference_and_input_checks():

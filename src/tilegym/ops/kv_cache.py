@@ -4,6 +4,9 @@ Layout: one key and one value buffer per layer, ``[B, Hkv, capacity, D]``; posit
 ``[0, length)`` are valid. The attention kernels read the views ``buf[:, :, :length]`` directly,
 so a decode step writes one token per head instead of concatenating the whole history.
 Growth past ``capacity`` doubles it (amortized O(1) copies per token).
+
+The kernels' ``D`` is ``head_tile(head_dim)``: head_dim 96 moves 128-wide tiles whose loads
+zero-fill and whose stores drop the columns past 96, as in the attention kernels.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import cuda.tile as ct
 import torch
 
 from tilegym.ops._common import stream
-from tilegym.ops.attention import AttentionInputError, array_constraint
+from tilegym.ops.attention import AttentionInputError, array_constraint, head_tile
 
 ConstInt = ct.Constant[int]
 
@@ -99,7 +102,7 @@ def _launch(kernel, k_new, v_new, k_cache, v_cache, where: tuple) -> None:
         stream(),
         (ct.cdiv(s_new, tile_s), b * h, 1),
         kernel,
-        (k_new, v_new, k_cache, v_cache, *where, d, tile_s),
+        (k_new, v_new, k_cache, v_cache, *where, head_tile(d), tile_s),
     )
 
 
@@ -217,7 +220,7 @@ def aot_signatures(head_dim: int = 128):
                 array_constraint(ct.bfloat16, 4),
                 array_constraint(ct.bfloat16, 4),
                 ScalarConstraint(ct.int32),
-                head_dim,
+                head_tile(head_dim),
                 tile_s,
             ],
             CallingConvention.cutile_python_v1(),
@@ -230,7 +233,7 @@ def aot_signatures(head_dim: int = 128):
                 *(array_constraint(ct.bfloat16, 4) for _ in range(4)),
                 array_constraint(ct.int32, 1),
                 array_constraint(ct.int64, 1),
-                head_dim,
+                head_tile(head_dim),
                 tile_s,
             ],
             CallingConvention.cutile_python_v1(),
