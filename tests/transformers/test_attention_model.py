@@ -6,13 +6,19 @@ import inspect
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.cache_utils import DynamicCache, StaticCache
+from transformers.masking_utils import (
+    create_causal_mask,
+    create_masks_for_generate,
+    create_sliding_window_causal_mask,
+)
 
 from tilegym.ops.testing import rel_err
 from tilegym.transformers.attention import (
     TilegymAttentionError,
     TileKVCache,
     TileMask,
+    compileable_decode_mask,
     enable,
     make_cache,
     tilegym_attention_forward,
@@ -112,6 +118,59 @@ def test_mask_builder_recognizes_sliding_window_and_drops_all_valid_padding():
     finally:
         undo()
     assert m.window == 5 and m.causal and m.key_valid is None
+
+
+def _sliding_masks(window: int, fill: int, cache_cls, q_length: int = 1):
+    """generate's masks (``create_masks_for_generate``, the masks a compiled decode step gets)
+    for ``q_length`` new tokens after ``fill`` cached ones, written through ``cache.update``
+    into a 16-token cache of ``cache_cls``; the sliding-window one."""
+    cfg = _config(
+        "qwen3", tiny=True, use_sliding_window=True, sliding_window=window, max_window_layers=0
+    )
+    model = _model("qwen3", cfg)
+    undo = enable(model)
+    try:
+        if cache_cls is StaticCache:
+            cache = StaticCache(config=model.config, max_cache_len=16)
+        else:
+            cache = DynamicCache(config=model.config)
+        kv = torch.randn(1, 2, fill, 64)
+        for layer_idx in range(cfg.num_hidden_layers):
+            cache.update(kv, kv, layer_idx)
+        kwargs = dict(
+            config=model.config,
+            inputs_embeds=torch.zeros(1, q_length, 64),
+            attention_mask=torch.ones(1, fill + q_length, dtype=torch.long),
+        )
+        params = inspect.signature(create_masks_for_generate).parameters
+        kwargs["cache" if "cache" in params else "past_key_values"] = cache
+        masks = create_masks_for_generate(**kwargs)
+    finally:
+        undo()
+    return masks["sliding_attention"] if isinstance(masks, dict) else masks
+
+
+@pytest.mark.parametrize("window,fill,position", [(5, 3, 3), (5, 9, 4), (64, 2, 2), (64, 15, 15)])
+def test_static_sliding_decode_masks_carry_a_device_position(window, fill, position):
+    """A static cache's sliding layers count their fill on the host; their decode masks carry
+    the query's cache index as a device tensor (a compiled step then does not depend on the
+    step) and drop the window, which cannot bind: not yet full (3 of 5, or a 64-token window
+    over a 16-token cache) or full and rolled (index ``window - 1``)."""
+    mask = _sliding_masks(window, fill, StaticCache)
+    assert isinstance(mask.q_start, torch.Tensor)
+    assert mask.q_start.dtype == torch.int32 and mask.q_start.tolist() == [position]
+    assert mask.window is None and mask.causal and mask.q_length == 1
+
+
+def test_other_masks_keep_host_offsets():
+    """A prefill under a static cache, a dynamic cache's decode step and a decode step whose
+    window binds keep their host offsets and window."""
+    prefill = _sliding_masks(5, 3, StaticCache, q_length=4)
+    assert isinstance(prefill.q_start, int) and prefill.window == 5
+    dynamic = _sliding_masks(5, 9, DynamicCache)
+    assert isinstance(dynamic.q_start, int) and dynamic.window == 5
+    binding = TileMask(q_length=1, kv_length=12, q_start=11, window=5)
+    assert compileable_decode_mask(binding, torch.device("cpu")) is binding
 
 
 def test_custom_mask_functions_are_rejected():

@@ -137,6 +137,39 @@ def test_gemma3_static_generate_compiles_like_the_unpatched_model():
         assert torch.equal(_static(patched, ids, mask, 8), want)
 
 
+def _graph_symbols(model, ids, mask) -> tuple[set[str], str]:
+    """The symbolic ints of the compiled static decode step (its varying host inputs) and its
+    generated code."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    _, code = run_and_get_code(lambda: _static(model, ids, mask, 6))
+    code = "\n".join(code)
+    return set(re.findall(r"\bs\d+\b", code)), code
+
+
+def test_a_window_longer_than_the_static_cache_adds_no_symbolic_input():
+    """Phi-3.5's 262144-token window makes every layer of a static cache a
+    ``StaticSlidingWindowLayer``, which counts its fill in a host int. The patched decode step
+    takes no symbolic input the unpatched one does not (a symbolic position reaching the
+    attention op made CUDA graph trees record a graph per step: 25 tok/s against 172), and its
+    attention reads the position on the device."""
+    from test_attention_model import _config
+
+    cfg = _config(
+        "qwen3", tiny=True, use_sliding_window=True, sliding_window=262144, max_window_layers=0
+    )
+    base = _model("qwen3", cfg)
+    patched = copy.deepcopy(base)
+    mp.apply_tilegym_kernel(patched)
+    ids, mask = _left_padded([9, 4])
+    base_symbols, _ = _graph_symbols(base, ids, mask)
+    symbols, code = _graph_symbols(patched, ids, mask)
+    assert len(symbols) <= len(base_symbols), (symbols, base_symbols)
+    calls = [line for line in code.splitlines() if "torch.ops.tilegym.decode_attention" in line]
+    assert calls and not any(re.search(r"\bs\d+\b", line) for line in calls), calls
+
+
 def test_undo_and_an_unpatched_model_in_the_same_process_keep_working():
     torch._dynamo.reset()
     base, patched, handle = _patched_pair("qwen3")

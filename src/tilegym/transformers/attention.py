@@ -9,7 +9,8 @@ The mask builder does not materialize ``[B, 1, Sq, Skv]`` masks: it recognizes t
 causal and sliding-window-causal patterns and hands the kernels a ``TileMask`` (offsets, window,
 per-key padding validity). Supported envelope, anything else raises ``TilegymAttentionError``:
 
-- causal decoder self-attention (``is_causal``), bf16/fp16, head_dim 64 or 128, GQA;
+- causal decoder self-attention (``is_causal``), bf16/fp16, GQA, head_dim 64, 96, 128 or 256
+  (the model patch serves ``SUPPORTED_HEAD_DIMS``);
 - 2D padding masks (any pattern of valid keys, e.g. left padding), sliding window;
 - no dropout, softcap, attention sinks, position bias or custom 4D / or/and mask functions.
 
@@ -174,7 +175,7 @@ def tilegym_mask(
         q_start = start.to(torch.int32, copy=True).reshape(1)
     else:
         q_start = _as_int(q_offset) - kv_offset
-    return TileMask(
+    mask = TileMask(
         q_length=q_length,
         kv_length=kv_length,
         q_start=q_start,
@@ -182,6 +183,27 @@ def tilegym_mask(
         window=window,
         key_valid=key_validity(attention_mask, kv_length, kv_offset, static),
     )
+    # transformers turns the causal skip off exactly for a compileable cache's decode step
+    if not static and q_length == 1 and kwargs.get("allow_is_causal_skip") is False:
+        return compileable_decode_mask(mask, kwargs.get("device"))
+    return mask
+
+
+def compileable_decode_mask(mask: TileMask, device) -> TileMask:
+    """A compileable (static) cache's decode-step mask with a host ``q_start`` (a
+    ``StaticSlidingWindowLayer`` counts its fill on the host), given the device position a
+    full-length ``StaticLayer`` has.
+
+    The host int changes every step, so the compiled decode step takes it as a symbolic input
+    and its CUDA graph trees record a new graph per value (phi-3.5's 262144-token window: every
+    step a recording, 25 tok/s against PyTorch's 172 on the H200). Such a layer's window cannot
+    bind in a decode step (the query's cache index is the fill, below the window, or once full
+    ``window - 1``) and is dropped, as the device-position decode path requires; a window that
+    binds keeps the host offsets. Either form computes the same attention."""
+    if not mask.causal or (mask.window is not None and mask.q_start >= mask.window):
+        return mask
+    position = torch.tensor([mask.q_start], dtype=torch.int32, device=device)
+    return dataclasses.replace(mask, q_start=position, window=None)
 
 
 # ---------------------------------------------------------------------------------------------
