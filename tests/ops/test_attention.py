@@ -599,6 +599,24 @@ def test_decode_device_position_sees_keys_up_to_it(model, b, pos, gen, poison_em
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("model", sorted(ALL_HEADS))
+@pytest.mark.parametrize("skv,pos", [(512, 512), (512, 9999), (4, 77), (4100, 4100)])
+def test_decode_position_past_the_last_key_sees_them_all(model, skv, pos, gen):
+    """A full ring-buffer window: the token's absolute position lies past the cache's last
+    slot, and every slot is seen (not keys past the array, which would be zero-padded)."""
+    from tilegym.ops.attention import decode_attention
+
+    hq, hkv, d = ALL_HEADS[model]
+    q, k, v = _qkv(2, hq, hkv, 1, skv, d, gen)
+    position = torch.tensor([pos], device="cuda", dtype=torch.int32)
+    got = decode_attention(q, k, v, scale=0.07, position=position)
+    ref = reference_attention(
+        q, k, v, reference_mask(2, 1, skv, q_start=skv - 1, device="cuda"), 0.07
+    )
+    assert_close_rel(got, ref)
+
+
+@pytest.mark.gpu
 def test_decode_position_rejects_a_bad_tensor_and_kv_lens_together(gen):
     from tilegym.ops.attention import AttentionInputError, decode_attention
 

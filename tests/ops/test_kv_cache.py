@@ -141,3 +141,50 @@ def test_kv_cache_write_at_reference_and_input_checks():
         kv_cache_write_at(k_new, v_new, k_cache, v_cache, torch.tensor([4]), length)
     with pytest.raises(AttentionInputError, match="does not fit"):
         kv_cache_write_at(k_new, v_new, k_cache[:, :1], v_cache[:, :1], torch.tensor([4]), length)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,width", [(128, 128), (96, 160), (256, 256)])
+def test_ring_write_fills_slot_position_mod_capacity_and_advances_the_length(d, width, gen):
+    """Positions 0..2*cap+2 one token each: slot ``p % cap`` takes token ``p`` and the length
+    becomes ``p + 1``; nothing else (other slots, the columns past ``d``) is touched."""
+    from tilegym.ops.kv_cache import kv_cache_ring_write
+
+    b, h, cap = 2, 3, 5
+    k_cache, v_cache = _nan_cache(b, h, cap, d, width), _nan_cache(b, h, cap, d, width)
+    length = torch.tensor(-7, device="cuda")
+    want_k = torch.full((b, h, cap, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    want_v = want_k.clone()
+    for p in range(2 * cap + 3):
+        k_new = torch.randn(b, 1, h, d, device="cuda", generator=gen).bfloat16().transpose(1, 2)
+        v_new = torch.randn(b, h, 1, d, device="cuda", generator=gen).bfloat16()
+        position = torch.tensor([p], device="cuda", dtype=torch.int32)
+        kv_cache_ring_write(k_new, v_new, k_cache, v_cache, position, length)
+        want_k[:, :, p % cap] = k_new[:, :, 0]
+        want_v[:, :, p % cap] = v_new[:, :, 0]
+        assert int(length) == p + 1
+        written = ~torch.isnan(want_k[0, 0, :, 0])
+        for got, want in ((k_cache, want_k), (v_cache, want_v)):
+            assert torch.equal(got[:, :, written], want[:, :, written])
+            assert torch.isnan(got[:, :, ~written]).all()
+    for cache in (k_cache, v_cache):  # the columns of a wider buffer past d
+        _assert_written_only(cache, cache, 0)
+
+
+def test_ring_write_reference_and_input_checks():
+    from tilegym.ops.attention import AttentionInputError
+    from tilegym.ops.kv_cache import kv_cache_ring_write, reference_kv_cache_ring_write
+
+    k_cache, v_cache = torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 8)
+    k_new, v_new = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+    length = torch.tensor(0)
+    position = torch.tensor([9], dtype=torch.int32)
+    reference_kv_cache_ring_write(k_new, v_new, k_cache, v_cache, position, length)
+    assert int(length) == 10 and torch.equal(k_cache[:, :, 1], k_new[:, :, 0])
+    assert not k_cache[:, :, [0, 2, 3]].any()
+    with pytest.raises(AttentionInputError, match="one token"):
+        kv_cache_ring_write(
+            k_cache[:, :, :2], v_cache[:, :, :2], k_cache, v_cache, position, length
+        )
+    with pytest.raises(AttentionInputError, match="position must be int32"):
+        kv_cache_ring_write(k_new, v_new, k_cache, v_cache, position.long(), length)

@@ -150,16 +150,26 @@ def _sliding_masks(window: int, fill: int, cache_cls, q_length: int = 1):
     return masks["sliding_attention"] if isinstance(masks, dict) else masks
 
 
-@pytest.mark.parametrize("window,fill,position", [(5, 3, 3), (5, 9, 4), (64, 2, 2), (64, 15, 15)])
-def test_static_sliding_decode_masks_carry_a_device_position(window, fill, position):
+@pytest.mark.parametrize("window,fill", [(5, 3), (5, 9), (64, 2), (64, 15)])
+def test_static_sliding_decode_masks_carry_a_device_position(window, fill):
     """A static cache's sliding layers count their fill on the host; their decode masks carry
-    the query's cache index as a device tensor (a compiled step then does not depend on the
-    step) and drop the window, which cannot bind: not yet full (3 of 5, or a 64-token window
-    over a 16-token cache) or full and rolled (index ``window - 1``)."""
+    the token's absolute position as a device tensor (a compiled step then does not depend on
+    the step; the ring-buffer write takes it modulo the window) and drop the window, which
+    cannot bind: not yet full (3 of 5, or a 64-token window over a 16-token cache) or full."""
     mask = _sliding_masks(window, fill, StaticCache)
     assert isinstance(mask.q_start, torch.Tensor)
-    assert mask.q_start.dtype == torch.int32 and mask.q_start.tolist() == [position]
+    assert mask.q_start.dtype == torch.int32 and mask.q_start.tolist() == [fill]
     assert mask.window is None and mask.causal and mask.q_length == 1
+
+
+def test_a_full_ring_windows_key_validity_is_rotated_into_slot_order():
+    """Slot ``t % 5`` holds token ``t``: the validity of tokens 7..11 (7 and 8 padding) moves to
+    slots 2, 3, 4, 0, 1."""
+    valid = torch.tensor([[0, 0, 1, 1, 1]], dtype=torch.int8)
+    mask = TileMask(q_length=1, kv_length=5, q_start=4, window=5, key_valid=valid)
+    ring = compileable_decode_mask(mask, kv_offset=7, device=torch.device("cpu"))
+    assert ring.q_start.tolist() == [11] and ring.window is None
+    assert ring.key_valid.tolist() == [[1, 1, 0, 0, 1]]
 
 
 def test_other_masks_keep_host_offsets():
@@ -170,7 +180,7 @@ def test_other_masks_keep_host_offsets():
     dynamic = _sliding_masks(5, 9, DynamicCache)
     assert isinstance(dynamic.q_start, int) and dynamic.window == 5
     binding = TileMask(q_length=1, kv_length=12, q_start=11, window=5)
-    assert compileable_decode_mask(binding, torch.device("cpu")) is binding
+    assert compileable_decode_mask(binding, 0, torch.device("cpu")) is binding
 
 
 def test_custom_mask_functions_are_rejected():

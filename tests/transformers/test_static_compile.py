@@ -11,6 +11,7 @@ CUDA graph over many steps gives the eager step's logits at cache positions from
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import os
 import re
@@ -110,9 +111,10 @@ def _gemma3():
 def test_gemma3_static_generate_compiles_like_the_unpatched_model():
     """Gemma 3 under a static cache: the global layer's cache is written in place by the cuTile
     op at the device position and read by the decode kernel, as for qwen3/llama. Its sliding
-    layer keeps transformers' StaticSlidingWindowLayer, a rolling window whose fill is a host
-    int, which costs the unpatched model one recompile (the int turns symbolic); the patched
-    model compiles no more often, matches the eager tokens and then replays."""
+    layer (window 4, full after the prompt) is kept as a ring buffer, one slot written per step
+    instead of the window rolled; its fill is a host int, which costs the unpatched model one
+    recompile (the int turns symbolic); the patched model compiles no more often, matches the
+    eager tokens over 8 steps (the ring wraps twice) and then replays."""
     from torch._dynamo.utils import counters
     from torch._inductor.utils import run_and_get_code
 
@@ -132,9 +134,53 @@ def test_gemma3_static_generate_compiles_like_the_unpatched_model():
     assert graphs["patched"] <= graphs["base"], graphs
     code = "\n".join(code)
     assert "torch.ops.tilegym.kv_cache_write_at" in code
+    assert "torch.ops.tilegym.kv_cache_ring_write" in code
     assert "torch.ops.tilegym.decode_attention" in code
+    assert "roll" not in code  # the sliding layer's window is not rolled per step
     with torch.compiler.set_stance("fail_on_recompile"):
         assert torch.equal(_static(patched, ids, mask, 8), want)
+
+
+def test_gemma3_ring_window_with_padding_inside_it_generates_the_unpatched_tokens():
+    """The shorter row's three padding tokens are still in the first full window (tokens 2..5
+    of a 4-token window): the ring's rotated key validity must keep masking them as the ring
+    wraps."""
+    torch._dynamo.reset()
+    base = _gemma3()
+    patched = copy.deepcopy(base)
+    mp.apply_tilegym_kernel(patched)
+    ids, mask = _left_padded([5, 2])
+    want = _greedy(base, ids, mask, 9)
+    assert torch.equal(_static(patched, ids, mask, 9), want)
+
+
+def _continued(model, ids, mask, steps):
+    """Greedy generation in two calls sharing one static cache: the second call's prompt (the
+    first call's tokens plus two more) is several new tokens on a full sliding window."""
+    params = inspect.signature(model.generate).parameters
+    cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + 2 * steps + 2)
+    kw = {"cache" if "cache" in params else "past_key_values": cache}
+    first = _greedy(model, ids, mask, steps, compile_config=_cpu_compile_config(), **kw)
+    more = torch.tensor([[7, 11]] * ids.shape[0])
+    ids2 = torch.cat([ids, first, more], dim=1)
+    mask2 = torch.cat([mask, torch.ones_like(first), torch.ones_like(more)], dim=1)
+    second = _greedy(model, ids2, mask2, steps, compile_config=_cpu_compile_config(), **kw)
+    return first, second
+
+
+def test_gemma3_ring_window_survives_a_continuation_on_the_same_cache():
+    """Several new tokens on a full ring window (a chat continuation) go through transformers'
+    update on the window in token order (rotated before, back into ring order after): the
+    second call generates the unpatched model's tokens."""
+    torch._dynamo.reset()
+    base = _gemma3()
+    patched = copy.deepcopy(base)
+    mp.apply_tilegym_kernel(patched)
+    ids, mask = _left_padded([9, 6])
+    want = _continued(base, ids, mask, 5)
+    torch._dynamo.reset()
+    got = _continued(patched, ids, mask, 5)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def _graph_symbols(model, ids, mask) -> tuple[set[str], str]:

@@ -311,7 +311,8 @@ LENS_NONE = 0
 LENS_PER_SEQUENCE = 1
 """Decode key range: ``[0, kv_lens[b])``, read on the device."""
 LENS_POSITION = 2
-"""Decode key range: ``[0, position[0]]`` for every sequence, read on the device (static cache)."""
+"""Decode key range: ``[0, min(position[0], T - 1)]`` for every sequence, read on the device
+(static cache; a position past the cache's ``T`` slots, a ring buffer's, sees all of them)."""
 
 EPI_OUT = 0
 """Decode epilogue: one split, normalize and write the output."""
@@ -435,8 +436,8 @@ def decode_attention_kernel(
     end = kv_end
     if LENS == LENS_PER_SEQUENCE:
         end = ct.gather(KvLens, b)
-    if LENS == LENS_POSITION:
-        end = ct.gather(KvLens, 0) + 1
+    if LENS == LENS_POSITION:  # a ring buffer's position may lie past its last slot
+        end = ct.minimum(ct.gather(KvLens, 0) + 1, K.shape[2])
     start = end * 0
     if SLIDING:
         start = ct.maximum(end - window, 0)
@@ -679,7 +680,8 @@ def decode_attention(
 
     The token sees keys ``[0, kv_end)`` (default all of ``k``), or ``[0, kv_lens[b])`` per
     sequence, or ``[0, position[0]]`` (``position``: int32 ``[1]`` on the device, the token's
-    cache index; no host synchronization, the launch does not depend on its value), intersected
+    cache index; no host synchronization, the launch does not depend on its value; a position
+    past the last key, a full ring buffer's absolute one, sees every key), intersected
     with the sliding window and ``key_valid``. ``mode`` picks the launch
     scheme (see ``DECODE_MODES``, ``plan_decode``), ``form`` the MMA orientation; ``tile_n``,
     ``split_waves``, ``min_split_keys`` and ``num_splits`` override the split plan and

@@ -56,6 +56,15 @@ def kv_cache_write_at_kernel(
     ct.scatter(Length, 0, end, mask=(ct.bid(0) + ct.bid(1)) == 0)
 
 
+@ct.kernel
+def kv_cache_ring_write_kernel(KNew, VNew, KCache, VCache, Position, Length, D: ConstInt):
+    """One new token per (batch x head) ``bid(1)`` into slot ``Position[0] % capacity`` of a
+    ring buffer, and ``Length[0] = Position[0] + 1`` (written by block (0, 0))."""
+    pos = ct.gather(Position, 0)
+    _write_tokens(KNew, VNew, KCache, VCache, pos % KCache.shape[2], D, 1)
+    ct.scatter(Length, 0, (pos + 1).astype(Length.dtype), mask=ct.bid(1) == 0)
+
+
 def _tile_s(s_new: int) -> int:
     return 1 if s_new == 1 else 64
 
@@ -98,12 +107,22 @@ def _launch(kernel, k_new, v_new, k_cache, v_cache, where: tuple) -> None:
         v_new = v_new.contiguous()
     b, h, s_new, d = k_new.shape
     tile_s = _tile_s(s_new)
+    consts = (head_tile(d),) if kernel is kv_cache_ring_write_kernel else (head_tile(d), tile_s)
     ct.launch(
         stream(),
         (ct.cdiv(s_new, tile_s), b * h, 1),
         kernel,
-        (k_new, v_new, k_cache, v_cache, *where, head_tile(d), tile_s),
+        (k_new, v_new, k_cache, v_cache, *where, *consts),
     )
+
+
+def _check_device_counters(position: torch.Tensor, length: torch.Tensor) -> None:
+    if position.shape != (1,) or position.dtype != torch.int32:
+        raise AttentionInputError(
+            f"position must be int32 of shape (1,), got {position.dtype} {tuple(position.shape)}"
+        )
+    if length.numel() != 1 or length.dtype not in (torch.int32, torch.int64):
+        raise AttentionInputError(f"length must be one int32/int64 element, got {length.dtype}")
 
 
 def kv_cache_write_at(
@@ -122,16 +141,40 @@ def kv_cache_write_at(
     (``p`` would have to be read on the host): the caller's mask says where the token goes.
     """
     _check_write(k_new, v_new, k_cache, v_cache, 0)
-    if position.shape != (1,) or position.dtype != torch.int32:
-        raise AttentionInputError(
-            f"position must be int32 of shape (1,), got {position.dtype} {tuple(position.shape)}"
-        )
-    if length.numel() != 1 or length.dtype not in (torch.int32, torch.int64):
-        raise AttentionInputError(f"length must be one int32/int64 element, got {length.dtype}")
+    _check_device_counters(position, length)
     if k_new.shape[2]:
         _launch(
             kv_cache_write_at_kernel, k_new, v_new, k_cache, v_cache, (position, length.view(1))
         )
+
+
+def kv_cache_ring_write(
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    position: torch.Tensor,
+    length: torch.Tensor,
+) -> None:
+    """Ring-buffer write of one new token: slot ``position[0] % capacity`` (the absolute
+    position, read on the device), then ``length.fill_(position[0] + 1)``; one launch.
+
+    A sliding-window cache kept this way writes one token per decode step where transformers'
+    ``StaticSlidingWindowLayer`` rolls the whole window (three full passes over it). Its slots
+    then hold token ``t`` at ``t % capacity``, which decode attention over all of them does not
+    mind (it is order-free) and ``tilegym.transformers`` converts wherever order matters."""
+    _check_write(k_new, v_new, k_cache, v_cache, 0)
+    if k_new.shape[2] != 1:
+        raise AttentionInputError(f"a ring write takes one token, got {k_new.shape[2]}")
+    _check_device_counters(position, length)
+    _launch(kv_cache_ring_write_kernel, k_new, v_new, k_cache, v_cache, (position, length.view(1)))
+
+
+def reference_kv_cache_ring_write(k_new, v_new, k_cache, v_cache, position, length) -> None:
+    """PyTorch reference of ``kv_cache_ring_write`` (reads the position on the host)."""
+    pos = int(position[0])
+    reference_kv_cache_write(k_new, v_new, k_cache, v_cache, pos % k_cache.shape[2])
+    length.fill_(pos + 1)
 
 
 def reference_kv_cache_write_at(k_new, v_new, k_cache, v_cache, position, length) -> None:
@@ -240,4 +283,19 @@ def aot_signatures(head_dim: int = 128):
         )
         for tile_s in (1, 64)
     ]
-    return {kv_cache_write_kernel: sigs, kv_cache_write_at_kernel: at_sigs}
+    ring_sigs = [
+        KernelSignature(
+            [
+                *(array_constraint(ct.bfloat16, 4) for _ in range(4)),
+                array_constraint(ct.int32, 1),
+                array_constraint(ct.int64, 1),
+                head_tile(head_dim),
+            ],
+            CallingConvention.cutile_python_v1(),
+        )
+    ]
+    return {
+        kv_cache_write_kernel: sigs,
+        kv_cache_write_at_kernel: at_sigs,
+        kv_cache_ring_write_kernel: ring_sigs,
+    }

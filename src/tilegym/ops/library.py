@@ -382,7 +382,7 @@ def decode_attention_op(
 
 @decode_attention_op.register_kernel("cpu")
 def _(q, k, v, scale, kv_end, position, window, key_valid):
-    last = int(position[0]) if position is not None else kv_end - 1
+    last = min(int(position[0]), k.shape[2] - 1) if position is not None else kv_end - 1
     mask = _attention.reference_mask(
         q.shape[0], 1, k.shape[2], q_start=last, window=window, key_valid=key_valid
     )
@@ -408,6 +408,23 @@ def _(k_new, v_new, k_cache, v_cache, position, length):
 
 
 @kv_cache_write_at_op.register_fake
+def _(k_new, v_new, k_cache, v_cache, position, length):
+    return None
+
+
+@_op("kv_cache_ring_write", mutates_args=("k_cache", "v_cache", "length"))
+def kv_cache_ring_write_op(
+    k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, position: Tensor, length: Tensor
+) -> None:
+    _kv_cache.kv_cache_ring_write(k_new, v_new, k_cache, v_cache, position, length)
+
+
+@kv_cache_ring_write_op.register_kernel("cpu")
+def _(k_new, v_new, k_cache, v_cache, position, length):
+    _kv_cache.reference_kv_cache_ring_write(k_new, v_new, k_cache, v_cache, position, length)
+
+
+@kv_cache_ring_write_op.register_fake
 def _(k_new, v_new, k_cache, v_cache, position, length):
     return None
 
@@ -549,6 +566,13 @@ def kv_cache_write_at(k_new, v_new, k_cache, v_cache, position, length) -> None:
         kv_cache_write_at_op(k_new, v_new, k_cache, v_cache, position, length)
         return
     _kv_cache.kv_cache_write_at(k_new, v_new, k_cache, v_cache, position, length)
+
+
+def kv_cache_ring_write(k_new, v_new, k_cache, v_cache, position, length) -> None:
+    if _use_op(k_new):
+        kv_cache_ring_write_op(k_new, v_new, k_cache, v_cache, position, length)
+        return
+    _kv_cache.kv_cache_ring_write(k_new, v_new, k_cache, v_cache, position, length)
 
 
 def moe_route(router_logits: Tensor, top_k: int, normalize: bool) -> tuple[Tensor, Tensor]:

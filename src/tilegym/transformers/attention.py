@@ -185,25 +185,32 @@ def tilegym_mask(
     )
     # transformers turns the causal skip off exactly for a compileable cache's decode step
     if not static and q_length == 1 and kwargs.get("allow_is_causal_skip") is False:
-        return compileable_decode_mask(mask, kwargs.get("device"))
+        return compileable_decode_mask(mask, kv_offset, kwargs.get("device"))
     return mask
 
 
-def compileable_decode_mask(mask: TileMask, device) -> TileMask:
+def compileable_decode_mask(mask: TileMask, kv_offset: int, device) -> TileMask:
     """A compileable (static) cache's decode-step mask with a host ``q_start`` (a
-    ``StaticSlidingWindowLayer`` counts its fill on the host), given the device position a
-    full-length ``StaticLayer`` has.
+    ``StaticSlidingWindowLayer`` counts its fill on the host), given a device position.
 
-    The host int changes every step, so the compiled decode step takes it as a symbolic input
-    and its CUDA graph trees record a new graph per value (phi-3.5's 262144-token window: every
-    step a recording, 25 tok/s against PyTorch's 172 on the H200). Such a layer's window cannot
-    bind in a decode step (the query's cache index is the fill, below the window, or once full
-    ``window - 1``) and is dropped, as the device-position decode path requires; a window that
-    binds keeps the host offsets. Either form computes the same attention."""
+    The host int changes every step, so the compiled decode step would take it as a symbolic
+    input and its CUDA graph trees record a new graph per value (phi-3.5's 262144-token window:
+    every step a recording, 25 tok/s against PyTorch's 172 on the H200). Such a layer's window
+    cannot bind in a decode step (the query's cache index is the fill, below the window, or once
+    full ``window - 1``) and is dropped, as the device-position decode path requires; a window
+    that binds keeps the host offsets.
+
+    The position is the token's absolute one (``q_start + kv_offset``): the patched layers keep
+    these caches as ring buffers (``kv_cache_ring_write`` writes slot ``position % window``;
+    decode attention sees every slot once the position passes the last), so the slots of a full
+    window hold token ``t`` at ``t % window`` and the per-key validity is rotated to match."""
     if not mask.causal or (mask.window is not None and mask.q_start >= mask.window):
         return mask
-    position = torch.tensor([mask.q_start], dtype=torch.int32, device=device)
-    return dataclasses.replace(mask, q_start=position, window=None)
+    position = torch.tensor([mask.q_start + kv_offset], dtype=torch.int32, device=device)
+    key_valid = mask.key_valid
+    if key_valid is not None and kv_offset % mask.kv_length:
+        key_valid = aligned_key_valid(torch.roll(key_valid, kv_offset % mask.kv_length, dims=-1))
+    return dataclasses.replace(mask, q_start=position, window=None, key_valid=key_valid)
 
 
 # ---------------------------------------------------------------------------------------------
