@@ -73,13 +73,23 @@ def _gemm_kernels() -> dict[str, tuple]:
     out = {}
     for lib, sigs in (("gemm", gemm.aot_signatures()), ("moe", moe.aot_signatures())):
         for kernel, signatures in sigs.items():
-            if not re.search(r"mma\w*\(", inspect.getsource(kernel._pyfunc)):
+            if not _calls_mma(kernel._pyfunc):
                 continue
             label = f"{lib}:{kernel._pyfunc.__name__}"
             while label in out:  # the same function under other compiler hints
                 label += "+"
             out[label] = (kernel, signatures if lib == "moe" else [signatures[0], signatures[-1]])
     return out
+
+
+def _calls_mma(fn, depth: int = 3) -> bool:
+    """Whether ``fn`` calls an ``mma``, itself or through the module's helpers it calls."""
+    source = inspect.getsource(fn)
+    if re.search(r"\bmma\(", source) or depth == 0:
+        return bool(re.search(r"\bmma\(", source))
+    called = set(re.findall(r"\b(\w+)\(", source)) - {fn.__name__}
+    helpers = [fn.__globals__.get(name) for name in called]
+    return any(inspect.isfunction(h) and _calls_mma(h, depth - 1) for h in helpers)
 
 
 GEMM_KERNELS = [
