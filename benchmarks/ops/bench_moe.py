@@ -15,7 +15,8 @@ routing from random router logits (softmax, top-8, renormalized, as the model's 
 - router: `moe.moe_route` vs the PyTorch ops (softmax in fp32, topk, renormalize, cast).
 - --sweep: also times other `MoeConfig`s per token count (cuTile only, same interleaving).
 - --stages: also times each stage of the default config alone (dispatch, row gather + gate-up
-  GEMM, down GEMM, combine), the GEMMs against their share of the weight-read floor.
+  GEMM, down GEMM, combine), the GEMMs against their share of the weight-read floor; where
+  the default is the per-slot dispatch, also its ``direct`` variant (gate-up, down, combine).
 
 Times: medians of CUDA-event timed calls after warm-up, variants interleaved call by call, the
 L2 flushed before each call (weights come from HBM, as in a forward pass over 48 layers);
@@ -25,6 +26,7 @@ spread = (p90 - p10) / median.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -45,6 +47,8 @@ HEADER += ["speedup", "floor_us", "%floor"]
 SWEEP = {
     "decode": [
         MoeConfig(8, 64, 64, 128, swap=True, dispatch="sorted", occupancy=2),
+        MoeConfig(8, 64, 64, 128, swap=True, dispatch="direct", occupancy=2),
+        MoeConfig(8, 64, 64, 128, swap=True, dispatch="direct", occupancy=0),
         MoeConfig(8, 64, 64, 128, swap=True, dispatch="per_slot", occupancy=0),
         MoeConfig(8, 64, 64, 64, swap=True, dispatch="per_slot", occupancy=2),
         MoeConfig(8, 64, 64, 256, swap=True, dispatch="per_slot", occupancy=2),
@@ -201,26 +205,38 @@ def experts_rows(t, gen, impl, desc, bw, iters, sweep, results):
     return rows
 
 
-def stage_rows(t, gen, bw, iters, results):
-    """Each stage of the default config alone (graph replays, interleaved): where a call's time
-    goes. The GEMM rows' %floor is their share of the weights (2/3 and 1/3) at copy bandwidth."""
+def stage_rows(t, gen, bw, iters, results, cfg=None):
+    """Each stage of the default config (or ``cfg``) alone (graph replays, interleaved): where a
+    call's time goes. The GEMM rows' %floor is their share of the weights (2/3 and 1/3) at copy
+    bandwidth."""
     h, i, e, k = SHAPE["hidden"], SHAPE["inter"], SHAPE["experts"], SHAPE["top_k"]
     gate_up, down, x, weights, ids = experts_inputs(t, gen)
-    cfg = moe.choose_config(t * k, e)
+    cfg = cfg or moe.choose_config(t * k, e)
     flat = ids.reshape(-1).contiguous()
-    sorted_, pos, bexp = moe.moe_dispatch(flat, e, cfg.bm, cfg.dispatch)
-    act = x.new_empty((sorted_.numel(), i))
-    y = x.new_empty((sorted_.numel(), h))
     out = torch.empty_like(x)
-    fns = {
-        "dispatch": lambda: moe.moe_dispatch(flat, e, cfg.bm, cfg.dispatch),
-        "gather+gate_up": lambda: moe.grouped_gate_up_silu(x, sorted_, bexp, gate_up, k, cfg, act),
-        "down": lambda: moe.grouped_down(act, bexp, down, cfg, y),
-        "combine": lambda: moe.combine(y, pos.view(t, k), weights, None, out),
-        "all": lambda: moe.moe_experts(x, ids, weights, gate_up, down),
-    }
+    if cfg.dispatch == "direct":
+        rows = t * k * cfg.bm
+        act, y = x.new_empty((rows, i)), x.new_empty((rows, h))
+        fns = {
+            "gate_up": lambda: moe.direct_gate_up_silu(x, flat, gate_up, k, cfg, act),
+            "down": lambda: moe.grouped_down(act, flat, down, cfg, y),
+            "combine": lambda: moe.combine(y, ids, weights, None, out, e, cfg.bm),
+        }
+    else:
+        sorted_, pos, bexp = moe.moe_dispatch(flat, e, cfg.bm, cfg.dispatch)
+        act = x.new_empty((sorted_.numel(), i))
+        y = x.new_empty((sorted_.numel(), h))
+        fns = {
+            "dispatch": lambda: moe.moe_dispatch(flat, e, cfg.bm, cfg.dispatch),
+            "gather+gate_up": lambda: moe.grouped_gate_up_silu(
+                x, sorted_, bexp, gate_up, k, cfg, act
+            ),
+            "down": lambda: moe.grouped_down(act, bexp, down, cfg, y),
+            "combine": lambda: moe.combine(y, pos.view(t, k), weights, None, out),
+        }
+    fns["all"] = lambda: moe.moe_experts(x, ids, weights, gate_up, down, config=cfg)
     active = int(ids.unique().numel())
-    share = {"gather+gate_up": 2 / 3, "down": 1 / 3, "all": 1.0}
+    share = {"gather+gate_up": 2 / 3, "gate_up": 2 / 3, "down": 1 / 3, "all": 1.0}
     rows = []
     with torch.no_grad():
         st = interleaved({n: graphed(f) for n, f in fns.items()}, iters=iters)
@@ -232,7 +248,13 @@ def stage_rows(t, gen, bw, iters, results):
             + ["-", "-", floor_us if floor_us else "-", pct]
         )
         results.setdefault("stages", []).append(
-            {"T": t, "stage": name, "median_us": s.median_us, "spread": s.spread_pct}
+            {
+                "T": t,
+                "config": _cfg_name(cfg),
+                "stage": name,
+                "median_us": s.median_us,
+                "spread": s.spread_pct,
+            }
         )
     return rows
 
@@ -310,6 +332,10 @@ def main() -> None:
         torch.cuda.empty_cache()  # the previous row's weights and graphs are gone
         if args.stages:
             rows += stage_rows(t, gen, bw, args.iters, results)
+            default = moe.choose_config(t * SHAPE["top_k"], SHAPE["experts"])
+            if default.dispatch == "per_slot":  # and its direct variant
+                direct = dataclasses.replace(default, dispatch="direct")
+                rows += stage_rows(t, gen, bw, args.iters, results, direct)
             torch.cuda.empty_cache()
     for t in tokens:
         rows += route_rows(t, gen, args.iters, results)

@@ -11,6 +11,7 @@ experts, the dispatch's outputs, NaN-poisoned outputs and workspaces, and CUDA-g
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -26,12 +27,14 @@ from tilegym.ops.testing import assert_close_rel, rel_err
 #: the tile buckets of `choose_config`, each also run with another dispatch
 CONFIGS = [
     MoeConfig(8, 64, 64, 128, swap=True, dispatch="per_slot", occupancy=2),
+    MoeConfig(8, 64, 64, 128, swap=True, dispatch="direct", occupancy=2),
     MoeConfig(8, 64, 64, 128, swap=True, occupancy=2),
     MoeConfig(16, 64, 64, 128, swap=True, dispatch="per_slot", occupancy=2),
     MoeConfig(16, 64, 64, 128, swap=True),
     MoeConfig(32, 64, 128, 64, swap=True),
     MoeConfig(64, 128, 128, 64),
     MoeConfig(64, 128, 128, 64, dispatch="per_slot"),
+    MoeConfig(64, 128, 128, 64, dispatch="direct"),
     MoeConfig(64, 64, 128, 64, occupancy=1),
 ]
 
@@ -234,7 +237,7 @@ def _blocked_experts(hidden, ids, weights, gate_up, down, residual, bm, dispatch
     return out if residual is None else out + residual.float()
 
 
-@pytest.mark.parametrize("dispatch", ["sorted", "per_slot"])
+@pytest.mark.parametrize("dispatch", moe.DISPATCHES)
 @pytest.mark.parametrize("bm", [8, 32, 64])
 def test_blocked_data_flow_matches_reference(bm, dispatch, cpu_gen):
     gate_up, down = _weights(6, 64, 48, cpu_gen, torch.float32)
@@ -306,6 +309,8 @@ def test_choose_config_buckets():
         MoeConfig(8, 64, 64, 64, occupancy=-1)
     with pytest.raises(ValueError, match="dispatch"):
         MoeConfig(8, 64, 64, 64, dispatch="small")
+    with pytest.raises(ValueError, match="no dispatch kernel"):
+        moe.moe_dispatch(torch.zeros(8, dtype=torch.int32), 128, 8, "direct")
 
 
 def test_max_blocks_bounds_the_used_blocks(cpu_gen):
@@ -370,6 +375,17 @@ def test_aot_signatures_cover_the_launches(launches, cpu_gen):
         mb = moe.n_blocks(t * k, e, cfg.bm, cfg.dispatch)
         assert grids[moe._hinted(moe.tilegym_moe_gate_up_kernel, cfg)] == (mb, i // cfg.bn_up, 1)
         assert grids[moe._hinted(moe.tilegym_moe_down_kernel, cfg)] == (mb, h // cfg.bn_down, 1)
+        if cfg.dispatch == "per_slot":  # its direct variant, declared as well
+            direct = dataclasses.replace(cfg, dispatch="direct")
+            start = len(launches)
+            moe.moe_experts(x, ids, w.to(torch.bfloat16), gate_up, down, config=direct)
+            names = [kern._pyfunc.__name__ for kern, _, _ in launches[start:]]
+            assert names == [
+                "tilegym_moe_gate_up_kernel",
+                "tilegym_moe_down_kernel",
+                "tilegym_moe_combine_kernel",
+            ]
+            assert launches[start][1] == (t * k, i // cfg.bn_up, 1)
     for kernel, _, args in launches:
         assert any(_matches(s, kernel, args) for s in sigs.get(kernel, [])), (kernel, args)
     assert {k._pyfunc.__name__ for k, _, _ in launches} == _kernel_names()
@@ -480,7 +496,7 @@ def test_experts_fp16_and_int64_ids(gen):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dispatch", moe.DISPATCHES)
+@pytest.mark.parametrize("dispatch", ["sorted", "per_slot"])
 @pytest.mark.parametrize(
     "t,e,k,bm", [(1, 128, 8, 8), (8, 128, 8, 8), (37, 6, 2, 16), (2048, 128, 8, 64)]
 )

@@ -41,7 +41,7 @@ mma's A operand (`MoeConfig.swap`), so the mma's 64-row side holds weight rows, 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cuda.tile as ct
 import torch
@@ -64,7 +64,7 @@ SCAN_ELEMS = 4096
 #: routing-weight tile of the router kernel: about this many fp32 probabilities per program
 ROUTE_ELEMS = 2048
 #: how `moe_dispatch` groups the slots (`MoeConfig.dispatch`)
-DISPATCHES = ("sorted", "per_slot")
+DISPATCHES = ("sorted", "per_slot", "direct")
 #: columns per program of the row-gather kernel
 GATHER_COLS = 256
 #: rows x columns gathered per program of the combine kernel
@@ -291,6 +291,21 @@ def _weight_tile(W, e, bn, k, BN, TK):
     return ct.reshape(ct.load(W, (e, bn, k), (1, BN, TK), padding_mode=PAD_ZERO), (BN, TK))
 
 
+def _valid_expert(e, n_experts):
+    return (e >= 0) & (e < n_experts)
+
+
+def _gate_up_block(Xs, xb, e, Wg, Wu, A, b, bn, BM, BN, TK, SWAP):
+    gate = _acc(BM, BN, SWAP)
+    up = _acc(BM, BN, SWAP)
+    for k in range(ct.num_tiles(Xs, axis=1, shape=(BM, TK))):
+        x = ct.load(Xs, (xb, k), (BM, TK), padding_mode=PAD_ZERO)
+        gate = _mma(x, _weight_tile(Wg, e, bn, k, BN, TK), gate, SWAP)
+        up = _mma(x, _weight_tile(Wu, e, bn, k, BN, TK), up, SWAP)
+    act = gate / (1.0 + ct.exp(-gate)) * up
+    ct.store(A, (b, bn), ct.astype(_acc_out(act, SWAP), A.dtype))
+
+
 @ct.kernel
 def tilegym_moe_gate_up_kernel(
     Xs,
@@ -302,25 +317,29 @@ def tilegym_moe_gate_up_kernel(
     BN: ConstInt,
     TK: ConstInt,
     SWAP: ConstBool,
+    DIRECT_K: ConstInt,
 ):
     """A[block rows, bn tile] = silu(Xs @ Wg[e]^T) * (Xs @ Wu[e]^T) for the block's rows of the
     pre-gathered hidden rows Xs (`tilegym_moe_gather_rows_kernel`). Grid (blocks, I tiles).
 
     Xs tiles load like the weight tiles, so both mma operands come through shared memory. With
     the rows gathered here instead, into registers, the sm_90 build had no mma instruction at
-    all (scalar FMUL/FADD): 7-9% of the copy bandwidth at decode against 29-87% now."""
+    all (scalar FMUL/FADD): 7-9% of the copy bandwidth at decode against 29-87% now.
+
+    ``DIRECT_K`` > 0 (the ``direct`` dispatch, top-k ``DIRECT_K``): block b is slot b, Xs the
+    hidden states and BlockExpert the router's flat ids; the slot's token row loads from a
+    one-row view of Xs, zero-padded to BM rows (still a tile load: no gather kernel, no
+    dispatch kernel)."""
     b = ct.bid(0)
     bn = ct.bid(1)
     e = ct.gather(BlockExpert, b)
-    if e < Wg.shape[0]:
-        gate = _acc(BM, BN, SWAP)
-        up = _acc(BM, BN, SWAP)
-        for k in range(ct.num_tiles(Xs, axis=1, shape=(BM, TK))):
-            x = ct.load(Xs, (b, k), (BM, TK), padding_mode=PAD_ZERO)
-            gate = _mma(x, _weight_tile(Wg, e, bn, k, BN, TK), gate, SWAP)
-            up = _mma(x, _weight_tile(Wu, e, bn, k, BN, TK), up, SWAP)
-        act = gate / (1.0 + ct.exp(-gate)) * up
-        ct.store(A, (b, bn), ct.astype(_acc_out(act, SWAP), A.dtype))
+    if _valid_expert(e, Wg.shape[0]):
+        if DIRECT_K > 0:
+            token = b // DIRECT_K
+            row = Xs.slice(axis=0, start=token, stop=token + 1)
+            _gate_up_block(row, 0, e, Wg, Wu, A, b, bn, BM, BN, TK, SWAP)
+        else:
+            _gate_up_block(Xs, b, e, Wg, Wu, A, b, bn, BM, BN, TK, SWAP)
 
 
 @ct.kernel
@@ -355,7 +374,7 @@ def tilegym_moe_down_kernel(
     b = ct.bid(0)
     bn = ct.bid(1)
     e = ct.gather(BlockExpert, b)
-    if e < Wd.shape[0]:
+    if _valid_expert(e, Wd.shape[0]):
         acc = _acc(BM, BN, SWAP)
         for k in range(ct.num_tiles(A, axis=1, shape=(BM, TK))):
             a = ct.load(A, (b, k), (BM, TK), padding_mode=PAD_ZERO)
@@ -370,22 +389,30 @@ def tilegym_moe_combine_kernel(
     Wts,
     R,
     Out,
+    n_experts: int,
     TT: ConstInt,
     KP: ConstInt,
     TH: ConstInt,
     HAS_RES: ConstBool,
+    DIRECT_BM: ConstInt,
 ):
     """Out[t] = (R[t] +) sum_j Wts[t, j] * Y[Pos[t, j]] in fp32, for TT tokens x TH columns.
 
     Pos/Wts are [T, k]; missing (t, j) get the row count of Y as their row (a zero row) and
     weight 0. The sum runs over j in order: the result does not depend on the dispatch's row
-    order."""
+    order. ``DIRECT_BM`` > 0 (the ``direct`` dispatch): Pos holds the expert ids and slot
+    ``t * k + j``'s row is ``(t * k + j) * DIRECT_BM``, missing for an id outside
+    ``[0, n_experts)``."""
     bt = ct.bid(0)
     bh = ct.bid(1)
     t = ct.broadcast_to(ct.reshape(bt * TT + ct.arange(TT, dtype=ct.int32), (TT, 1)), (TT, KP))
     j = ct.broadcast_to(ct.reshape(ct.arange(KP, dtype=ct.int32), (1, KP)), (TT, KP))
     valid = (t < Out.shape[0]) & (j < Pos.shape[1])
-    pos = ct.where(valid, ct.load(Pos, (bt, 0), (TT, KP), padding_mode=PAD_ZERO), Y.shape[0])
+    given = ct.load(Pos, (bt, 0), (TT, KP), padding_mode=PAD_ZERO)
+    if DIRECT_BM > 0:
+        valid = valid & _valid_expert(given, n_experts)
+        given = (t * Pos.shape[1] + j) * DIRECT_BM
+    pos = ct.where(valid, given, Y.shape[0])
     w = ct.astype(ct.load(Wts, (bt, 0), (TT, KP), padding_mode=PAD_ZERO), ct.float32)
     rows = ct.load_advanced_indexing(
         Y,
@@ -414,7 +441,9 @@ class MoeConfig:
     mma's A operand (few rows per block); occupancy: the GEMMs' occupancy hint (0: the
     compiler's choice). dispatch: how slots become blocks: ``sorted`` (count, scan, scatter)
     or ``per_slot`` (every slot its own block, in slot order: no grouping, so an expert chosen
-    by two tokens is read twice).
+    by two tokens is read twice; laid out by a dispatch kernel, rows gathered by another) or
+    ``direct`` (the per-slot blocks without those two kernels: the GEMMs take the router's ids
+    as the block experts and load each slot's token row themselves).
     """
 
     bm: int
@@ -471,9 +500,11 @@ def max_blocks(n_slots: int, n_experts: int, bm: int) -> int:
 
 
 def n_blocks(n_slots: int, n_experts: int, bm: int, dispatch: str = "sorted") -> int:
-    """Blocks `moe_dispatch` lays out (the GEMM grids' first extent): one per slot for
-    ``per_slot``, else `max_blocks`."""
-    return n_slots if dispatch == "per_slot" else max_blocks(n_slots, n_experts, bm)
+    """Blocks of the GEMM grids' first extent: one per slot for ``per_slot`` and ``direct``,
+    else `max_blocks` (what `moe_dispatch` lays out)."""
+    if dispatch in ("per_slot", "direct"):
+        return n_slots
+    return max_blocks(n_slots, n_experts, bm)
 
 
 def per_slot_tile(n_slots: int) -> int:
@@ -514,6 +545,8 @@ def moe_dispatch(
     """(sorted slot per padded row [MB*bm], padded row per slot [S], expert per block [MB]) for
     flat int32 ``ids`` [S]; sentinels: S (rows), MB*bm (slots with an id outside the experts),
     n_experts (blocks). ``dispatch``: `MoeConfig.dispatch`."""
+    if dispatch == "direct":
+        raise ValueError("the direct dispatch has no dispatch kernel (its GEMMs take the ids)")
     n = ids.numel()
     dev = ids.device
     mb = n_blocks(n, n_experts, bm, dispatch)
@@ -537,13 +570,13 @@ def moe_dispatch(
 def dispatch_reference(
     ids: torch.Tensor, n_experts: int, bm: int, dispatch: str = "sorted"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What `moe_dispatch` writes, in plain PyTorch: for ``per_slot`` its exact layout, else
-    the grouped layout with slots in order inside each expert (the atomic dispatch may order
-    an expert's rows differently)."""
+    """What `moe_dispatch` writes, in plain PyTorch: for ``per_slot`` its exact layout (also
+    the rows the ``direct`` dispatch's GEMMs use), else the grouped layout with slots in order
+    inside each expert (the atomic dispatch may order an expert's rows differently)."""
     flat = ids.reshape(-1).to(torch.int64).cpu()
     n = flat.numel()
     valid = (flat >= 0) & (flat < n_experts)
-    if dispatch == "per_slot":
+    if dispatch in ("per_slot", "direct"):
         slots = torch.arange(n)
         sorted_ = torch.full((n, bm), n, dtype=torch.int32)
         sorted_[valid, 0] = slots[valid].to(torch.int32)
@@ -631,7 +664,6 @@ def moe_experts(
     n_experts, i2, _ = gate_up.shape
     inter = i2 // 2
     top_k = ids.shape[1]
-    dev = hidden.device
     if out is None:
         out = torch.empty_like(hidden, memory_format=torch.contiguous_format)
     if t == 0:
@@ -640,13 +672,23 @@ def moe_experts(
     cfg = config or choose_config(n, n_experts)
     flat = ids.reshape(-1)
     flat = flat if flat.dtype == torch.int32 and flat.is_contiguous() else flat.int().contiguous()
+    if cfg.dispatch == "direct":
+        rows = n * cfg.bm
+        act, y = _workspace(rows, inter, h, hidden)
+        direct_gate_up_silu(_rows(hidden), flat, gate_up, top_k, cfg, act)
+        grouped_down(act, flat, down, cfg, y)
+        return combine(y, flat.view(t, top_k), weights, residual, out, n_experts, cfg.bm)
     sorted_, pos, bexp = moe_dispatch(flat, n_experts, cfg.bm, cfg.dispatch)
-    rows = sorted_.numel()
-    buf = torch.empty(rows * (inter + h), dtype=hidden.dtype, device=dev)
-    act, y = buf[: rows * inter].view(rows, inter), buf[rows * inter :].view(rows, h)
+    act, y = _workspace(sorted_.numel(), inter, h, hidden)
     grouped_gate_up_silu(_rows(hidden), sorted_, bexp, gate_up, top_k, cfg, act)
     grouped_down(act, bexp, down, cfg, y)
     return combine(y, pos.view(t, top_k), weights, residual, out)
+
+
+def _workspace(rows: int, inter: int, h: int, like: torch.Tensor):
+    """The activation ``[rows, inter]`` and expert-output ``[rows, h]`` rows, one allocation."""
+    buf = torch.empty(rows * (inter + h), dtype=like.dtype, device=like.device)
+    return buf[: rows * inter].view(rows, inter), buf[rows * inter :].view(rows, h)
 
 
 def grouped_gate_up_silu(
@@ -660,16 +702,35 @@ def grouped_gate_up_silu(
 ) -> torch.Tensor:
     """Stage 1 of `moe_experts`: ``act[r] = silu(g) * u`` for each padded row r of the
     dispatch (``[g; u] = gate_up[e] @ hidden[slot // top_k]``), rows in expert order."""
-    inter = gate_up.shape[1] // 2
     s = stream(act.device)
     h = hidden.shape[1]
     xs = hidden.new_empty((sorted_.numel(), h))
     th = gather_tile(h)
     args = (hidden, sorted_, bexp, xs, top_k, gate_up.shape[0], cfg.bm, th)
     ct.launch(s, (bexp.numel(), math.ceil(h / th), 1), tilegym_moe_gather_rows_kernel, args)
+    _launch_gate_up(xs, bexp, gate_up, act, cfg, 0)
+    return act
+
+
+def direct_gate_up_silu(
+    hidden: torch.Tensor,
+    flat_ids: torch.Tensor,
+    gate_up: torch.Tensor,
+    top_k: int,
+    cfg: MoeConfig,
+    act: torch.Tensor,
+) -> torch.Tensor:
+    """Stage 1 of the ``direct`` dispatch: ``act[s * bm]`` for each slot s (its other bm - 1
+    rows zero), the token row read by the GEMM itself."""
+    return _launch_gate_up(hidden, flat_ids, gate_up, act, cfg, top_k)
+
+
+def _launch_gate_up(xs, bexp, gate_up, act, cfg: MoeConfig, direct_k: int) -> torch.Tensor:
+    inter = gate_up.shape[1] // 2
     args = (xs, bexp, gate_up[:, :inter], gate_up[:, inter:], act, cfg.bm, cfg.bn_up, cfg.tk)
     grid = (bexp.numel(), math.ceil(inter / cfg.bn_up), 1)
-    ct.launch(s, grid, _hinted(tilegym_moe_gate_up_kernel, cfg), (*args, cfg.swap))
+    kernel = _hinted(tilegym_moe_gate_up_kernel, cfg)
+    ct.launch(stream(act.device), grid, kernel, (*args, cfg.swap, direct_k))
     return act
 
 
@@ -689,14 +750,19 @@ def combine(
     weights: torch.Tensor,
     residual: torch.Tensor | None,
     out: torch.Tensor,
+    n_experts: int = 0,
+    direct_bm: int = 0,
 ) -> torch.Tensor:
     """Stage 3: ``out[t] = (residual[t] +) sum_j weights[t, j] * y[pos[t, j]]``, in fp32 and
-    in slot order (deterministic: no float atomics)."""
+    in slot order (deterministic: no float atomics). ``direct_bm`` > 0: ``pos`` holds the
+    expert ids and slot s's row is ``s * direct_bm`` (missing for ids outside the
+    ``n_experts``)."""
     t, top_k = pos.shape
     h = y.shape[1]
     tt, kp, th = combine_tiles(top_k, h)
     res = _rows(residual) if residual is not None else out
-    args = (y, pos, _rows(weights), res, out, tt, kp, th, residual is not None)
+    consts = (tt, kp, th, residual is not None, direct_bm)
+    args = (y, pos, _rows(weights), res, out, n_experts, *consts)
     grid = (math.ceil(t / tt), math.ceil(h / th), 1)
     ct.launch(stream(out.device), grid, tilegym_moe_combine_kernel, args)
     return out
@@ -767,6 +833,7 @@ def aot_signatures(
     i32, n_int = _arr(ct.int32, 1), ScalarConstraint(ct.int32)
     ep, chunk = dispatch_tiles(experts)
     cfgs = {choose_config(t * top_k, experts) for t in tokens} | set(configs)
+    cfgs |= {replace(c, dispatch="direct") for c in cfgs if c.dispatch == "per_slot"}
     cfgs = sorted(cfgs, key=lambda c: (c.bm, c.bn_up, c.bn_down, c.tk, repr(c)))
     sigs: dict = {}
 
@@ -796,14 +863,19 @@ def aot_signatures(
     for dt in dtypes:
         a2, a3 = _arr(_CT[dt], 2), _arr(_CT[dt], 3)
         for cfg in cfgs:
-            add(tilegym_moe_gather_rows_kernel, a2, i32, i32, a2, n_int, n_int, cfg.bm, th)
-            tiles = (cfg.bm, cfg.bn_up, cfg.tk, cfg.swap)
+            direct = cfg.dispatch == "direct"
+            if not direct:
+                add(tilegym_moe_gather_rows_kernel, a2, i32, i32, a2, n_int, n_int, cfg.bm, th)
+            tiles = (cfg.bm, cfg.bn_up, cfg.tk, cfg.swap, top_k if direct else 0)
             add(_hinted(tilegym_moe_gate_up_kernel, cfg), a2, i32, a3, a3, a2, *tiles)
             tiles = (cfg.bm, cfg.bn_down, cfg.tk, cfg.swap)
             add(_hinted(tilegym_moe_down_kernel, cfg), a2, i32, a3, a2, *tiles)
+        direct_bms = {cfg.bm if cfg.dispatch == "direct" else 0 for cfg in cfgs}
         for has_res in (True, False):
-            pos = _arr(ct.int32, 2)
-            add(tilegym_moe_combine_kernel, a2, pos, a2, a2, a2, *combine, has_res)
+            for direct_bm in sorted(direct_bms):
+                pos = _arr(ct.int32, 2)
+                consts = (*combine, has_res, direct_bm)
+                add(tilegym_moe_combine_kernel, a2, pos, a2, a2, a2, n_int, *consts)
     return sigs
 
 
