@@ -669,18 +669,16 @@ def test_head_dims_outside_the_envelope_are_refused(d):
         aot_signatures(d, 2, 1)
 
 
-def test_model_patch_serves_only_the_timed_head_dims():
-    """96 and 256 pass the kernels' and the models' GPU tests; the model patch serves them once
-    phi3 and gemma3 are measured no slower with them (``SUPPORTED_HEAD_DIMS``)."""
+def test_model_patch_serves_every_kernel_head_dim_and_refuses_others():
     from types import SimpleNamespace
 
     from tilegym.ops.attention import KERNEL_HEAD_DIMS, SUPPORTED_HEAD_DIMS
     from tilegym.transformers.attention import unsupported_reason
 
-    assert set(SUPPORTED_HEAD_DIMS) < set(KERNEL_HEAD_DIMS) == {64, 96, 128, 256}
+    assert set(SUPPORTED_HEAD_DIMS) == set(KERNEL_HEAD_DIMS) == {64, 96, 128, 256}
     for d in SUPPORTED_HEAD_DIMS:
         assert unsupported_reason(SimpleNamespace(head_dim=d)) is None
-    for d in (*NEW_HEADS_DIMS, 80):
+    for d in (80, 160, 512):
         assert f"head_dim {d} is not supported" in unsupported_reason(SimpleNamespace(head_dim=d))
 
 

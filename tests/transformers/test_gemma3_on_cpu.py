@@ -262,17 +262,13 @@ def test_another_activation_is_not_routed_to_the_gelu_kernels():
     handle.undo()
 
 
-def test_head_dim_256_keeps_pytorch_attention_with_a_reason():
-    """gemma-3-1b's head_dim 256 is outside the attention kernels' envelope: attention (and the
-    KV cache) stay PyTorch's, everything else is patched."""
-    base = _model(head_dim=256, query_pre_attn_scalar=256)
-    patched = copy.deepcopy(base)
+def test_head_dim_256_gets_cutile_attention():
+    """gemma-3-1b's head_dim 256 is in the attention kernels' envelope (their forward is
+    checked against PyTorch on a GPU: tests/transformers/test_patch_models.py)."""
+    patched = _model(head_dim=256, query_pre_attn_scalar=256)
     handle = mp.apply_tilegym_kernel(patched)
-    assert "head_dim 256" in handle.not_applied["attn"]
-    ids, mask = _batch()
-    valid = mask.bool()
-    got, want = _logits(patched, ids, mask), _logits(base, ids, mask)
-    torch.testing.assert_close(got[valid], want[valid])
+    assert "attn" in handle.applied and "attn" not in handle.not_applied
+    handle.undo()
 
 
 def test_the_multimodal_gemma3_model_type_is_not_patched():

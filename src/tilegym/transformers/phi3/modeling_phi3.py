@@ -2,11 +2,10 @@
 
 Phi-3 stores its projections packed: ``qkv_proj`` is ``[q; k; v]`` and ``gate_up_proj`` is
 ``[gate; up]``, the layouts the fused GEMMs take, so its weights are used as they are (no
-repacking). Its head dim (96) is in the attention kernels' envelope (128-wide tiles) but not yet
-served by the model patch (``tilegym.ops.attention.SUPPORTED_HEAD_DIMS``): attention stays on
-PyTorch's with that reason. Its 262144-token sliding window never binds below that length, but
-makes every layer of a static cache a ``StaticSlidingWindowLayer``, whose decode masks carry a
-device position (``tilegym.transformers.attention.compileable_decode_mask``).
+repacking). Its head dim (96) runs in the attention kernels' 128-wide tiles. Its 262144-token
+sliding window never binds below that length, but makes every layer of a static cache a
+``StaticSlidingWindowLayer``, whose decode masks carry a device position
+(``tilegym.transformers.attention.compileable_decode_mask``).
 """
 
 from tilegym.transformers.llama.modeling_llama import Family
