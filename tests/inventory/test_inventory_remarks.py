@@ -7,6 +7,7 @@ fail."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 
@@ -63,6 +64,7 @@ def _toolchain():
         pytest.skip(toolchain_problem())
 
 
+@functools.cache
 def _gemm_kernels() -> dict[str, tuple]:
     """``{label: (kernel, signatures)}`` of every kernel of the GEMM and MoE libraries whose
     body calls an ``mma`` (directly or through a helper), at the signatures they declare for
