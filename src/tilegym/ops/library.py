@@ -32,8 +32,40 @@ from tilegym.ops._common import private_buffers
 _NS = "tilegym"
 
 
+_OPS: list = []
+
+
 def _op(name: str, mutates_args=()):
-    return torch.library.custom_op(f"{_NS}::{name}", mutates_args=mutates_args, device_types="cuda")
+    def define(fn):
+        op = torch.library.custom_op(
+            f"{_NS}::{name}", mutates_args=mutates_args, device_types="cuda"
+        )(fn)
+        _OPS.append(op)
+        return op
+
+    return define
+
+
+def register_inductor_fallbacks() -> None:
+    """Give Inductor each op's fallback lowering before it compiles a graph that calls them.
+
+    Inductor creates the same fallback itself on first sight of an op, but torch 2.11 first
+    formats the op's arguments for an INFO log line that is not lazy: each argument's whole IR
+    tree, printed recursively. In gemma-3-1b's 26-layer decode step that printing did not end
+    within 300 s on the H200 host. Registered here with the layout constraint Inductor would
+    choose (the op's tag, else its default), the op is found in ``lowerings`` and the slow
+    branch is never taken. Idempotent; imports ``torch._inductor`` (about 1.5 s), so the model
+    patch calls it, not this module's import."""
+    from torch._inductor import lowering
+
+    for op in _OPS:
+        overload = op._opoverload
+        if overload in lowering.lowerings:
+            continue
+        tag = lowering.get_layout_constraint_tag(overload, with_default=True)
+        lowering.make_fallback(
+            overload, layout_constraint=lowering.tag_to_layout_constraint(tag), warn=False
+        )
 
 
 # ---------------------------------------------------------------------------------------------

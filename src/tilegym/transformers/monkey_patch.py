@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from tilegym.transformers import longrope
+
 SUPPORTED_TRANSFORMERS = (5, 17)
 """Oldest supported transformers release; every 5.x after it is accepted, 6.x is not."""
 
@@ -223,6 +225,9 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         if not wanted:
             handle.not_applied[flag] = "disabled by the caller"
 
+    library, _ = optional_module("tilegym.ops.library", ("register_inductor_fallbacks",))
+    if library is not None:  # before the compiled decode step first meets the ops
+        library.register_inductor_fallbacks()
     gemm = None
     if flags["linear"]:
         gemm, reason = optional_module("tilegym.ops.library", GEMM_API)
@@ -304,6 +309,11 @@ def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc
                 if routes.linear and part == "MLP" and unbiased(module, desc.gate_up):
                     fused.build(module, desc.gate_up)
                 break
+    if routes.rope:  # the decode step's RoPE tables, computed without a host read
+        for module in model.modules():
+            forward = longrope.branch_free_forward(module)
+            if forward is not None:
+                patcher.instance(module, forward)
     head = getattr(model, "lm_head", None)
     if routes.linear and isinstance(head, torch.nn.Linear):
 
