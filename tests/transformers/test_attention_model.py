@@ -183,6 +183,44 @@ def test_other_masks_keep_host_offsets():
     assert compileable_decode_mask(binding, 0, torch.device("cpu")) is binding
 
 
+class _ScalarReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts device-to-host scalar reads (``bool(t)``, ``t.item()``): each a sync on a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.reads += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("q_offset", [9, torch.tensor(9)], ids=["sliding", "static"])
+def test_a_compileable_decode_steps_mask_reads_no_device_data(q_offset):
+    """transformers 5.17's longrope update breaks the compiled decode step (phi-3.5), so the
+    mask is built in eager mode every step: a host read of the padding mask there is a device
+    sync per step. The mask is built without one, and still marks the padding."""
+    padded = torch.ones(2, 10, dtype=torch.long)
+    padded[1, :3] = 0
+    for attention_mask in (torch.ones(2, 10, dtype=torch.long), padded):
+        with _ScalarReads() as mode:
+            mask = tilegym_mask(
+                2,
+                1,
+                16,
+                q_offset=q_offset,
+                attention_mask=attention_mask,
+                allow_is_causal_skip=False,
+                device=torch.device("cpu"),
+            )
+        assert mode.reads == 0
+        assert mask.key_valid[:, :10].tolist() == attention_mask.tolist()
+    with _ScalarReads() as mode:  # a dynamic cache's step may read it, and skips an all-valid mask
+        dynamic = tilegym_mask(2, 1, 10, q_offset=9, attention_mask=torch.ones(2, 10))
+    assert dynamic.key_valid is None
+    assert mode.reads == 1
+
+
 def test_custom_mask_functions_are_rejected():
     def diagonal_only(b, h, q, kv):
         return kv == q

@@ -122,23 +122,29 @@ def device_position(mask) -> torch.Tensor | None:
 
 
 def key_validity(
-    attention_mask: torch.Tensor | None, kv_length: int, kv_offset: int, static: bool = False
+    attention_mask: torch.Tensor | None,
+    kv_length: int,
+    kv_offset: int,
+    static: bool = False,
+    read_device: bool = True,
 ) -> torch.Tensor | None:
     """Per-key validity ``[B, kv_length]`` (int8) from the 2D padding mask; None if all valid.
 
     ``static``: the cache holds ``kv_length`` slots of which the 2D mask covers the written
     ones; the causal bound already excludes the rest, so a mask with no padding gives None.
-    While compiling the mask is always built (deciding would read device data on the host)."""
+    While compiling, or with ``read_device`` off, the mask is always built: deciding reads
+    device data on the host, a graph break when compiling and a device sync in eager mode."""
     if attention_mask is None:
         return None
-    if static and not torch.compiler.is_compiling() and bool(attention_mask.all()):
+    read_device = read_device and not torch.compiler.is_compiling()
+    if static and read_device and bool(attention_mask.all()):
         return None
     pad = attention_mask.to(torch.bool)
     missing = kv_length + kv_offset - pad.shape[-1]
     if missing > 0:
         pad = torch.nn.functional.pad(pad, (0, missing))
     pad = pad[:, kv_offset : kv_offset + kv_length]
-    if not static and bool(pad.all()):
+    if not static and read_device and bool(pad.all()):
         return None
     return aligned_key_valid(pad)
 
@@ -175,16 +181,21 @@ def tilegym_mask(
         q_start = start.to(torch.int32, copy=True).reshape(1)
     else:
         q_start = _as_int(q_offset) - kv_offset
+    # transformers turns the causal skip off exactly for a compileable cache's decode step. Its
+    # mask never reads device data: that step may run in eager mode too (a graph break upstream,
+    # e.g. transformers 5.17's longrope update), where each read would be a device sync.
+    compileable_step = q_length == 1 and kwargs.get("allow_is_causal_skip") is False
     mask = TileMask(
         q_length=q_length,
         kv_length=kv_length,
         q_start=q_start,
         causal=causal,
         window=window,
-        key_valid=key_validity(attention_mask, kv_length, kv_offset, static),
+        key_valid=key_validity(
+            attention_mask, kv_length, kv_offset, static, read_device=not compileable_step
+        ),
     )
-    # transformers turns the causal skip off exactly for a compileable cache's decode step
-    if not static and q_length == 1 and kwargs.get("allow_is_causal_skip") is False:
+    if not static and compileable_step:
         return compileable_decode_mask(mask, kv_offset, kwargs.get("device"))
     return mask
 
