@@ -294,9 +294,9 @@ def test_custom_ops_compile_fullgraph_on_cpu(cpu_gen):
 
 def test_choose_config_buckets():
     decode = moe.choose_config(1 * 8, 128)
-    assert (decode.bm, decode.swap, decode.dispatch) == (8, True, "per_slot")
+    assert (decode.bm, decode.swap, decode.dispatch) == (8, True, "direct")
     assert decode.bn_up == decode.bn_down == 64  # the warpgroup mma's M
-    assert moe.choose_config(8 * 8, 128).dispatch == "per_slot"
+    assert moe.choose_config(8 * 8, 128).dispatch == "direct"
     assert moe.choose_config(9 * 8, 128).dispatch == "sorted"
     assert moe.choose_config(128 * 8, 128).bm == 8
     assert moe.choose_config(256 * 8, 128).bm == 16
@@ -375,17 +375,15 @@ def test_aot_signatures_cover_the_launches(launches, cpu_gen):
         mb = moe.n_blocks(t * k, e, cfg.bm, cfg.dispatch)
         assert grids[moe._hinted(moe.tilegym_moe_gate_up_kernel, cfg)] == (mb, i // cfg.bn_up, 1)
         assert grids[moe._hinted(moe.tilegym_moe_down_kernel, cfg)] == (mb, h // cfg.bn_down, 1)
-        if cfg.dispatch == "per_slot":  # its direct variant, declared as well
-            direct = dataclasses.replace(cfg, dispatch="direct")
-            start = len(launches)
-            moe.moe_experts(x, ids, w.to(torch.bfloat16), gate_up, down, config=direct)
-            names = [kern._pyfunc.__name__ for kern, _, _ in launches[start:]]
-            assert names == [
+        if cfg.dispatch == "direct":  # no dispatch kernel; its per_slot variant, declared too
+            assert [kern._pyfunc.__name__ for kern, _, _ in launches[-3:]] == [
                 "tilegym_moe_gate_up_kernel",
                 "tilegym_moe_down_kernel",
                 "tilegym_moe_combine_kernel",
             ]
-            assert launches[start][1] == (t * k, i // cfg.bn_up, 1)
+            assert grids[launches[-3][0]] == (t * k, i // cfg.bn_up, 1)
+            per_slot = dataclasses.replace(cfg, dispatch="per_slot")
+            moe.moe_experts(x, ids, w.to(torch.bfloat16), gate_up, down, config=per_slot)
     for kernel, _, args in launches:
         assert any(_matches(s, kernel, args) for s in sigs.get(kernel, [])), (kernel, args)
     assert {k._pyfunc.__name__ for k, _, _ in launches} == _kernel_names()
