@@ -18,43 +18,11 @@ set -euo pipefail
 out=$(realpath -m "$1"); step=$2; shift 2
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 repo=$(realpath -m "${REDTEAM_REPO:-$out/repo}")
-bot=(python3 -m tilegym_bot -C "$repo")
 mkdir -p "$out"
-log() { printf '== %s: %s\n' "$step" "$*"; }
-
-if [ ! -d "$repo/.git" ]; then
-  mkdir -p "$repo"
-  for d in src modeling/transformers/src bot hooks; do
-    mkdir -p "$repo/$(dirname "$d")"
-    cp -r "$root/$d" "$repo/$d"
-  done
-  find "$repo" -name __pycache__ -prune -exec rm -rf {} +
-  mkdir -p "$repo/sandbox" && printf '*\n!.gitignore\n' > "$repo/sandbox/.gitignore"
-  git -C "$repo" init -q -b main
-  git -C "$repo" -c user.name=redteam -c user.email=redteam@tilegym.invalid add -A
-  git -C "$repo" -c user.name=redteam -c user.email=redteam@tilegym.invalid commit -qm main
-fi
-git -C "$repo" config user.name redteam
-git -C "$repo" config user.email redteam@tilegym.invalid
-
-run() {  # experiment NAME DESCRIPTION [experiment-run flags] -- edits via a function
-  local name=$1 description=$2; shift 2
-  local t0=$SECONDS status=0
-  "${bot[@]}" experiment run --description "$description" "$@" \
-    > "$out/$name.decision.json" 2> "$out/$name.stderr" || status=$?
-  log "$name: exit $status after $((SECONDS - t0)) s"
-  tail -n 5 "$out/$name.stderr"
-  cat "$out/$name.decision.json"
-  local run
-  for run in "$repo"/sandbox/runs/*-"$name"-*/; do
-    [ -f "$run/metrics.json" ] && cp "$run/metrics.json" "$out/$(basename "$run").metrics.json"
-  done
-  local report
-  report=$(find "$repo/.git/tilegym-bot/prs" -name '*.md' 2>/dev/null | sort -V | tail -n 1)
-  [ "$status" = 0 ] && [ -n "$report" ] && cp "$report" "$out/$name.comment.md"
-  "${bot[@]}" experiment advance >/dev/null 2>&1 || "${bot[@]}" experiment reset >/dev/null 2>&1 || true
-  return 0
-}
+# shellcheck source=../loop/lib.sh
+source "$root/benchmarks/loop/lib.sh"
+loop_repo
+run() { loop_run "$@"; }
 
 kernels=$repo/src/tilegym/transformers/qwen3/kernels
 case $step in

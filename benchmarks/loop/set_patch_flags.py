@@ -1,0 +1,61 @@
+"""Set one model's flags in a ``MODEL_PATCH_KWARGS`` table, in place, as an experiment would.
+
+    python set_patch_flags.py TILEGYM_PATCH_PY MODEL_KEY FLAG=True|False...
+
+The preset's model type picks the entry; the entry's line is rewritten, nothing else.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+from tilegym_hf_bench.presets import PRESETS
+
+
+def set_flags(source: str, model_type: str, changes: dict[str, bool]) -> str:
+    """``source`` with the ``model_type`` entry's flags changed; error if absent or unknown."""
+    pattern = re.compile(rf'^(\s*"{re.escape(model_type)}": )(\{{.*\}}),$', re.MULTILINE)
+    match = pattern.search(source)
+    if match is None:
+        raise ValueError(f"no one-line MODEL_PATCH_KWARGS entry for {model_type!r}")
+    flags = ast.literal_eval(match.group(2))
+    unknown = sorted(set(changes) - set(flags))
+    if unknown:
+        raise ValueError(f"unknown flags {unknown} (the entry has {', '.join(flags)})")
+    flags.update(changes)
+    line = "{" + ", ".join(f'"{k}": {v}' for k, v in flags.items()) + "}"
+    return source[: match.start(2)] + line + source[match.end(2) :]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3:
+        print("error: usage: set_patch_flags.py FILE MODEL_KEY FLAG=True|False...", file=sys.stderr)
+        return 2
+    path, key, *assignments = argv
+    if key not in PRESETS:
+        print(f"error: unknown model key {key!r}", file=sys.stderr)
+        return 2
+    changes = {}
+    for item in assignments:
+        flag, _, value = item.partition("=")
+        if value not in ("True", "False"):
+            print(f"error: {item}: expected FLAG=True or FLAG=False", file=sys.stderr)
+            return 2
+        changes[flag] = value == "True"
+    file = Path(path)
+    try:
+        text = set_flags(file.read_text(), PRESETS[key].model_type, changes)
+    except ValueError as exc:
+        print(f"{path}: error: {exc}", file=sys.stderr)
+        return 1
+    tmp = file.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(file)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
