@@ -13,9 +13,10 @@
 #   cutile-attn     attention and the KV-cache write on cuTile  (expected: keep)
 #   drop-rope       RoPE back to PyTorch                        (expected: discard, coverage)
 # OUT_DIR gets each round's decision, the bot's stderr, PR comment and metrics, the ledger
-# (ledger.md) and its plot (ledger.png). On a GPU host source .gpu/activate.sh first (pin a GPU
-# with CUDA_VISIBLE_DEVICES to run families side by side); without a GPU pass
-# `--model-key tiny-<key> --device cpu`.
+# (ledger.md) and its plot (ledger.png). LOOP_ROUNDS (default: all four, in order) runs some
+# rounds now and the rest in a later call on the same OUT_DIR (its repository carries the
+# state). On a GPU host source .gpu/activate.sh first (pin a GPU with CUDA_VISIBLE_DEVICES to
+# run families side by side); without a GPU pass `--model-key tiny-<key> --device cpu`.
 set -euo pipefail
 if [ $# -lt 2 ]; then
   echo "error: usage: family_loop.sh OUT_DIR MODEL_KEY [bench args...]" >&2
@@ -34,8 +35,11 @@ flags() {  # FLAG=VALUE...: set this family's MODEL_PATCH_KWARGS flags in the re
     "$repo/modeling/transformers/src/tilegym_hf_bench/tilegym_patch.py" "$key" "$@"
 }
 
+wanted() { [[ " ${LOOP_ROUNDS:-baseline cutile-linear cutile-attn drop-rope} " == *" $1 "* ]]; }
+
 round() {  # NAME DESCRIPTION FLAG=VALUE...: an experiment that flips flags, then its round
   local name=$1 description=$2; shift 2
+  wanted "$name" || return 0
   "${bot[@]}" experiment start --model-key "$key" --name "$name"
   flags "$@"
   git -C "$repo" commit -qam "$key: $description"
@@ -47,10 +51,14 @@ if [ "$(git -C "$repo" rev-list --count HEAD)" = 1 ]; then
   flags attn=False linear=False
   git -C "$repo" commit -qam "$key: attention and GEMMs in PyTorch (the loop's starting point)"
 fi
-"${bot[@]}" experiment start --model-key "$key" --name baseline
-loop_run baseline "main as it is" -- "${bench[@]}"
+if wanted baseline; then
+  "${bot[@]}" experiment start --model-key "$key" --name baseline
+  loop_run baseline "main as it is" -- "${bench[@]}"
+fi
 round cutile-linear "every projection on the cuTile GEMMs" linear=True
 round cutile-attn "attention and the KV-cache write on cuTile" attn=True
 round drop-rope "RoPE back to PyTorch" rope=False
-cp "$repo/sandbox/${key}_results.md" "$out/ledger.md"
-"${bot[@]}" ledger show --model-key "$key" --plot "$out/ledger.png" > /dev/null
+if [ -f "$repo/sandbox/${key}_results.md" ]; then
+  cp "$repo/sandbox/${key}_results.md" "$out/ledger.md"
+  "${bot[@]}" ledger show --model-key "$key" --plot "$out/ledger.png" > /dev/null
+fi
