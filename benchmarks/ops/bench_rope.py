@@ -6,7 +6,8 @@ default dispatch, marked ``*``) and "copy", a ``dst.copy_(src)`` of the same byt
 interleaved. Columns: % of the 4.3 TB/s copy bandwidth and % of the measured copy (what the
 harness allows at that size); at decode also back-to-back µs per call (host cost included).
 Bytes: q and k read and written once, cos and sin read once. ``--warm I/N`` only launches
-(fills the kernel cache; see _sweep.py); ``--models`` / ``--shapes`` pick a subset.
+(fills the kernel cache; see _sweep.py); ``--models`` (qwen3 and llama unless named: any key of
+``_shapes.HEADS``) / ``--shapes`` pick a subset.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from functools import partial
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _shapes import MODELS  # noqa: E402
+from _shapes import HEADS, MODELS  # noqa: E402
 from _sweep import print_ceiling_sweep, warm  # noqa: E402
 from _timing import flush_mode  # noqa: E402
 
@@ -61,7 +62,7 @@ def all_cases(models, shapes):
     for key in models:
         for shape in shapes:
             b, s = (int(v) for v in shape.split("x"))
-            yield from _cases(key, MODELS[key], b, s)
+            yield from _cases(key, HEADS[key], b, s)
 
 
 def main() -> None:
@@ -72,6 +73,9 @@ def main() -> None:
     p.add_argument("--shapes", default=",".join(SHAPES))
     args = p.parse_args()
     models, shapes = args.models.split(","), args.shapes.split(",")
+    unknown = sorted(set(models) - set(HEADS))
+    if unknown:
+        p.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(HEADS)}")
     if args.warm:
         warm(all_cases(models, shapes), args.warm)
         return
@@ -81,7 +85,7 @@ def main() -> None:
         f"the head-loop kernel); "
         f"L2 flush: {flush_mode()}"
     )
-    decode = {f"{k} {s}" for k in MODELS for s in ("1x1", "8x1")}
+    decode = {f"{k} {s}" for k in HEADS for s in ("1x1", "8x1")}
     print_ceiling_sweep(all_cases(models, shapes), DEFAULTS, args.iters, lambda s: s in decode)
 
 

@@ -208,6 +208,8 @@ ROPE_VARIANTS = {
     "auto": dict(),
     "token": dict(variant="token"),
     "l8-t16-L1-o4": dict(variant="loop", heads=8, tokens=16, latency=1, occupancy=4),
+    "l2-t16-L1-o4": dict(variant="loop", heads=2, tokens=16, latency=1, occupancy=4),
+    "l4-t16-L1-o4": dict(variant="loop", heads=4, tokens=16, latency=1, occupancy=4),
     "l8-t16-L1-o5": dict(variant="loop", heads=8, tokens=16, latency=1, occupancy=5),
     "l8-t16-L4-o3": dict(variant="loop", heads=8, tokens=16, latency=4, occupancy=3),
     "l8-t16-L10-o6": dict(variant="loop", heads=8, tokens=16, latency=10, occupancy=6),
