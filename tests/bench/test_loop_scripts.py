@@ -66,12 +66,19 @@ def test_the_script_rewrites_a_file_in_place_and_reports_bad_input(tmp_path):
     assert run("nope", "rope=True").stderr == "error: unknown model key 'nope'\n"
 
 
-def test_the_family_loop_needs_a_model_key():
+@pytest.mark.parametrize(
+    "script,usage",
+    [
+        ("family_loop.sh", "OUT_DIR MODEL_KEY [bench args...]"),
+        ("families_on_gpus.sh", "OUT_DIR KEY[,KEY...] [bench args...]"),
+    ],
+)
+def test_the_loop_scripts_need_a_model_key(script, usage):
     done = subprocess.run(
-        ["bash", str(ROOT / "benchmarks/loop/family_loop.sh"), "out"],
+        ["bash", str(ROOT / "benchmarks/loop" / script), "out"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 2
-    assert done.stderr == "error: usage: family_loop.sh OUT_DIR MODEL_KEY [bench args...]\n"
+    assert done.stderr == f"error: usage: {script} {usage}\n"
