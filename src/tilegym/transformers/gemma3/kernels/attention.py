@@ -2,7 +2,7 @@
 
 Thin wrappers over ``tilegym.ops.attention`` at this model's head configuration, named by the
 Solution files; the model itself uses them through ``tilegym.transformers.attention.enable``
-(which serves ``SUPPORTED_HEAD_DIMS``; head_dim 256 is not among them yet). The scale is
+(its ``SUPPORTED_HEAD_DIMS`` include 256). The scale is
 ``query_pre_attn_scalar ** -0.5`` (256 for gemma-3-1b, equal to the head dim).
 
 Causal only, as the Definitions: gemma-3-1b's sliding layers (window 512, 5 of every 6) equal

@@ -2,7 +2,7 @@
 
 Thin wrappers over ``tilegym.ops.attention`` at this model's head configuration, named by the
 Solution files; the model itself uses them through ``tilegym.transformers.attention.enable``
-(which serves ``SUPPORTED_HEAD_DIMS``; head_dim 96 is not among them yet). Causal only:
+(head_dim 96 runs in 128-wide tiles). Causal only:
 Phi-3.5-mini's 262144-token sliding window exceeds its 131072 positions, so it never binds.
 """
 
