@@ -5,6 +5,7 @@ import math
 import pytest
 from tilegym_hf_bench.stats import (
     first_run_outlier,
+    lag1_autocorrelation,
     settled,
     student_t_central_prob,
     summarize,
@@ -55,3 +56,10 @@ def test_warmup_settles_when_consecutive_runs_agree():
     assert not settled([5.0, 1.0], 2)
     assert settled([5.0, 1.0, 1.05], 2)
     assert not settled([5.0, 1.0, 1.05], 4)
+
+
+def test_lag1_autocorrelation_tells_alternation_from_drift():
+    assert lag1_autocorrelation([248.0, 205.0] * 5) == pytest.approx(-0.9)
+    assert lag1_autocorrelation([float(x) for x in range(10)]) == pytest.approx(0.7)
+    assert lag1_autocorrelation([1.0, 2.0]) is None
+    assert lag1_autocorrelation([3.0, 3.0, 3.0]) is None

@@ -93,3 +93,19 @@ def settled(times: list[float], min_runs: int, rel_tol: float = 0.10) -> bool:
     if len(times) < max(min_runs, 2):
         return False
     return abs(times[-1] - times[-2]) <= rel_tol * times[-2]
+
+
+def lag1_autocorrelation(samples: list[float]) -> float | None:
+    """Correlation of each sample with the next (None below three samples or with no spread).
+
+    Near -1: the runs alternate between two levels (a phase that flips every run); near +1:
+    slow drift; near 0: independent noise, which only more runs average out."""
+    n = len(samples)
+    if n < 3:
+        return None
+    mean = statistics.fmean(samples)
+    dev = [x - mean for x in samples]
+    var = sum(d * d for d in dev)
+    if var == 0.0:
+        return None
+    return sum(dev[i] * dev[i + 1] for i in range(n - 1)) / var
