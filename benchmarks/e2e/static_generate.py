@@ -15,16 +15,16 @@ recompile.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 
 import torch
-from tilegym_hf_bench.generation import Generator, make_input_ids
-from tilegym_hf_bench.model_factory import random_model, twin_sharing_weights
-from tilegym_hf_bench.modes import STATIC
-from tilegym_hf_bench.tilegym_patch import apply_patch
-from tilegym_hf_bench.workloads import resolve_workload
+from tilegym_hf_bench.generation import Generator
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _sides import CUTILE, static_sides  # noqa: E402
 
 
 def gpu_ms(gen: Generator, tokens: int) -> float:
@@ -41,15 +41,9 @@ def gpu_ms(gen: Generator, tokens: int) -> float:
 
 
 def measure(model_key: str, workload: str, runs: int, seed: int) -> list[dict]:
-    wl = resolve_workload(workload, mode=STATIC)
-    base = random_model(model_key, "cuda", seed).model
-    twin = twin_sharing_weights(base)
-    report = apply_patch(twin, base.config.model_type)
-    ids = make_input_ids(base.config.vocab_size, wl.batch_size, wl.input_length, seed, "cuda")
-    sides = {"PyTorch static": Generator(base, ids, "cuda", STATIC)}
-    sides["cuTile static"] = Generator(twin, ids, "cuda", STATIC)
+    wl, sides, report = static_sides(model_key, workload, seed)
     rows = {name: {"side": name, "wall": [], "applied": ""} for name in sides}
-    rows["cuTile static"]["applied"] = ",".join(report.applied)
+    rows[CUTILE]["applied"] = ",".join(report.applied)
     for name, gen in sides.items():
         start = time.perf_counter()
         for _ in range(wl.warmup_runs):

@@ -15,15 +15,15 @@ sharing the baseline's weights), as ``static_generate.py`` builds them.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 import torch
-from tilegym_hf_bench.generation import Generator, make_input_ids
-from tilegym_hf_bench.model_factory import random_model, twin_sharing_weights
-from tilegym_hf_bench.modes import STATIC
-from tilegym_hf_bench.tilegym_patch import apply_patch
-from tilegym_hf_bench.workloads import resolve_workload
+from tilegym_hf_bench.generation import Generator
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _sides import static_sides  # noqa: E402
 
 #: profiler event name -> the column it counts
 HOST_EVENTS = {
@@ -83,14 +83,9 @@ def warm_up(gen: Generator, tokens: int, runs: int) -> tuple[float, dict]:
 
 
 def measure(model_key: str, workload: str, seed: int) -> list[dict]:
-    wl = resolve_workload(workload, mode=STATIC)
-    base = random_model(model_key, "cuda", seed).model
-    twin = twin_sharing_weights(base)
-    apply_patch(twin, base.config.model_type)
-    ids = make_input_ids(base.config.vocab_size, wl.batch_size, wl.input_length, seed, "cuda")
+    wl, sides, _ = static_sides(model_key, workload, seed)
     rows = []
-    for side, model in (("PyTorch static", base), ("cuTile static", twin)):
-        gen = Generator(model, ids, "cuda", STATIC)
+    for side, gen in sides.items():
         warm_s, compiled = warm_up(gen, wl.output_length, wl.warmup_runs)
         table, gpu_ms, wall_ms = profile_side(gen, wl.output_length)
         rows.append(

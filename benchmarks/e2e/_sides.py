@@ -1,0 +1,28 @@
+"""The two sides every static-mode script here compares: a random-weight preset under PyTorch
+and a twin sharing its weights, patched, each behind a static-mode ``Generator`` on one prompt."""
+
+from __future__ import annotations
+
+from tilegym_hf_bench.generation import Generator, make_input_ids
+from tilegym_hf_bench.model_factory import random_model, twin_sharing_weights
+from tilegym_hf_bench.modes import STATIC
+from tilegym_hf_bench.tilegym_patch import PatchReport, apply_patch
+from tilegym_hf_bench.workloads import Workload, resolve_workload
+
+PYTORCH, CUTILE = "PyTorch static", "cuTile static"
+
+
+def static_sides(
+    model_key: str, workload: str, seed: int, device: str = "cuda"
+) -> tuple[Workload, dict[str, Generator], PatchReport]:
+    """(the workload, ``{PYTORCH: ..., CUTILE: ...}`` generators, the cuTile side's patch)."""
+    wl = resolve_workload(workload, mode=STATIC)
+    base = random_model(model_key, device, seed).model
+    twin = twin_sharing_weights(base)
+    report = apply_patch(twin, base.config.model_type)
+    ids = make_input_ids(base.config.vocab_size, wl.batch_size, wl.input_length, seed, device)
+    sides = {
+        PYTORCH: Generator(base, ids, device, STATIC),
+        CUTILE: Generator(twin, ids, device, STATIC),
+    }
+    return wl, sides, report
