@@ -65,6 +65,8 @@ SCAN_ELEMS = 4096
 ROUTE_ELEMS = 2048
 #: how `moe_dispatch` groups the slots (`MoeConfig.dispatch`)
 DISPATCHES = ("sorted", "per_slot", "direct")
+#: the dispatches that give every slot its own block (slot s is block s)
+SLOT_BLOCKS = ("per_slot", "direct")
 #: columns per program of the row-gather kernel
 GATHER_COLS = 256
 #: rows x columns gathered per program of the combine kernel
@@ -505,7 +507,7 @@ def max_blocks(n_slots: int, n_experts: int, bm: int) -> int:
 def n_blocks(n_slots: int, n_experts: int, bm: int, dispatch: str = "sorted") -> int:
     """Blocks of the GEMM grids' first extent: one per slot for ``per_slot`` and ``direct``,
     else `max_blocks` (what `moe_dispatch` lays out)."""
-    if dispatch in ("per_slot", "direct"):
+    if dispatch in SLOT_BLOCKS:
         return n_slots
     return max_blocks(n_slots, n_experts, bm)
 
@@ -579,7 +581,7 @@ def dispatch_reference(
     flat = ids.reshape(-1).to(torch.int64).cpu()
     n = flat.numel()
     valid = (flat >= 0) & (flat < n_experts)
-    if dispatch in ("per_slot", "direct"):
+    if dispatch in SLOT_BLOCKS:
         slots = torch.arange(n)
         sorted_ = torch.full((n, bm), n, dtype=torch.int32)
         sorted_[valid, 0] = slots[valid].to(torch.int32)
@@ -836,8 +838,8 @@ def aot_signatures(
     i32, n_int = _arr(ct.int32, 1), ScalarConstraint(ct.int32)
     ep, chunk = dispatch_tiles(experts)
     cfgs = {choose_config(t * top_k, experts) for t in tokens} | set(configs)
-    slot_blocks = ("per_slot", "direct")  # the same tiles, either way (benchmarks compare them)
-    cfgs |= {replace(c, dispatch=d) for c in cfgs if c.dispatch in slot_blocks for d in slot_blocks}
+    # a slot-block config's tiles under either slot-block dispatch (benchmarks compare them)
+    cfgs |= {replace(c, dispatch=d) for c in cfgs if c.dispatch in SLOT_BLOCKS for d in SLOT_BLOCKS}
     cfgs = sorted(cfgs, key=lambda c: (c.bm, c.bn_up, c.bn_down, c.tk, repr(c)))
     sigs: dict = {}
 
