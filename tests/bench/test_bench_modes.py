@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from tilegym_bot.policy import decide, differences
-from tilegym_hf_bench.compile_guard import no_compile, recompile_reason
+from tilegym_hf_bench.compile_guard import graph_recordings, no_compile, recompile_reason
 from tilegym_hf_bench.errors import BenchError
 from tilegym_hf_bench.experiment_tree import measured_tree
-from tilegym_hf_bench.generation import Generator, make_input_ids
+from tilegym_hf_bench.generation import Generator, cache_kwarg, make_input_ids
 from tilegym_hf_bench.metrics import assemble, throughput_block
 from tilegym_hf_bench.metrics_schema import (
     READABLE_SCHEMA_IDS,
@@ -101,7 +101,9 @@ def test_generation_config_per_mode():
     ids = make_input_ids(512, 1, PROMPT, 0, "cpu")
     eager = Generator(model, ids, "cpu").config(NEW)
     assert eager.cache_implementation is None and eager.compile_config is None
-    static = Generator(model, ids, "cpu", STATIC).config(NEW)
+    kept = Generator(model, ids, "cpu", STATIC)
+    assert kept.keep_cache and kept.config(NEW).cache_implementation is None  # passed in
+    static = Generator(model, ids, "cpu", STATIC, keep_cache=False).config(NEW)
     assert static.cache_implementation == "static"
     assert static.compile_config == CompileConfig(**DECODE_STEP_COMPILE)
     assert static.compile_config._compile_all_devices  # the CPU compiles as a GPU would
@@ -130,11 +132,12 @@ def test_static_generate_uses_a_static_cache_and_compiles_in_warm_up(warm_static
     config = copy.deepcopy(gen.config(NEW))
     config.return_dict_in_generate = True
     with torch.inference_mode():
-        out = gen.model.generate(input_ids=gen.input_ids, generation_config=config)
+        kept = {cache_kwarg(gen.model): gen.kept_cache(NEW)}
+        out = gen.model.generate(input_ids=gen.input_ids, generation_config=config, **kept)
     cache = getattr(out, "cache", None)  # newer transformers; 5.17 calls it past_key_values
     if cache is None:
         cache = out.past_key_values
-    assert isinstance(cache, StaticCache)
+    assert isinstance(cache, StaticCache) and cache is gen._cache  # the side's one cache
     assert out.sequences.shape == (1, PROMPT + NEW)
 
 
@@ -159,6 +162,31 @@ def test_a_compile_inside_a_timed_run_is_flagged(warm_static):
     assert message.startswith("timed run 2/2, baseline: torch.compile needed a new compile")
     assert "run is not ok" in message and "\n" not in message
     assert [line.split(":")[0] for line in logged] == ["timed run 1/2"]
+
+
+# after the warm_static tests: a compile here would make their first warm-up a warm one
+def test_a_kept_cache_is_one_cache_at_fixed_addresses_with_the_same_tokens():
+    model = random_model("tiny-qwen3", "cpu", seed=3).model
+    ids = make_input_ids(512, 1, PROMPT, 4, "cpu")
+    fresh = Generator(model, ids, "cpu", STATIC, keep_cache=False)
+    kept = Generator(model, ids, "cpu", STATIC, keep_cache=True)
+    assert kept.config(NEW).cache_implementation is None  # passed in, not made by generate()
+    assert kept.config(NEW).compile_config == fresh.config(NEW).compile_config
+    first = kept.generate(NEW)
+    cache = kept._cache
+    addresses = [layer.keys.data_ptr() for layer in cache.layers]
+    kept.generate(1)  # a shorter call reuses it, emptied
+    again = kept.generate(NEW)
+    assert kept._cache is cache and [layer.keys.data_ptr() for layer in cache.layers] == addresses
+    assert torch.equal(first, again) and torch.equal(first, fresh.generate(NEW))
+    kept.use_prompt(make_input_ids(512, 2, PROMPT, 5, "cpu"))  # another batch size: a new cache
+    assert kept.generate(NEW).shape == (2, PROMPT + NEW) and kept._cache is not cache
+
+
+def test_only_a_static_mode_can_keep_a_cache():
+    model = random_model("tiny-qwen3", "cpu", seed=0).model
+    with pytest.raises(BenchError, match="no static cache to keep"):
+        Generator(model, make_input_ids(512, 1, PROMPT, 0, "cpu"), "cpu", EAGER, keep_cache=True)
 
 
 # --- the guard on its own -------------------------------------------------------------------
@@ -211,6 +239,23 @@ def test_guard_flags_a_first_compile_and_passes_other_errors_through():
         fresh(torch.ones(2))
     with pytest.raises(RuntimeError, match="^boom$"), no_compile("timed run 1/1, baseline"):
         raise RuntimeError("boom")
+
+
+def test_guard_flags_a_cuda_graph_recording_and_ignores_other_callbacks():
+    """cudagraph trees announce a recording through Dynamo's callback handler, the way this
+    test does; a CPU cannot record a CUDA graph itself."""
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+    flagged = pytest.raises(BenchError, match=r"^timed run 4/5, baseline: 1 CUDA graph\(s\) rec")
+    recording = callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING, "7/0")
+    with flagged, no_compile("timed run 4/5, baseline"), recording:
+        pass
+    other = callback_handler.install_callbacks(CallbackTrigger.LAZY_BACKWARD, "7/1")
+    with no_compile("timed run 5/5, baseline"), other:
+        pass
+    with graph_recordings() as heard:  # the listener left with the guard
+        pass
+    assert heard == [] and all(cb.__name__ != "heard" for cb in callback_handler.start_callbacks)
 
 
 def test_recompile_reason_is_one_short_line():

@@ -15,14 +15,15 @@ def _run(*args, timeout=600):
     )
 
 
-def test_tiny_preset_on_the_cpu_prints_every_block_and_run():
-    done = _run("--model-key", "tiny-qwen3", "--device", "cpu", "--runs", "3")
+def test_tiny_preset_on_the_cpu_prints_every_block_and_run_of_both_cache_policies():
+    done = _run("--model-key", "tiny-qwen3", "--device", "cpu", "--runs", "3", "--cache", "fresh",
+                "kept")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| alone |")]
-    rows += [line for line in done.stdout.splitlines() if line.startswith("| interleaved |")]
-    assert len(rows) == 4 + 12  # a summary row per block and side, then every run
+    rows = [line for line in done.stdout.splitlines() if line.startswith(("| fresh ", "| kept "))]
+    assert len(rows) == 2 * (4 + 12)  # per policy: a summary row per block and side, every run
     summary = rows[0].split(" | ")
-    assert summary[1] == "PyTorch static" and float(summary[2]) > 0
+    assert summary[0] == "| fresh alone" and summary[1] == "PyTorch static"
+    assert float(summary[2]) > 0 and summary[-1] == "0 |"  # a CPU records no CUDA graphs
 
 
 def test_bad_arguments_get_one_line():

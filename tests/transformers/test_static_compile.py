@@ -183,6 +183,23 @@ def test_gemma3_ring_window_survives_a_continuation_on_the_same_cache():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+def test_gemma3_ring_window_on_a_kept_cache_starts_over_after_a_reset():
+    """The static-mode benchmark keeps one cache per side and resets it before every
+    ``generate()``: a ring window that wrapped in one call starts empty in the next, and both
+    calls generate the unpatched model's tokens."""
+    torch._dynamo.reset()
+    base = _gemma3()
+    patched = copy.deepcopy(base)
+    mp.apply_tilegym_kernel(patched)
+    ids, mask = _left_padded([9, 6])
+    want = _greedy(base, ids, mask, 7)
+    cache = StaticCache(config=patched.config, max_cache_len=ids.shape[1] + 7)
+    kw = {_cache_kwarg(patched): cache, "compile_config": _cpu_compile_config()}
+    for _ in range(2):
+        cache.reset()
+        assert torch.equal(_greedy(patched, ids, mask, 7, **kw), want)
+
+
 def _graph_symbols(model, ids, mask) -> tuple[set[str], str]:
     """The symbolic ints of the compiled static decode step (its varying host inputs) and its
     generated code."""

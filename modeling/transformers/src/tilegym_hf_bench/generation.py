@@ -4,11 +4,12 @@ synchronization."""
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 from collections.abc import Callable
 
 import torch
-from transformers import CompileConfig, GenerationConfig
+from transformers import CompileConfig, GenerationConfig, StaticCache
 
 from tilegym_hf_bench.compile_guard import require_guard
 from tilegym_hf_bench.errors import BenchError
@@ -69,6 +70,13 @@ def greedy_config(
     )
 
 
+def cache_kwarg(model) -> str:
+    """The keyword generate() takes a cache under: the model forward's own name for it
+    (``cache`` in later transformers 5 releases, ``past_key_values`` before)."""
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def synchronizer(device: str) -> Callable[[], None]:
     if device.startswith("cuda"):
         return torch.cuda.synchronize
@@ -77,16 +85,32 @@ def synchronizer(device: str) -> Callable[[], None]:
 
 class Generator:
     """``generate()`` of one model on fixed inputs in one ``--mode``, for a given number of new
-    tokens."""
+    tokens.
 
-    def __init__(self, model, input_ids, device: str, mode: str = DEFAULT_MODE):
+    ``keep_cache`` (default: the mode's): one static cache for all of this side's calls, reset
+    before each, instead of the fresh one generate() allocates per call. A fresh cache has new
+    addresses, and the decode step's CUDA graphs were recorded against the old ones."""
+
+    def __init__(
+        self,
+        model,
+        input_ids,
+        device: str,
+        mode: str = DEFAULT_MODE,
+        keep_cache: bool | None = None,
+    ):
         if MODES[mode].compile_config is not None:
             require_guard(mode)
         self.model = model
         self.mode = mode
         self.device = device
         self.sync = synchronizer(device)
+        self.keep_cache = MODES[mode].keep_cache if keep_cache is None else keep_cache
+        if self.keep_cache and MODES[mode].cache_implementation != "static":
+            raise BenchError(f"--mode {mode} has no static cache to keep across generate() calls")
         self._configs: dict[int, GenerationConfig] = {}
+        self._cache: StaticCache | None = None
+        self._cache_shape = (0, 0)  # (batch, length) the kept cache was made for
         self.use_prompt(input_ids)
 
     def use_prompt(self, input_ids) -> None:
@@ -99,15 +123,34 @@ class Generator:
         config = self._configs.get(new_tokens)
         if config is None:
             config = greedy_config(self.model, new_tokens, self.mode, self.device)
+            if self.keep_cache:
+                config.cache_implementation = None  # the kept cache is passed in instead
             self._configs[new_tokens] = config
         return config
 
+    def kept_cache(self, new_tokens: int) -> StaticCache:
+        """The kept static cache, emptied, with room for the prompt and ``new_tokens``; a
+        longer call than any before, or another batch size, replaces it (warm-up makes the
+        longest call)."""
+        batch, length = self.input_ids.shape[0], self.input_ids.shape[1] + new_tokens
+        if self._cache is None or self._cache_shape[0] != batch or self._cache_shape[1] < length:
+            self._cache = StaticCache(
+                config=self.model.config.get_text_config(decoder=True), max_cache_len=length
+            )
+            self._cache_shape = (batch, length)
+        self._cache.reset()
+        return self._cache
+
     def _generate(self, config: GenerationConfig, new_tokens: int):
         with torch.inference_mode():
+            kwargs = {}
+            if self.keep_cache:
+                kwargs[cache_kwarg(self.model)] = self.kept_cache(new_tokens)
             out = self.model.generate(
                 input_ids=self.input_ids,
                 attention_mask=self.attention_mask,
                 generation_config=config,
+                **kwargs,
             )
         sequences = out.sequences if config.return_dict_in_generate else out
         expected = self.input_ids.shape[1] + new_tokens

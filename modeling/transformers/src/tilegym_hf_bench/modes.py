@@ -32,11 +32,14 @@ class Mode:
     summary: str  # what the mode line says after the name
     cache_implementation: str | None  # generate(cache_implementation=...); None: the default
     compile_config: dict[str, Any] | None  # CompileConfig kwargs of the decode step; None: eager
+    keep_cache: bool = False  # one static cache per side across generate() calls (Generator)
 
 
 MODES: dict[str, Mode] = {
     EAGER: Mode(EAGER, "each side's default KV cache, eager generate()", None, None),
-    STATIC: Mode(STATIC, "static KV cache, compiled decode step", "static", DECODE_STEP_COMPILE),
+    STATIC: Mode(
+        STATIC, "static KV cache, compiled decode step", "static", DECODE_STEP_COMPILE, True
+    ),
 }
 
 

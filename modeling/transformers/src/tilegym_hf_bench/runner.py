@@ -117,21 +117,26 @@ def run(options: BenchOptions, progress: Progress) -> None:
                 ),
             )
 
+    def side(name: str, model) -> Generator:
+        """The side's timed generator (its compiled step and kept cache, so nothing records a
+        CUDA graph again) on the warm-up prompt; a new one for a side that was not timed."""
+        gen = sides.get(name) or Generator(model, ids, device, wl.mode)
+        gen.use_prompt(ids)
+        return gen
+
     if options.skip_correctness:
         progress.not_measured("correctness", "--skip-correctness")
     else:
-        cutile_gen = None
-        if cutile_model is not None:
-            cutile_gen = Generator(cutile_model, ids, device, wl.mode)
-        result = check_correctness(Generator(baseline, ids, device, wl.mode), cutile_gen, wl)
+        cutile_gen = side(CUTILE, cutile_model) if cutile_model is not None else None
+        result = check_correctness(side(BASELINE, baseline), cutile_gen, wl)
         progress.part("correctness", result)
 
     # without a patch the PyTorch model is profiled: 0% coverage and the map of where its GPU
     # time goes, which is where a new family's first experiment starts
-    profiled = baseline if unpatched else cutile_model
     coverage_reason = _coverage_unmeasured_reason(options, device, cutile_reason, unpatched)
     if coverage_reason is None:
-        block = _coverage(options, profiled, ids, device, wl.output_length, tree)
+        profiled = side(BASELINE, baseline) if unpatched else side(CUTILE, cutile_model)
+        block = _coverage(options, profiled, device, wl.output_length, tree)
         if block is None:
             progress.update(coverage_pending="nsys")
         else:
@@ -208,8 +213,8 @@ def _finite(x: float) -> bool:
     return x == x and x not in (float("inf"), float("-inf"))
 
 
-def _coverage(options: BenchOptions, model, ids, device: str, tokens: int, tree) -> dict | None:
-    gen = Generator(model, ids, device, options.workload.mode)
+def _coverage(options: BenchOptions, gen: Generator, device: str, tokens: int, tree) -> dict | None:
+    model = gen.model
     classifier = tree.classifier()
     if not classifier.can_demangle:
         log("warning: cuda.tile.compilation is not importable; classifying by prefixes only")
