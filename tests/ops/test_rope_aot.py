@@ -71,3 +71,20 @@ def test_aot_signatures_name_the_default_kernels():
     sigs = rp.aot_signatures()
     assert set(sigs) == set(rp.default_rope_kernels()) | set(rp.default_qk_kernels())
     assert all(sigs.values())
+
+
+def test_auto_decode_takes_the_loop_kernel_for_halves_that_are_not_power_of_two_tiles(launches):
+    """Phi-3.5-mini's heads (32 of 96: halves of 48) decode with the head-loop kernel, which the
+    AOT signatures cover; power-of-two halves (Llama's 64) keep the per-token kernel."""
+    keys = _sig_keys(rp.aot_signatures(heads=[(32, 32, 96), (32, 8, 64)], partial_rot=()))
+    for hq, hk, d in [(32, 32, 96), (32, 8, 64)]:
+        for b in (1, 8):
+            q = torch.randn(b, hq, 1, d).to(torch.bfloat16)
+            k = torch.randn(b, hk, 1, d).to(torch.bfloat16)
+            cos = sin = torch.randn(1, 1, d).to(torch.bfloat16)
+            rp.apply_rope(q, k, cos, sin)
+    kernels = [kernel for kernel, _ in launches]
+    assert kernels == [rp.rope_loop_kernel] * 2 + [rp.rope_kernel] * 2
+    for kernel, args in launches:
+        key = _launch_key(kernel, args, len(args) - (4 if kernel is rp.rope_kernel else 5))
+        assert key in keys, f"no AOT signature for {key}"

@@ -166,7 +166,8 @@ def qk_norm_rope_kernel(
 
 #: Kernel choice of ``apply_rope`` / ``qk_norm_rope`` without a ``variant`` argument:
 #: "auto" = "token" for at most ``*_TOKEN_MAX`` tokens (decode: fewest host-side view ops and
-#: launch arguments) and "loop" above; or "token" / "loop" for every size.
+#: launch arguments) and "loop" above, or always "loop" for halves that are not power-of-two
+#: tiles (``_pick``); or "token" / "loop" for every size.
 #:
 #: - "token": the first version, one block per token, each half a ``slice`` at a run-time
 #:   offset: sm_90 SASS has only scalar 2-byte loads and stores (LDG.E.U16 / STG.E.U16);
@@ -508,11 +509,14 @@ def _loop_grid(th: int, ts: int, hq: int, hk: int, seq: int, bsz: int) -> tuple[
 VARIANT_NAMES = ("token", "loop")
 
 
-def _pick(variant: str | None, default: str, token_max: int, ntok: int) -> str:
-    """The variant to launch: "auto" is "token" up to ``token_max`` tokens, "loop" above."""
+def _pick(variant: str | None, default: str, token_max: int, ntok: int, flat: bool) -> str:
+    """The variant to launch: "auto" is "token" up to ``token_max`` tokens, "loop" above, and
+    "loop" at every size when the rotary halves are not whole power-of-two tiles (``flat``):
+    there the per-token kernel pads each half and took 27 us a decode step for Phi-3.5-mini's
+    32 heads of 96 (1 token; the loop kernel 8 us; H200, bench_rope.py --models phi3)."""
     v = variant or default
     if v == "auto":
-        return "token" if ntok <= token_max else "loop"
+        return "token" if flat and ntok <= token_max else "loop"
     if v not in VARIANT_NAMES:
         raise ValueError(f"unknown variant {v!r} (auto, {', '.join(VARIANT_NAMES)})")
     return v
@@ -552,7 +556,7 @@ def apply_rope(
     k_out = torch.empty((bsz, hk, seq, d), dtype=k.dtype, device=k.device)
     if not bsz * seq:
         return q_out, k_out
-    if _pick(variant, ROPE_VARIANT, ROPE_TOKEN_MAX, bsz * seq) == "token":
+    if _pick(variant, ROPE_VARIANT, ROPE_TOKEN_MAX, bsz * seq, _flat(rot, d)) == "token":
         consts = rope_constants(hq, hk, d, rot)
         args = (q, k, cos, sin, q_out, k_out, batched, *consts)
         ct.launch(stream(), (bsz * seq, 1, 1), rope_kernel, args)
@@ -622,7 +626,7 @@ def qk_norm_rope(
     if not bsz * seq:
         return q_out, k_out
     qw, kw = _last_contiguous(q_weight), _last_contiguous(k_weight)
-    if _pick(variant, QK_VARIANT, QK_TOKEN_MAX, bsz * seq) == "token":
+    if _pick(variant, QK_VARIANT, QK_TOKEN_MAX, bsz * seq, _flat(d, d)) == "token":
         tq, tk, tr = next_pow2(hq), next_pow2(hk), next_pow2(d // 2)
         args = (q, k, qw, kw, cos, sin, q_out, k_out, float(eps), batched, tq, tk, tr)
         ct.launch(stream(), (bsz * seq, 1, 1), qk_norm_rope_kernel, (*args, bool(unit_offset)))
