@@ -9,13 +9,21 @@ generated token, their host time, the GPU time per token, and the compiled frame
 breaks of the warm-up. Both sides are the same random-weight preset (the cuTile side a twin
 sharing the baseline's weights), as ``static_generate.py`` builds them.
 
+``--python-top N`` adds, per side, the N Python functions with the most self time in one more
+warm ``generate()`` under cProfile (µs per token; cProfile slows Python down, so read the
+shares, not the sums): where the host time that neither the kernels nor the launches explain
+goes.
+
     python benchmarks/e2e/static_host_profile.py --models phi3 --workload default
+    python benchmarks/e2e/static_host_profile.py --models qwen3 --python-top 25
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import sys
 import time
 
@@ -67,6 +75,28 @@ def profile_side(gen: Generator, tokens: int) -> tuple[dict, float, float]:
     return host_table(prof.key_averages(), tokens), gpu_us / 1e3 / tokens, wall * 1e3 / tokens
 
 
+def python_top(stats: dict, tokens: int, n: int) -> list[tuple[str, float, float]]:
+    """(function, calls per token, self µs per token) of the ``n`` functions with the most self
+    time, from ``pstats.Stats.stats`` ({(file, line, name): (prim calls, calls, self s, cum s,
+    callers)})."""
+    rows = []
+    for (path, line, name), (_, calls, self_s, _, _) in stats.items():
+        where = f"{os.path.basename(path)}:{line}({name})" if line else name
+        rows.append((where, calls / tokens, 1e6 * self_s / tokens))
+    rows.sort(key=lambda r: -r[2])
+    return rows[:n]
+
+
+def profile_python(gen: Generator, tokens: int, n: int) -> list[tuple[str, float, float]]:
+    """``python_top`` of one warm generate() under cProfile."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    gen.generate(tokens)
+    gen.sync()
+    profiler.disable()
+    return python_top(pstats.Stats(profiler).stats, tokens, n)
+
+
 def warm_up(gen: Generator, tokens: int, runs: int) -> tuple[float, dict]:
     """Seconds of the warm-up generate()s and Dynamo's frame and graph-break counts."""
     counters = torch._dynamo.utils.counters
@@ -82,14 +112,16 @@ def warm_up(gen: Generator, tokens: int, runs: int) -> tuple[float, dict]:
     }
 
 
-def measure(model_key: str, workload: str, seed: int) -> list[dict]:
+def measure(model_key: str, workload: str, seed: int, python_n: int = 0) -> list[dict]:
     wl, sides, _ = static_sides(model_key, workload, seed)
     rows = []
     for side, gen in sides.items():
         warm_s, compiled = warm_up(gen, wl.output_length, wl.warmup_runs)
         table, gpu_ms, wall_ms = profile_side(gen, wl.output_length)
+        top = profile_python(gen, wl.output_length, python_n) if python_n else []
         rows.append(
-            dict(side=side, warm_s=warm_s, gpu_ms=gpu_ms, wall_ms=wall_ms, host=table, **compiled)
+            dict(side=side, warm_s=warm_s, gpu_ms=gpu_ms, wall_ms=wall_ms, host=table, top=top)
+            | compiled
         )
         torch._dynamo.reset()
     return rows
@@ -103,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["phi3"])
     parser.add_argument("--workload", default="default")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--python-top", type=int, default=0, metavar="N")
     args = parser.parse_args(argv)
+    if args.python_top < 0:
+        parser.error("--python-top must be at least 0")
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -112,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     head = " | ".join(f"{c} (n / ms)" for c in COLUMNS)
     print(f"| model | side | frames | graph breaks | {head} | GPU ms | wall ms | warm-up s |")
     print("|---|---|---|---|" + "---|" * len(COLUMNS) + "---|---|---|")
+    tops = []
     for model_key in args.models:
-        for r in measure(model_key, args.workload, args.seed):
+        for r in measure(model_key, args.workload, args.seed, args.python_top):
+            tops += [(model_key, r["side"], *row) for row in r["top"]]
             cells = " | ".join(
                 "{:.2f} / {:.3f}".format(*r["host"].get(c, (0.0, 0.0))) for c in COLUMNS
             )
@@ -123,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         torch.cuda.empty_cache()
+    if tops:
+        print("\n| model | side | Python function (cProfile, one warm generate()) | calls / token "
+              "| self µs / token |")  # fmt: skip
+        print("|---|---|---|---|---|")
+        for model_key, side, where, calls, us in tops:
+            print(f"| {model_key} | {side} | `{where}` | {calls:.2f} | {us:.1f} |")
     return 0
 
 

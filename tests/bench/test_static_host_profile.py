@@ -58,3 +58,27 @@ def test_without_a_gpu_it_says_so():
         [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 2 and done.stderr == "error: needs a CUDA GPU\n"
+
+
+def test_python_top_ranks_functions_by_self_time_per_token():
+    stats = {
+        ("/x/transformers/generation/utils.py", 2700, "_sample"): (1, 1, 0.002, 0.5, {}),
+        ("/x/torch/_inductor/cudagraph_trees.py", 2236, "_run"): (128, 128, 0.064, 0.3, {}),
+        ("~", 0, "<method 'item' of 'torch._C.TensorBase' objects>"): (256, 256, 0.128, 0.1, {}),
+    }
+    top = _module().python_top(stats, 128, 2)
+    assert top == [
+        ("<method 'item' of 'torch._C.TensorBase' objects>", 2.0, pytest.approx(1000.0)),
+        ("cudagraph_trees.py:2236(_run)", 1.0, pytest.approx(500.0)),
+    ]
+
+
+def test_python_top_of_a_real_generate_on_the_cpu():
+    from tilegym_hf_bench.generation import Generator, make_input_ids
+    from tilegym_hf_bench.model_factory import random_model
+
+    model = random_model("tiny-qwen3", "cpu", seed=0).model
+    gen = Generator(model, make_input_ids(model.config.vocab_size, 1, 8, 0, "cpu"), "cpu")
+    top = _module().profile_python(gen, 4, 5)
+    assert len(top) == 5 and all(calls > 0 and us >= 0 for _, calls, us in top)
+    assert [us for *_, us in top] == sorted((us for *_, us in top), reverse=True)
