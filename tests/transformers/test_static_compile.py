@@ -141,14 +141,20 @@ def test_gemma3_static_generate_compiles_like_the_unpatched_model():
         assert torch.equal(_static(patched, ids, mask, 8), want)
 
 
-def test_gemma3_ring_window_with_padding_inside_it_generates_the_unpatched_tokens():
-    """The shorter row's three padding tokens are still in the first full window (tokens 2..5
-    of a 4-token window): the ring's rotated key validity must keep masking them as the ring
-    wraps."""
+def _gemma3_pair():
+    """(the tiny Gemma 3, a patched copy), with Dynamo's caches cleared for a fresh compile."""
     torch._dynamo.reset()
     base = _gemma3()
     patched = copy.deepcopy(base)
     mp.apply_tilegym_kernel(patched)
+    return base, patched
+
+
+def test_gemma3_ring_window_with_padding_inside_it_generates_the_unpatched_tokens():
+    """The shorter row's three padding tokens are still in the first full window (tokens 2..5
+    of a 4-token window): the ring's rotated key validity must keep masking them as the ring
+    wraps."""
+    base, patched = _gemma3_pair()
     ids, mask = _left_padded([5, 2])
     want = _greedy(base, ids, mask, 9)
     assert torch.equal(_static(patched, ids, mask, 9), want)
@@ -172,10 +178,7 @@ def test_gemma3_ring_window_survives_a_continuation_on_the_same_cache():
     """Several new tokens on a full ring window (a chat continuation) go through transformers'
     update on the window in token order (rotated before, back into ring order after): the
     second call generates the unpatched model's tokens."""
-    torch._dynamo.reset()
-    base = _gemma3()
-    patched = copy.deepcopy(base)
-    mp.apply_tilegym_kernel(patched)
+    base, patched = _gemma3_pair()
     ids, mask = _left_padded([9, 6])
     want = _continued(base, ids, mask, 5)
     torch._dynamo.reset()
@@ -187,10 +190,7 @@ def test_gemma3_ring_window_on_a_kept_cache_starts_over_after_a_reset():
     """The static-mode benchmark keeps one cache per side and resets it before every
     ``generate()``: a ring window that wrapped in one call starts empty in the next, and both
     calls generate the unpatched model's tokens."""
-    torch._dynamo.reset()
-    base = _gemma3()
-    patched = copy.deepcopy(base)
-    mp.apply_tilegym_kernel(patched)
+    base, patched = _gemma3_pair()
     ids, mask = _left_padded([9, 6])
     want = _greedy(base, ids, mask, 7)
     cache = StaticCache(config=patched.config, max_cache_len=ids.shape[1] + 7)
