@@ -11,7 +11,6 @@ CUDA graph over many steps gives the eager step's logits at cache positions from
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import os
 import re
@@ -163,9 +162,8 @@ def test_gemma3_ring_window_with_padding_inside_it_generates_the_unpatched_token
 def _continued(model, ids, mask, steps):
     """Greedy generation in two calls sharing one static cache: the second call's prompt (the
     first call's tokens plus two more) is several new tokens on a full sliding window."""
-    params = inspect.signature(model.generate).parameters
     cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + 2 * steps + 2)
-    kw = {"cache" if "cache" in params else "past_key_values": cache}
+    kw = {_cache_kwarg(model): cache}
     first = _greedy(model, ids, mask, steps, compile_config=_cpu_compile_config(), **kw)
     more = torch.tensor([[7, 11]] * ids.shape[0])
     ids2 = torch.cat([ids, first, more], dim=1)

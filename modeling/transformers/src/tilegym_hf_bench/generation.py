@@ -110,6 +110,7 @@ class Generator:
             raise BenchError(f"--mode {mode} has no static cache to keep across generate() calls")
         self._configs: dict[int, GenerationConfig] = {}
         self._cache: StaticCache | None = None
+        self._cache_kwarg = cache_kwarg(model) if self.keep_cache else None
         self._cache_shape = (0, 0)  # (batch, length) the kept cache was made for
         self.use_prompt(input_ids)
 
@@ -145,7 +146,7 @@ class Generator:
         with torch.inference_mode():
             kwargs = {}
             if self.keep_cache:
-                kwargs[cache_kwarg(self.model)] = self.kept_cache(new_tokens)
+                kwargs[self._cache_kwarg] = self.kept_cache(new_tokens)
             out = self.model.generate(
                 input_ids=self.input_ids,
                 attention_mask=self.attention_mask,
