@@ -13,6 +13,8 @@ GEMM has its own Definition.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from tilegym.ops import moe as _ops
@@ -29,9 +31,14 @@ def router(router_logits: torch.Tensor):
 
 
 def _dispatch(ids: torch.Tensor, n_experts: int):
-    """(config, sorted slot per padded row, padded row per slot, expert per block)."""
+    """(config, sorted slot per padded row, padded row per slot, expert per block). The
+    ``direct`` dispatch the op takes at decode has no dispatch kernel (its GEMMs read the ids);
+    its rows are the ``per_slot`` layout, which the dispatch kernel writes for these entry
+    points."""
     t, k = ids.shape
     cfg = _ops.choose_config(t * k, n_experts)
+    if cfg.dispatch == "direct":
+        cfg = replace(cfg, dispatch="per_slot")
     flat = ids.reshape(-1).to(torch.int32).contiguous()
     return (cfg, *_ops.moe_dispatch(flat, n_experts, cfg.bm, cfg.dispatch))
 
@@ -62,10 +69,10 @@ def experts_down_combine(
     t, k, inter = act.shape
     n_experts, hidden, _ = down_weight.shape
     cfg, sorted_, pos, bexp = _dispatch(ids, n_experts)
+    out = torch.empty_like(residual, memory_format=torch.contiguous_format)
     rows = act.new_zeros((sorted_.numel(), inter))
     rows[pos.long()] = act.reshape(t * k, inter)
     y = _ops.grouped_down(rows, bexp, down_weight, cfg, act.new_empty((rows.shape[0], hidden)))
-    out = torch.empty_like(residual, memory_format=torch.contiguous_format)
     return _ops.combine(y, pos.view(t, k), weights, residual, out)
 
 
