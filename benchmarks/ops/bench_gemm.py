@@ -1,4 +1,5 @@
-"""cuTile GEMMs vs cuBLAS (torch) for every projection of qwen3 and llama (H200 table).
+"""cuTile GEMMs vs cuBLAS (torch) for every projection of qwen3 and llama (H200 table), or of
+another family's preset (``--models phi3,mistral,...``).
 
 Rows: plain projections (`linear` vs `F.linear`), and the fused forms against the PyTorch ops
 they replace: o_proj/down_proj + residual (`linear_residual` vs `r + F.linear`) and
@@ -56,7 +57,15 @@ from tilegym.ops.gemm_configs import (  # noqa: E402
 MODELS = {
     "qwen3": dict(hidden=1024, q=16 * 128, kv=8 * 128, inter=3072, vocab=151936),
     "llama": dict(hidden=2048, q=32 * 64, kv=8 * 64, inter=8192, vocab=128256),
+    # the other families' presets (their configs under tilegym_hf_bench/configs), --models
+    "mistral": dict(hidden=4096, q=32 * 128, kv=8 * 128, inter=14336, vocab=32768),
+    "qwen2": dict(hidden=1536, q=12 * 128, kv=2 * 128, inter=8960, vocab=151936),
+    "phi3": dict(hidden=3072, q=32 * 96, kv=32 * 96, inter=8192, vocab=32064),
+    "gemma3": dict(hidden=1152, q=4 * 256, kv=1 * 256, inter=6912, vocab=262144),
+    "olmo2": dict(hidden=2048, q=16 * 128, kv=16 * 128, inter=8192, vocab=100352),
 }
+#: models the table is timed on when --models is not given
+DEFAULT_MODELS = ("qwen3", "llama")
 TOKENS = (1, 8, 16, 2048)
 HEADER = [
     "model",
@@ -353,7 +362,7 @@ def summary(records) -> list[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS))
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--projs", default="", help="comma-separated projections (default: all)")
     p.add_argument("--sweep", action="store_true")
