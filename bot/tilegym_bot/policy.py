@@ -21,8 +21,10 @@ Rules, in order (the first that applies decides):
    → ``discard``;
 9. throughput ratio r (paired speedups when both files have interleaved baseline samples, else
    mean cuTile throughputs) with its 95% CI (``stats.ratio_of_means``): whole CI below
-   1 − margin → ``discard``; r ≥ 1 − margin → pass; otherwise ``inconclusive``, and on the rerun
-   with twice the samples (``rerun=True``) ``discard``;
+   1 − margin → ``discard`` (on a first round whose GPU kernel time per token fell,
+   ``inconclusive`` and a rerun first: the slowdown is then the host's work or the host's
+   speed); r ≥ 1 − margin → pass; otherwise ``inconclusive``, and on the rerun with twice the
+   samples (``rerun=True``) ``discard``;
 10. ``keep``.
 
 Only rule 9's statistical doubt asks for a rerun (``Decision.rerun_useful``) and is turned into
@@ -534,6 +536,17 @@ def decide(
         return verdict("inconclusive", cov_reason, str(ratio.problem))
     est, floor = ratio.estimate, 1.0 - margin
     tp_text = f"throughput ratio head/base {_fmt_ratio(est)}, {ratio.method}"
+    gpu_fell = gpu_b is not None and gpu_h is not None and gpu_h < gpu_b
+    if est.ci95 is not None and est.ci95[1] < floor and gpu_fell and not rerun:
+        return verdict(
+            "inconclusive",
+            cov_reason,
+            f"{tp_text}: the whole interval lies below {floor:.2f}, but the GPU kernel time per "
+            f"token fell ({gpu_b:.4f} → {gpu_h:.4f} ms): the slowdown is not in the kernels, so "
+            "either the head's host work grew or the host ran the two benchmarks at different "
+            "speeds; rerun both sides with twice the samples",
+            rerun_useful=True,
+        )
     if est.ci95 is not None and est.ci95[1] < floor:
         return verdict(
             "discard",

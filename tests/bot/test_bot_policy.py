@@ -504,3 +504,22 @@ def test_any_samples_give_a_decision_and_finite_json(make_metrics, base, head, c
     if decision.ratio_ci95:
         lo, hi = decision.ratio_ci95
         assert lo <= decision.ratio <= hi
+
+
+def test_a_significant_drop_while_the_gpu_time_fell_is_rerun_before_a_discard(make_metrics):
+    """phi3's cutile-attn round (H200, 3 runs a side): GPU time per token 3.523 -> 3.457 ms, yet
+    r = 0.886 with the whole interval below 0.98, because PyTorch static ran 13% faster in the
+    head's job. The kernels cannot explain such a drop: a rerun first, and a discard only if
+    the drop stays."""
+    base = make_metrics(commit=BASE_SHA)
+    kernels = [dict(k) for k in base["coverage"]["kernels"]]
+    moved = kernels.pop(2)  # the elementwise kernel, now a faster cuTile kernel
+    kernels.append(dict(moved, name=cutile_symbol("elementwise_kernel"), cutile=True,
+                        gpu_ms=0.9 * moved["gpu_ms"]))  # fmt: skip
+    head = _with_kernels(make_metrics(cutile=tuple(v * 0.8 for v in NOISY)), kernels)
+    first = decide(base, head)
+    assert first.status == "inconclusive" and first.rerun_useful, first.reasons
+    assert "but the GPU kernel time per token fell" in first.reasons[-1]
+    assert first.gpu_ms_head < first.gpu_ms_base
+    again = decide(base, head, rerun=True)
+    assert again.status == "discard" and "significant slowdown" in again.reasons[-1]
