@@ -105,7 +105,7 @@ def test_a_wait_names_the_holder_then_gives_up_with_one_error_line(fake_repo, tm
 
 
 def test_a_wait_ends_when_the_holder_lets_go(fake_repo, tmp_path, hold):
-    holder = hold(GPU_A, 1.0)
+    holder = hold(GPU_A, 8.0)  # outlasts the bench's start even on a busy machine, so it waits
     proc, _ = bench(fake_repo, tmp_path, env={"TILEGYM_GPU_LOCK_TIMEOUT": "60"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("waiting for the GPU lock") == 1
