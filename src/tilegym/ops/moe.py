@@ -377,11 +377,7 @@ def tilegym_moe_down_kernel(
     bn = ct.bid(1)
     e = ct.gather(BlockExpert, b)
     if _valid_expert(e, Wd.shape[0]):
-        acc = _acc(BM, BN, SWAP)
-        for k in range(ct.num_tiles(A, axis=1, shape=(BM, TK))):
-            a = ct.load(A, (b, k), (BM, TK), padding_mode=PAD_ZERO)
-            acc = _mma(a, _weight_tile(Wd, e, bn, k, BN, TK), acc, SWAP)
-        ct.store(Y, (b, bn), ct.astype(_acc_out(acc, SWAP), Y.dtype))
+        ct.store(Y, (b, bn), ct.astype(_rows_times(A, b, e, Wd, bn, BM, BN, TK, SWAP), Y.dtype))
 
 
 def _rows_times(Xs, xb, e, W, bn, BM, BN, TK, SWAP):
