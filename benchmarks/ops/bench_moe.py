@@ -16,9 +16,7 @@ routing from random router logits (softmax, top-8, renormalized, as the model's 
 - --sweep: also times other `MoeConfig`s per token count (cuTile only, same interleaving).
 - --stages: also times each stage of the default config alone (dispatch, row gather + gate-up
   GEMM, down GEMM, combine), the GEMMs against their share of the weight-read floor; where
-  the default is the per-slot dispatch, also its ``direct`` variant (gate-up, down, combine),
-  and where it is ``direct``, also with ``act_in_down`` (raw gate/up rows, then the down GEMM
-  with the activation, then the combine).
+  the default is the per-slot dispatch, also its ``direct`` variant (gate-up, down, combine).
 
 Times: medians of CUDA-event timed calls after warm-up, variants interleaved call by call, the
 L2 flushed before each call (weights come from HBM, as in a forward pass over 48 layers);
@@ -51,9 +49,6 @@ SWEEP = {
         MoeConfig(8, 64, 64, 128, swap=True, dispatch="sorted", occupancy=2),
         MoeConfig(8, 64, 64, 128, swap=True, dispatch="direct", occupancy=2),
         MoeConfig(8, 64, 64, 128, swap=True, dispatch="direct", occupancy=0),
-        MoeConfig(8, 64, 64, 128, swap=True, dispatch="direct", occupancy=2, act_in_down=True),
-        MoeConfig(8, 64, 64, 64, swap=True, dispatch="direct", occupancy=2, act_in_down=True),
-        MoeConfig(8, 64, 64, 128, swap=True, dispatch="direct", act_in_down=True),
         MoeConfig(8, 64, 64, 128, swap=True, dispatch="per_slot", occupancy=0),
         MoeConfig(8, 64, 64, 64, swap=True, dispatch="per_slot", occupancy=2),
         MoeConfig(8, 64, 64, 256, swap=True, dispatch="per_slot", occupancy=2),
@@ -219,15 +214,7 @@ def stage_rows(t, gen, bw, iters, results, cfg=None):
     cfg = cfg or moe.choose_config(t * k, e)
     flat = ids.reshape(-1).contiguous()
     out = torch.empty_like(x)
-    if cfg.act_in_down:
-        rows = t * k * cfg.bm
-        gu, y = x.new_empty((rows, 2 * i)), x.new_empty((rows, h))
-        fns = {
-            "gate_up": lambda: moe.direct_gate_up_rows(x, flat, gate_up, k, cfg, gu),
-            "down": lambda: moe.grouped_down_act(gu, flat, down, cfg, y),
-            "combine": lambda: moe.combine(y, ids, weights, None, out, e, cfg.bm),
-        }
-    elif cfg.dispatch == "direct":
+    if cfg.dispatch == "direct":
         rows = t * k * cfg.bm
         act, y = x.new_empty((rows, i)), x.new_empty((rows, h))
         fns = {
@@ -290,7 +277,6 @@ def route_rows(t, gen, iters, results):
 
 def _cfg_name(c: MoeConfig) -> str:
     flags = ("swap " if c.swap else "") + f"{c.dispatch} occ{c.occupancy}"
-    flags += " act-in-down" if c.act_in_down else ""
     return f"{c.bm}x{c.bn_up}x{c.bn_down} tk{c.tk} {flags}"
 
 
@@ -350,9 +336,6 @@ def main() -> None:
             if default.dispatch == "per_slot":  # and its direct variant
                 direct = dataclasses.replace(default, dispatch="direct")
                 rows += stage_rows(t, gen, bw, args.iters, results, direct)
-            if default.dispatch == "direct":  # and with the activation in the down GEMM
-                raw = dataclasses.replace(default, act_in_down=True)
-                rows += stage_rows(t, gen, bw, args.iters, results, raw)
             torch.cuda.empty_cache()
     for t in tokens:
         rows += route_rows(t, gen, args.iters, results)

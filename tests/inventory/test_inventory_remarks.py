@@ -104,8 +104,6 @@ GEMM_KERNELS = [
     "moe:tilegym_moe_down_kernel",
     "moe:tilegym_moe_gate_up_kernel+",
     "moe:tilegym_moe_down_kernel+",
-    "moe:tilegym_moe_gate_up_rows_kernel",
-    "moe:tilegym_moe_down_act_kernel",
 ]
 
 

@@ -28,7 +28,6 @@ from tilegym.ops.testing import assert_close_rel, rel_err
 CONFIGS = [
     MoeConfig(8, 64, 64, 128, swap=True, dispatch="per_slot", occupancy=2),
     MoeConfig(8, 64, 64, 128, swap=True, dispatch="direct", occupancy=2),
-    MoeConfig(8, 64, 64, 128, swap=True, dispatch="direct", occupancy=2, act_in_down=True),
     MoeConfig(8, 64, 64, 128, swap=True, occupancy=2),
     MoeConfig(16, 64, 64, 128, swap=True, dispatch="per_slot", occupancy=2),
     MoeConfig(16, 64, 64, 128, swap=True),
@@ -36,7 +35,6 @@ CONFIGS = [
     MoeConfig(64, 128, 128, 64),
     MoeConfig(64, 128, 128, 64, dispatch="per_slot"),
     MoeConfig(64, 128, 128, 64, dispatch="direct"),
-    MoeConfig(64, 128, 128, 64, dispatch="direct", act_in_down=True),
     MoeConfig(64, 64, 128, 64, occupancy=1),
 ]
 
@@ -51,7 +49,6 @@ def cpu_gen():
 
 def _cfg_id(c: MoeConfig) -> str:
     tail = ("s" if c.swap else "") + f"o{c.occupancy}-{c.dispatch}"
-    tail += "-act_in_down" if c.act_in_down else ""
     return f"{c.bm}x{c.bn_up}x{c.bn_down}k{c.tk}{tail}"
 
 
@@ -314,8 +311,6 @@ def test_choose_config_buckets():
         MoeConfig(8, 64, 64, 64, dispatch="small")
     with pytest.raises(ValueError, match="no dispatch kernel"):
         moe.moe_dispatch(torch.zeros(8, dtype=torch.int32), 128, 8, "direct")
-    with pytest.raises(ValueError, match="act_in_down"):
-        MoeConfig(8, 64, 64, 128, swap=True, dispatch="per_slot", act_in_down=True)
 
 
 def test_max_blocks_bounds_the_used_blocks(cpu_gen):
@@ -389,14 +384,6 @@ def test_aot_signatures_cover_the_launches(launches, cpu_gen):
             assert grids[launches[-3][0]] == (t * k, i // cfg.bn_up, 1)
             per_slot = dataclasses.replace(cfg, dispatch="per_slot")
             moe.moe_experts(x, ids, w.to(torch.bfloat16), gate_up, down, config=per_slot)
-            raw = dataclasses.replace(cfg, act_in_down=True)  # [g | u] rows, silu in the down
-            moe.moe_experts(x, ids, w.to(torch.bfloat16), gate_up, down, config=raw)
-            assert [kern._pyfunc.__name__ for kern, _, _ in launches[-3:]] == [
-                "tilegym_moe_gate_up_rows_kernel",
-                "tilegym_moe_down_act_kernel",
-                "tilegym_moe_combine_kernel",
-            ]
-            assert launches[-3][1] == (t * k, 2 * i // cfg.bn_up, 1)
     for kernel, _, args in launches:
         assert any(_matches(s, kernel, args) for s in sigs.get(kernel, [])), (kernel, args)
     assert {k._pyfunc.__name__ for k, _, _ in launches} == _kernel_names()

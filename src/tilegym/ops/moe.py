@@ -390,46 +390,6 @@ def _rows_times(Xs, xb, e, W, bn, BM, BN, TK, SWAP):
 
 
 @ct.kernel
-def tilegym_moe_gate_up_rows_kernel(
-    X, Ids, W, GU, BM: ConstInt, BN: ConstInt, TK: ConstInt, SWAP: ConstBool, TOP_K: ConstInt
-):
-    """The direct dispatch's first GEMM without its epilogue (``MoeConfig.act_in_down``):
-    GU[slot b's rows, bn tile] = x_t @ W[e]^T over the packed [gate; up] rows of expert
-    e = Ids[b] (token t = b // TOP_K, its row zero-padded to BM rows), rounded to GU's dtype as
-    transformers rounds its gate_up output. A program streams one weight matrix's tile, not a
-    gate and an up tile: twice the programs of `tilegym_moe_gate_up_kernel` for the same
-    bytes. Grid (slots, 2I tiles)."""
-    b = ct.bid(0)
-    bn = ct.bid(1)
-    e = ct.gather(Ids, b)
-    if _valid_expert(e, W.shape[0]):
-        token = b // TOP_K
-        row = X.slice(axis=0, start=token, stop=token + 1)
-        acc = _rows_times(row, 0, e, W, bn, BM, BN, TK, SWAP)
-        ct.store(GU, (b, bn), ct.astype(acc, GU.dtype))
-
-
-@ct.kernel
-def tilegym_moe_down_act_kernel(
-    G, U, BlockExpert, Wd, Y, BM: ConstInt, BN: ConstInt, TK: ConstInt, SWAP: ConstBool
-):
-    """`tilegym_moe_down_kernel` on silu(G) * U, applied as each (BM, TK) tile of the gate
-    rows G and up rows U loads (fp32, rounded once to the activation dtype for the mma):
-    the epilogue `tilegym_moe_gate_up_rows_kernel` left out. Grid (blocks, H tiles)."""
-    b = ct.bid(0)
-    bn = ct.bid(1)
-    e = ct.gather(BlockExpert, b)
-    if _valid_expert(e, Wd.shape[0]):
-        acc = _acc(BM, BN, SWAP)
-        for k in range(ct.num_tiles(G, axis=1, shape=(BM, TK))):
-            g = ct.astype(ct.load(G, (b, k), (BM, TK), padding_mode=PAD_ZERO), ct.float32)
-            u = ct.astype(ct.load(U, (b, k), (BM, TK), padding_mode=PAD_ZERO), ct.float32)
-            a = ct.astype(g / (1.0 + ct.exp(-g)) * u, G.dtype)
-            acc = _mma(a, _weight_tile(Wd, e, bn, k, BN, TK), acc, SWAP)
-        ct.store(Y, (b, bn), ct.astype(_acc_out(acc, SWAP), Y.dtype))
-
-
-@ct.kernel
 def tilegym_moe_combine_kernel(
     Y,
     Pos,
@@ -490,9 +450,7 @@ class MoeConfig:
     or ``per_slot`` (every slot its own block, in slot order: no grouping, so an expert chosen
     by two tokens is read twice; laid out by a dispatch kernel, rows gathered by another) or
     ``direct`` (the per-slot blocks without those two kernels: the GEMMs take the router's ids
-    as the block experts and load each slot's token row themselves). act_in_down (direct
-    only): the first GEMM stores the raw gate and up rows, a program per weight tile of
-    either, and the down GEMM applies silu(g) * u as it loads them.
+    as the block experts and load each slot's token row themselves).
     """
 
     bm: int
@@ -502,7 +460,6 @@ class MoeConfig:
     swap: bool = False
     dispatch: str = "sorted"
     occupancy: int = 0
-    act_in_down: bool = False
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn_up", "bn_down", "tk"):
@@ -513,8 +470,6 @@ class MoeConfig:
             raise ValueError(f"occupancy={self.occupancy} must be >= 0")
         if self.dispatch not in DISPATCHES:
             raise ValueError(f"dispatch={self.dispatch!r} must be one of {DISPATCHES}")
-        if self.act_in_down and self.dispatch != "direct":
-            raise ValueError("act_in_down needs the direct dispatch (slot b is block b)")
 
 
 def choose_config(n_slots: int, n_experts: int) -> MoeConfig:
@@ -727,12 +682,6 @@ def moe_experts(
     cfg = config or choose_config(n, n_experts)
     flat = ids.reshape(-1)
     flat = flat if flat.dtype == torch.int32 and flat.is_contiguous() else flat.int().contiguous()
-    if cfg.dispatch == "direct" and cfg.act_in_down:
-        rows = n * cfg.bm
-        gu, y = _workspace(rows, 2 * inter, h, hidden)
-        direct_gate_up_rows(_rows(hidden), flat, gate_up, top_k, cfg, gu)
-        grouped_down_act(gu, flat, down, cfg, y)
-        return combine(y, flat.view(t, top_k), weights, residual, out, n_experts, cfg.bm)
     if cfg.dispatch == "direct":
         rows = n * cfg.bm
         act, y = _workspace(rows, inter, h, hidden)
@@ -802,33 +751,6 @@ def grouped_down(
     args = (act, bexp, down, y, cfg.bm, cfg.bn_down, cfg.tk, cfg.swap)
     grid = (bexp.numel(), math.ceil(down.shape[1] / cfg.bn_down), 1)
     ct.launch(stream(y.device), grid, _hinted(tilegym_moe_down_kernel, cfg), args)
-    return y
-
-
-def direct_gate_up_rows(
-    hidden: torch.Tensor,
-    flat_ids: torch.Tensor,
-    gate_up: torch.Tensor,
-    top_k: int,
-    cfg: MoeConfig,
-    gu: torch.Tensor,
-) -> torch.Tensor:
-    """Stage 1 of ``act_in_down``: ``gu[s * bm] = gate_up[e] @ hidden[s // top_k]`` ([g | u],
-    [rows, 2I]) for each slot s, its other bm - 1 rows zero."""
-    grid = (flat_ids.numel(), math.ceil(gate_up.shape[1] / cfg.bn_up), 1)
-    args = (hidden, flat_ids, gate_up, gu, cfg.bm, cfg.bn_up, cfg.tk, cfg.swap, top_k)
-    ct.launch(stream(gu.device), grid, _hinted(tilegym_moe_gate_up_rows_kernel, cfg), args)
-    return gu
-
-
-def grouped_down_act(
-    gu: torch.Tensor, bexp: torch.Tensor, down: torch.Tensor, cfg: MoeConfig, y: torch.Tensor
-) -> torch.Tensor:
-    """Stage 2 of ``act_in_down``: ``y[r] = down[e] @ (silu(g) * u)[r]`` from the raw rows."""
-    inter = gu.shape[1] // 2
-    args = (gu[:, :inter], gu[:, inter:], bexp, down, y, cfg.bm, cfg.bn_down, cfg.tk, cfg.swap)
-    grid = (bexp.numel(), math.ceil(down.shape[1] / cfg.bn_down), 1)
-    ct.launch(stream(y.device), grid, _hinted(tilegym_moe_down_act_kernel, cfg), args)
     return y
 
 
@@ -923,8 +845,6 @@ def aot_signatures(
     cfgs = {choose_config(t * top_k, experts) for t in tokens} | set(configs)
     # a slot-block config's tiles under either slot-block dispatch (benchmarks compare them)
     cfgs |= {replace(c, dispatch=d) for c in cfgs if c.dispatch in SLOT_BLOCKS for d in SLOT_BLOCKS}
-    # a direct config also with the activation in the down GEMM (benchmarks compare them)
-    cfgs |= {replace(c, act_in_down=True) for c in cfgs if c.dispatch == "direct"}
     cfgs = sorted(cfgs, key=lambda c: (c.bm, c.bn_up, c.bn_down, c.tk, repr(c)))
     sigs: dict = {}
 
@@ -954,12 +874,6 @@ def aot_signatures(
     for dt in dtypes:
         a2, a3 = _arr(_CT[dt], 2), _arr(_CT[dt], 3)
         for cfg in cfgs:
-            if cfg.act_in_down:
-                tiles = (cfg.bm, cfg.bn_up, cfg.tk, cfg.swap, top_k)
-                add(_hinted(tilegym_moe_gate_up_rows_kernel, cfg), a2, i32, a3, a2, *tiles)
-                tiles = (cfg.bm, cfg.bn_down, cfg.tk, cfg.swap)
-                add(_hinted(tilegym_moe_down_act_kernel, cfg), a2, a2, i32, a3, a2, *tiles)
-                continue
             direct = cfg.dispatch == "direct"
             if not direct:
                 add(tilegym_moe_gather_rows_kernel, a2, i32, i32, a2, n_int, n_int, cfg.bm, th)
