@@ -13,9 +13,9 @@
 #   cutile-attn     attention and the KV-cache write on cuTile  (expected: keep)
 #   drop-rope       RoPE back to PyTorch                        (expected: discard, coverage)
 # OUT_DIR gets each round's decision, the bot's stderr, PR comment and metrics, the ledger
-# (ledger.md) and its plot (ledger.png). LOOP_ROUNDS (default: all four, in order) runs some
-# rounds now and the rest in a later call on the same OUT_DIR (its repository carries the
-# state). On a GPU host source .gpu/activate.sh first (pin a GPU with CUDA_VISIBLE_DEVICES to
+# (ledger.md) and its plot (ledger.png), both rewritten after every round. LOOP_ROUNDS
+# (default: all four, in order) runs some rounds now and the rest in a later call on the same
+# OUT_DIR (its repository carries the state). On a GPU host source .gpu/activate.sh first (pin a GPU with CUDA_VISIBLE_DEVICES to
 # run families side by side); without a GPU pass `--model-key tiny-<key> --device cpu`.
 set -euo pipefail
 if [ $# -lt 2 ]; then
@@ -35,6 +35,12 @@ flags() {  # FLAG=VALUE...: set this family's MODEL_PATCH_KWARGS flags in the re
     "$repo/modeling/transformers/src/tilegym_hf_bench/tilegym_patch.py" "$key" "$@"
 }
 
+save_ledger() {  # the ledger and its plot as they stand: a loop cut off later keeps these rounds
+  [ -f "$repo/sandbox/${key}_results.md" ] || return 0
+  cp "$repo/sandbox/${key}_results.md" "$out/ledger.md.tmp" && mv "$out/ledger.md.tmp" "$out/ledger.md"
+  "${bot[@]}" ledger show --model-key "$key" --plot "$out/ledger.png" > /dev/null
+}
+
 wanted() { [[ " ${LOOP_ROUNDS:-baseline cutile-linear cutile-attn drop-rope} " == *" $1 "* ]]; }
 
 round() {  # NAME DESCRIPTION FLAG=VALUE...: an experiment that flips flags, then its round
@@ -44,6 +50,7 @@ round() {  # NAME DESCRIPTION FLAG=VALUE...: an experiment that flips flags, the
   flags "$@"
   git -C "$repo" commit -qam "$key: $description"
   loop_run "$name" "$description" -- "${bench[@]}"
+  save_ledger
 }
 
 bench=("$@")
@@ -54,11 +61,8 @@ fi
 if wanted baseline; then
   "${bot[@]}" experiment start --model-key "$key" --name baseline
   loop_run baseline "main as it is" -- "${bench[@]}"
+  save_ledger
 fi
 round cutile-linear "every projection on the cuTile GEMMs" linear=True
 round cutile-attn "attention and the KV-cache write on cuTile" attn=True
 round drop-rope "RoPE back to PyTorch" rope=False
-if [ -f "$repo/sandbox/${key}_results.md" ]; then
-  cp "$repo/sandbox/${key}_results.md" "$out/ledger.md"
-  "${bot[@]}" ledger show --model-key "$key" --plot "$out/ledger.png" > /dev/null
-fi
