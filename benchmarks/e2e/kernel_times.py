@@ -21,18 +21,18 @@ import re
 import sys
 from pathlib import Path
 
+from tilegym_hf_bench.metrics_schema import validation_errors
+
 
 def kernel_rows(doc: dict) -> list[dict]:
-    """The coverage table's kernels (name, calls, gpu_ms, cutile); ValueError if it has none."""
-    kernels = (doc.get("coverage") or {}).get("kernels")
-    if not isinstance(kernels, list) or not kernels:
+    """The coverage table's kernels that ran at least once; ValueError for a document that
+    fails the metrics schema or has no table."""
+    errors = validation_errors(doc)
+    if errors:
+        raise ValueError(f"not a bench metrics file: {errors[0]}")
+    if not doc["coverage"] or not doc["coverage"]["kernels"]:
         raise ValueError("no coverage.kernels table (a run without the profile?)")
-    for k in kernels:
-        if not (isinstance(k.get("name"), str) and isinstance(k.get("calls"), int)):
-            raise ValueError(f"malformed kernel row {k!r}")
-        if k["calls"] < 1 or not isinstance(k.get("gpu_ms"), (int, float)):
-            raise ValueError(f"malformed kernel row {k!r}")
-    return kernels
+    return [k for k in doc["coverage"]["kernels"] if k["calls"] > 0]
 
 
 def select(kernels: list[dict], match: str | None, calls: int | None) -> list[dict]:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in a.metrics:
         try:
             kernels = kernel_rows(json.loads(Path(path).read_text()))
-        except (OSError, ValueError, AttributeError) as exc:
+        except (OSError, ValueError) as exc:
             print(f"{path}: error: {exc}", file=sys.stderr)
             return 2
         rows = select(kernels, a.match, a.calls)

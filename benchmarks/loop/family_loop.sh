@@ -15,8 +15,9 @@
 # OUT_DIR gets each round's decision, the bot's stderr, PR comment and metrics, the ledger
 # (ledger.md) and its plot (ledger.png), both rewritten after every round. LOOP_ROUNDS
 # (default: all four, in order) runs some rounds now and the rest in a later call on the same
-# OUT_DIR (its repository carries the state). On a GPU host source .gpu/activate.sh first (pin a GPU with CUDA_VISIBLE_DEVICES to
-# run families side by side); without a GPU pass `--model-key tiny-<key> --device cpu`.
+# OUT_DIR (its repository carries the state). On a GPU host source .gpu/activate.sh first (pin
+# a GPU with CUDA_VISIBLE_DEVICES to run families side by side); without a GPU pass
+# `--model-key tiny-<key> --device cpu`.
 set -euo pipefail
 if [ $# -lt 2 ]; then
   echo "error: usage: family_loop.sh OUT_DIR MODEL_KEY [bench args...]" >&2

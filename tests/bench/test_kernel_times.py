@@ -7,19 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.bot.conftest import metrics
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks/e2e/kernel_times.py"
 
 KERNELS = [
-    {
-        "name": "tilegym_moe_gate_up_kernel_Kt2_A2bf16_I8",
-        "calls": 4,
-        "gpu_ms": 0.064,
-        "cutile": True,
-    },
-    {"name": "tilegym_moe_down_kernel_Kt1_A2bf16_I8", "calls": 4, "gpu_ms": 0.032, "cutile": True},
-    {"name": "tilegym_moe_down_kernel_Kt1_A2bf16_I64", "calls": 1, "gpu_ms": 0.2, "cutile": True},
-    {"name": "nvjet_sm90_tst_128x8", "calls": 4, "gpu_ms": 0.5, "cutile": False},
+    dict(name="tilegym_moe_gate_up_kernel_Kt2_A2bf16_I8", calls=4, gpu_ms=0.064, cutile=True),
+    dict(name="tilegym_moe_down_kernel_Kt1_A2bf16_I8", calls=4, gpu_ms=0.032, cutile=True),
+    dict(name="tilegym_moe_down_kernel_Kt1_A2bf16_I64", calls=1, gpu_ms=0.2, cutile=True),
+    dict(name="nvjet_sm90_tst_128x8", calls=4, gpu_ms=0.5, cutile=False),
 ]
+for _k in KERNELS:
+    _k["module"] = None
 
 
 def _run(*args):
@@ -28,9 +27,10 @@ def _run(*args):
     )
 
 
-def _metrics(tmp_path, kernels=KERNELS, name="m.json"):
+def _metrics(tmp_path, kernels=KERNELS, name="m.json", **kw):
+    """A schema-valid metrics file (the bot tests' builder) with these kernel rows."""
     path = tmp_path / name
-    path.write_text(json.dumps({"coverage": {"gpu_time_pct": 50.0, "kernels": kernels}}))
+    path.write_text(json.dumps(metrics(kernels=kernels, **kw)))
     return path
 
 
@@ -53,16 +53,17 @@ def test_mixed_call_counts_get_no_sum(tmp_path):
 
 
 def test_bad_inputs_get_one_line(tmp_path):
-    no_table = tmp_path / "plain.json"
-    no_table.write_text(json.dumps({"status": "ok"}))
+    no_table = _metrics(tmp_path, name="plain.json", coverage=None)
     done = _run(no_table)
     assert done.returncode == 2
     assert (
         done.stderr
         == f"{no_table}: error: no coverage.kernels table (a run without the profile?)\n"
     )
-    bad_row = _metrics(tmp_path, [{"name": "k", "calls": 0, "gpu_ms": 1.0}], "bad.json")
-    assert _run(bad_row).stderr.startswith(f"{bad_row}: error: malformed kernel row")
+    bad_row = _metrics(tmp_path, [{"name": "k", "calls": -1, "gpu_ms": 1.0}], "bad.json")
+    assert _run(bad_row).stderr.startswith(
+        f"{bad_row}: error: not a bench metrics file: $.coverage"
+    )
     assert _run(_metrics(tmp_path), "--match", "nothing_like_this").returncode == 1
     bad_regex = _run(_metrics(tmp_path), "--match", "(")
     assert bad_regex.returncode == 2 and bad_regex.stderr.startswith("error: --match '(':")
