@@ -12,13 +12,25 @@ from tests.bot.conftest import metrics
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks/e2e/kernel_times.py"
 
 KERNELS = [
-    dict(name="tilegym_moe_gate_up_kernel_Kt2_A2bf16_I8", calls=4, gpu_ms=0.064, cutile=True),
-    dict(name="tilegym_moe_down_kernel_Kt1_A2bf16_I8", calls=4, gpu_ms=0.032, cutile=True),
-    dict(name="tilegym_moe_down_kernel_Kt1_A2bf16_I64", calls=1, gpu_ms=0.2, cutile=True),
-    dict(name="nvjet_sm90_tst_128x8", calls=4, gpu_ms=0.5, cutile=False),
+    dict(
+        name="tilegym_moe_gate_up_kernel_Kt2_A2bf16_I8",
+        calls=4,
+        gpu_ms=0.064,
+        cutile=True,
+        module=None,
+    ),
+    dict(
+        name="tilegym_moe_down_kernel_Kt1_A2bf16_I8",
+        calls=4,
+        gpu_ms=0.032,
+        cutile=True,
+        module=None,
+    ),
+    dict(
+        name="tilegym_moe_down_kernel_Kt1_A2bf16_I64", calls=1, gpu_ms=0.2, cutile=True, module=None
+    ),
+    dict(name="nvjet_sm90_tst_128x8", calls=4, gpu_ms=0.5, cutile=False, module=None),
 ]
-for _k in KERNELS:
-    _k["module"] = None
 
 
 def _run(*args):
