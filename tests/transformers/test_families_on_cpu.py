@@ -22,20 +22,20 @@ from tilegym.transformers import monkey_patch as mp
 FAMILIES = sorted(mp.FAMILIES)
 
 
-def _pair(model_type: str):
+def _pair(model_type: str, dtype: torch.dtype = torch.float32, **flags):
     path = Path(tilegym.transformers.__file__).parent / model_type / "small_config.json"
     d = json.loads(path.read_text())
     heads = d["num_attention_heads"] // d["num_key_value_heads"]
     d.update(hidden_size=128, intermediate_size=192, num_hidden_layers=2, vocab_size=256)
     d.update(num_key_value_heads=2, num_attention_heads=2 * heads, head_dim=64)
     torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_config(AutoConfig.for_model(**d)).eval()
+    base = AutoModelForCausalLM.from_config(AutoConfig.for_model(**d)).eval().to(dtype)
     with torch.no_grad():  # biases start at zero: make them count
         for name, p in base.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.5)
     patched = copy.deepcopy(base)
-    handle = mp.apply_tilegym_kernel(patched)
+    handle = mp.apply_tilegym_kernel(patched, **flags)
     return base, patched, handle
 
 
@@ -83,3 +83,21 @@ def test_the_patched_family_compiles_with_a_static_cache(model_type):
     cfg._compile_all_devices = True
     got = _greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
     assert torch.equal(got, _greedy(base, ids, mask))
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_rope_left_to_pytorch_keeps_the_model_dtype_for_a_static_cache(model_type):
+    """rope=False runs the family's own ``apply_rotary_pos_emb``: in bf16, q and k stay bf16
+    (OLMo 2's rotary module hands out fp32 cos/sin), so the static cache takes the keys."""
+    base, patched, handle = _pair(model_type, torch.bfloat16, rope=False)
+    assert "rope" in handle.not_applied
+    ids, mask = _batch()
+    got = _greedy(patched, ids, mask, cache_implementation="static")
+    want = _greedy(base, ids, mask, cache_implementation="static")
+    assert got.shape == want.shape
+    with torch.no_grad():
+        logits = patched(input_ids=ids, attention_mask=mask).logits
+        ref = base(input_ids=ids, attention_mask=mask).logits
+    valid = mask.bool()
+    assert logits.dtype == torch.bfloat16
+    torch.testing.assert_close(logits[valid].float(), ref[valid].float(), rtol=0.05, atol=0.05)

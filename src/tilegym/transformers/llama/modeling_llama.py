@@ -15,6 +15,7 @@ are accepted and handed to ``Cache.update`` the way the installed release does.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import weakref
 from collections.abc import Callable, Mapping
@@ -220,6 +221,7 @@ def make_attention_forward(
 ) -> Callable:
     """``XAttention.forward``: fused QKV GEMM, (q/k norm +) RoPE kernel, o_proj(+residual)."""
     names = family.qkv
+    torch_rope = upstream_rope(family)
 
     def forward(
         self,
@@ -264,7 +266,7 @@ def make_attention_forward(
             if routes.rope:
                 q, k = apply_rope(q, k, cos, sin)
             else:
-                q, k = _torch_rope(q, k, cos, sin)
+                q, k = torch_rope(q, k, cos, sin)
         v = v.transpose(1, 2)
         if cache is not None:
             k, v = _update_cache(cache, self.layer_idx, k, v, attention_mask, takes_kwargs, kwargs)
@@ -362,10 +364,12 @@ def _rotate(layer, shift: int) -> None:
         layer.values.copy_(torch.roll(layer.values, shift, dims=2))
 
 
-def _torch_rope(q, k, cos, sin):
-    from tilegym.ops.rope import apply_rope_reference
-
-    return apply_rope_reference(q, k, cos, sin)
+def upstream_rope(family: Family) -> Callable:
+    """The family's own ``apply_rotary_pos_emb``, for RoPE left to PyTorch: it runs exactly as
+    upstream. OLMo 2's rotary module returns fp32 cos/sin and its function casts the result
+    back to q's dtype; a shared rotation without that cast handed the static cache fp32 keys
+    (H200 loop, drop-rope round: ``index_copy_(): ... Float and ... BFloat16``)."""
+    return importlib.import_module(family.upstream_module).apply_rotary_pos_emb
 
 
 def make_decoder_layer_forward(routes: Routes, family: Family = FAMILY) -> Callable:
