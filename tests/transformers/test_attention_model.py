@@ -231,6 +231,44 @@ def test_custom_mask_functions_are_rejected():
         tilegym_mask(1, 4, 4, use_vmap=True)
 
 
+PROBES = {"calls": 0}
+
+
+def _counted_window(b, h, q, kv, window=48):
+    PROBES["calls"] += 1
+    return (kv <= q) & (kv > q - window)
+
+
+def test_a_window_mask_function_is_probed_once_per_fingerprint():
+    """transformers builds a fresh mask function for every decode step's mask; probing a long
+    window each time cost phi-3.5 about 0.9 ms of host time a token. Functions with the same
+    code and captured values are recognized once."""
+    from transformers.masking_utils import chunked_overlay, sliding_window_causal_mask_function
+
+    from tilegym.transformers.attention import _fingerprint, recognize_pattern
+
+    fresh = [sliding_window_causal_mask_function(w) for w in (512, 512, 1024)]
+    assert fresh[0] is not fresh[1]
+    assert _fingerprint(fresh[0]) == _fingerprint(fresh[1]) != _fingerprint(fresh[2])
+    assert _fingerprint(chunked_overlay(4, torch.zeros(1, dtype=torch.long))) is None
+    assert [recognize_pattern(f, w) for f, w in zip(fresh, (512, 512, 1024), strict=True)] == [
+        (True, 512),
+        (True, 512),
+        (True, 1024),
+    ]
+
+    PROBES["calls"] = 0
+    assert recognize_pattern(_counted_window, 48) == (True, 48)
+    probed = PROBES["calls"]
+    assert probed > 0
+    assert recognize_pattern(_counted_window, 48) == (True, 48)
+    assert PROBES["calls"] == probed  # remembered, not probed again
+    with pytest.raises(TilegymAttentionError, match="custom mask function"):
+        recognize_pattern(_counted_window, 32)  # another window is another question
+    with pytest.raises(TilegymAttentionError, match="custom mask function"):
+        recognize_pattern(sliding_window_causal_mask_function(256), 512)
+
+
 def test_dense_masks_and_dropout_are_rejected_with_a_clear_error():
     module = torch.nn.Module()
     q = torch.zeros(1, 4, 3, 64, dtype=torch.bfloat16)
