@@ -127,6 +127,8 @@ def recognize_pattern(mask_function: Callable, local_size: int | None) -> tuple[
     function is remembered by its fingerprint: same code, same captured values, same answer."""
     if mask_function is causal_mask_function:
         return True, None
+    if torch.compiler.is_compiling():  # Dynamo cannot trace closure cells; probe as before
+        return _probe_pattern(mask_function, local_size)
     key = _fingerprint(mask_function)
     if key is not None:
         key = (key, local_size)
