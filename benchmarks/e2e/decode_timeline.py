@@ -113,7 +113,7 @@ def profile_timeline(gen, tokens: int, gap_us: float) -> Timeline:
         return timeline(trace_activities(path), tokens, gap_us)
 
 
-def run_variant(model_key, wl, base, ids, variant, args):
+def run_variant(wl, base, ids, variant, args):
     """(median wall ms per token of ``--runs`` warm generate()s, the profiled timeline)."""
     import torch
     from tilegym_hf_bench.generation import Generator
@@ -157,6 +157,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.runs < 1 or args.gap_us <= 0 or args.top < 0:
         parser.error("--runs must be at least 1, --gap-us above 0, --top at least 0")
+    from tilegym_hf_bench.presets import PRESETS
+    from tilegym_hf_bench.tilegym_patch import PatchUnavailable, patch_flags
+
+    if args.model_key not in PRESETS:
+        parser.error(f"--model-key {args.model_key!r} is not a preset ({', '.join(PRESETS)})")
+    try:
+        known = patch_flags(PRESETS[args.model_key].model_type)
+    except PatchUnavailable as exc:
+        parser.error(str(exc))
+    for text, (_, overrides) in zip(args.variants, variants, strict=True):
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            parser.error(f"variant {text!r}: no patch flag {unknown[0]!r} ({', '.join(known)})")
     import torch
 
     if not torch.cuda.is_available():
@@ -180,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     tops = []
     for text, variant in zip(args.variants, variants, strict=True):
         start = time.perf_counter()
-        wall, tl = run_variant(args.model_key, wl, base, ids, variant, args)
+        wall, tl = run_variant(wl, base, ids, variant, args)
         print(
             f"| {text} | {wall:.3f} | {tl.busy_ms:.3f} | {tl.inner_gap_ms:.3f} "
             f"| {tl.outer_gap_ms:.3f} |",

@@ -25,6 +25,7 @@ import time
 
 import torch
 from tilegym_hf_bench.generation import cache_kwarg
+from tilegym_hf_bench.presets import PRESETS
 from transformers import StaticCache
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 1 or args.warmup < 0 or args.python_top < 0:
         parser.error("--runs must be at least 1, --warmup and --python-top at least 0")
+    if args.model_key not in PRESETS:
+        parser.error(f"--model-key {args.model_key!r} is not a preset ({', '.join(PRESETS)})")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("error: --device cuda needs a CUDA GPU", file=sys.stderr)
         return 2

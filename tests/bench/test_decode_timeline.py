@@ -72,5 +72,9 @@ def test_bad_variant_and_a_missing_gpu_get_one_line():
     run = [sys.executable, str(SCRIPT)]
     done = subprocess.run([*run, "--variants", "torch"], capture_output=True, text=True, env=env)
     assert done.returncode == 2 and "variant 'torch'" in done.stderr
+    done = subprocess.run([*run, "--variants", "cutile:bogus=True"], capture_output=True, text=True)
+    assert done.returncode == 2 and "no patch flag 'bogus'" in done.stderr
+    done = subprocess.run([*run, "--model-key", "nope"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--model-key 'nope' is not a preset" in done.stderr
     done = subprocess.run(run, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 2 and done.stderr == "error: needs a CUDA GPU\n"

@@ -35,5 +35,7 @@ def test_tiny_preset_on_the_cpu_prints_both_sides_and_every_run():
 def test_bad_arguments_and_a_missing_gpu_get_one_line():
     done = _run("--runs", "0", "--device", "cpu")
     assert done.returncode == 2 and "--runs must be at least 1" in done.stderr
+    done = _run("--model-key", "nope", "--device", "cpu")
+    assert done.returncode == 2 and "--model-key 'nope' is not a preset" in done.stderr
     done = _run("--model-key", "tiny-qwen3")
     assert done.returncode == 2 and done.stderr == "error: --device cuda needs a CUDA GPU\n"
