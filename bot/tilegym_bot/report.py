@@ -16,6 +16,7 @@ import html
 import json
 import math
 import re
+import statistics
 from typing import Any
 
 from tilegym_bot.policy import Decision, dig
@@ -132,6 +133,19 @@ def _throughput(doc: Any, block: str) -> str:
     return text
 
 
+def _median(doc: Any, block: str, metric: str) -> str:
+    """The median of a metric's raw samples, computed here: a short prefill's time is a few
+    fast runs and the odd one where the host stalled, which a mean (and a head's own summary)
+    would report as the typical run."""
+    samples = dig(doc, block, metric, "samples")
+    if not isinstance(samples, list) or not samples:
+        return NA
+    numbers = [v for v in map(_finite, samples) if v is not None]
+    if len(numbers) != len(samples):
+        return NA
+    return f"{_num(statistics.median(numbers))}, n={len(numbers)}"
+
+
 def _correctness(doc: Any) -> str:
     c = dig(doc, "correctness")
     if not isinstance(c, dict):
@@ -172,9 +186,9 @@ def _metrics_table(decision: Decision, base: Any, head: Any) -> list[str]:
         ),
         ("throughput ratio head/base", "", ratio),
         (
-            "cuTile TTFT (ms)",
-            _num(dig(base, "cutile", "ttft_ms", "mean")),
-            _num(dig(head, "cutile", "ttft_ms", "mean")),
+            "cuTile TTFT (ms), median",
+            _median(base, "cutile", "ttft_ms"),
+            _median(head, "cutile", "ttft_ms"),
         ),
         (
             "cuTile decode (tokens/s)",

@@ -335,6 +335,8 @@ def test_report_says_the_mode_of_version_1_and_2_documents():
     lines = detail_lines(static, {"cutile": "--skip-cutile"})
     assert "mode: static (static KV cache, compiled decode step)" in lines
     assert any("compile/capture 2.50 s (warm-up, not timed)" in line for line in lines)
+    static["baseline"]["ttft_ms"] = {"samples": [30.0, 90.0, 31.0], "mean": 50.3}
+    assert any("TTFT median 31.0 ms" in line for line in detail_lines(static, {}))
     assert summary_lines(static, {"cutile": "--skip-cutile"}) == [
         "Average throughput: 10.50 ± 0.71 tokens/sec",
         "Average throughput: not measured (--skip-cutile)",

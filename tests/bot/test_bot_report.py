@@ -45,7 +45,7 @@ def test_comment_layout_and_record_roundtrip(make_metrics):
     assert any(x.startswith("| cuTile throughput (tokens/s) | 50.00 (95% CI 49.") for x in lines)
     assert any(x.startswith("| PyTorch baseline throughput") for x in lines)
     assert any(x.startswith("| throughput ratio head/base |  | 1.000 (95% CI") for x in lines)
-    assert any(x.startswith("| cuTile TTFT (ms) | 12.75 | 12.75 |") for x in lines)
+    assert "| cuTile TTFT (ms), median | 12.75, n=2 | 12.75, n=2 |" in lines
     assert any(x.startswith("| correctness | passed: rel err 4.00e-03") for x in lines)
     uncovered = [x for x in lines if x.startswith("| `k")]
     assert [x.split("`")[1] for x in uncovered] == ["k7", "k6", "k5", "k4", "k3"]
@@ -70,7 +70,7 @@ def test_comment_for_crash_without_metrics(make_metrics):
     )
     body = render_comment(decision, base, head, record)
     assert "verdict: **timeout**" in body and "| cuTile coverage, GPU time | 50.00% | n/a |" in body
-    assert "| cuTile TTFT (ms) | 12.75 | n/a |" in body
+    assert "| cuTile TTFT (ms), median | 12.75, n=2 | n/a |" in body
     assert "| cuTile throughput (tokens/s) | 50.00 (95% CI" in body and " | n/a |\n" in body
 
 
@@ -157,3 +157,12 @@ def test_outcome_line_and_the_refusal_comment(make_metrics):
     assert "## tilegym-bot verdict: **refused**" in refusal
     assert "- README.md:1: SCOPE001 outside the scope of a 'qwen3' experiment &lt;b&gt;" in refusal
     assert parse_record(refusal)["status"] == "refused"
+
+
+def test_the_ttft_row_is_the_median_of_the_raw_samples_not_the_heads_summary(make_metrics):
+    base, head = make_metrics(commit="a" * 40), make_metrics()
+    head["cutile"]["ttft_ms"] = {"samples": [33.0, 82.4, 35.0], "mean": 1.0}
+    base["cutile"]["ttft_ms"] = {"samples": [33.0, "fast"], "mean": 33.0}
+    decision = decide(base, head)
+    body = render_comment(decision, base, head, _record(decision))
+    assert "| cuTile TTFT (ms), median | n/a | 35.00, n=3 |" in body

@@ -8,6 +8,8 @@ a number.
 
 from __future__ import annotations
 
+import math
+import statistics
 from typing import Any
 
 from tilegym_hf_bench.modes import mode_line, mode_of
@@ -43,11 +45,11 @@ def detail_lines(doc: dict[str, Any], not_measured: dict[str, str]) -> list[str]
         t = block["throughput"]
         ci = t["ci95"]
         ci_text = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "n/a (one run)"
-        ttft = block["ttft_ms"]["mean"]
+        ttft = statistics.median(block["ttft_ms"]["samples"] or [math.nan])
         dec = block["decode_tokens_per_s"]["mean"]
         lines.append(
             f"{label}: {t['mean']:.2f} tok/s, 95% CI {ci_text}, n={len(t['samples'])}; "
-            f"TTFT {ttft:.1f} ms (1-token generate); "
+            f"TTFT median {ttft:.1f} ms (1-token generate); "
             + (f"decode {dec:.2f} tok/s" if dec is not None else "decode n/a")
             + f"; {compile_text(block.get('compile_s'))}"
         )
