@@ -116,6 +116,14 @@ def _num(value: Any, fmt: str = "{:.2f}", suffix: str = "") -> str:
     return NA if number is None else fmt.format(number) + suffix
 
 
+def _finite_samples(samples: Any) -> list[float] | None:
+    """A metric's raw samples as floats, None unless it is a non-empty list of finite numbers."""
+    if not isinstance(samples, list) or not samples:
+        return None
+    numbers = [v for v in map(_finite, samples) if v is not None]
+    return numbers if len(numbers) == len(samples) else None
+
+
 def _throughput(doc: Any, block: str) -> str:
     tp = dig(doc, block, "throughput")
     if not isinstance(tp, dict):
@@ -124,8 +132,8 @@ def _throughput(doc: Any, block: str) -> str:
     ci = tp.get("ci95")
     samples = tp.get("samples")
     if not (isinstance(ci, list) and len(ci) == 2) and isinstance(samples, list):
-        numbers = [v for v in map(_finite, samples) if v is not None]
-        ci = mean_ci95(numbers) if numbers and len(numbers) == len(samples) else None
+        numbers = _finite_samples(samples)
+        ci = mean_ci95(numbers) if numbers else None
     if ci is not None and len(ci) == 2:
         text += f" (95% CI {_num(ci[0])}–{_num(ci[1])})"
     if isinstance(samples, list) and samples:
@@ -137,11 +145,8 @@ def _median(doc: Any, block: str, metric: str) -> str:
     """The median of a metric's raw samples, computed here: a short prefill's time is a few
     fast runs and the odd one where the host stalled, which a mean (and a head's own summary)
     would report as the typical run."""
-    samples = dig(doc, block, metric, "samples")
-    if not isinstance(samples, list) or not samples:
-        return NA
-    numbers = [v for v in map(_finite, samples) if v is not None]
-    if len(numbers) != len(samples):
+    numbers = _finite_samples(dig(doc, block, metric, "samples"))
+    if numbers is None:
         return NA
     return f"{_num(statistics.median(numbers))}, n={len(numbers)}"
 
