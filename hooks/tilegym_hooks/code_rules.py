@@ -5,7 +5,12 @@ runs inside the process that measures it. It may use the model, torch and ``tile
 may not reach the harness, the bot or the hooks (directly or through the import machinery, the
 interpreter's module table, frames or the garbage collector), run code built from strings,
 rebind attributes of modules it does not own, or launch kernels of another GPU language (every
-kernel an experiment adds is cuTile, which is what coverage counts).
+kernel an experiment adds is cuTile, which is what coverage counts). Nor may it name things so
+that other kernels read as cuTile's: a ``@ct.kernel`` named like Inductor's or a vendor
+library's kernels (``triton_poi_fused_...``), or a string (a custom op's name) holding cuTile's
+mangling mark (``zzrope_Kt2_A9f32_1t``), which Inductor copies into the names of the Triton
+kernels it fuses around that op. The classifier refuses such kernels by itself
+(``tilegym_hf_bench.profiling.cutile_names``); these findings name the attempt at its line.
 
 This is a static check of the source: it cannot follow every dynamic path in Python. What it
 rules out is every spelling the review found, and the judge does not rely on it alone (the
@@ -15,8 +20,15 @@ supervisor and the bot recompute the verdict's numbers outside the experiment's 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from tilegym_hf_bench.profiling.cutile_names import (
+    imitated_generated_prefix,
+    kernel_definitions,
+    mangling_mark,
+)
 
 TRUSTED_PACKAGES = frozenset({"tilegym_hf_bench", "tilegym_bot", "tilegym_hooks"})
 # Modules that reach other modules' objects, frames or memory, or run source text.
@@ -157,6 +169,47 @@ def _base_name(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+def _kernel_name_findings(tree: ast.AST) -> Iterator[CodeFinding]:
+    """A ``@ct.kernel`` named like a generated or vendor kernel (one finding each)."""
+    for node in kernel_definitions(tree):
+        imitated = imitated_generated_prefix(node.name)
+        if imitated is not None:
+            yield CodeFinding(
+                node.lineno,
+                "SCOPE015",
+                f"@ct.kernel {node.name} starts like generated or vendor kernels ({imitated!r}); "
+                "a cuTile kernel may not be named like another tool's kernels",
+            )
+
+
+_WORD = re.compile(r"[A-Za-z0-9_]+")
+
+
+def _mangled_string_findings(tree: ast.AST) -> Iterator[CodeFinding]:
+    """A string (custom op name, schema, anything but a docstring) holding a word with cuTile's
+    mangling mark: one finding per string, for its first such word."""
+    docstrings = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+            continue
+        if id(node) in docstrings:
+            continue
+        for word in _WORD.findall(node.value):
+            mark = mangling_mark(word)
+            if mark is not None:
+                yield CodeFinding(
+                    node.lineno,
+                    "SCOPE016",
+                    f"name {word!r} holds cuTile's mangling mark {mark!r}: Inductor names the "
+                    "kernels it fuses around a custom op after it, as if they were cuTile's",
+                )
+                break
+
+
 def code_findings(tree: ast.AST, owned_prefix: str) -> list[CodeFinding]:
     """Findings for one parsed file (or function) of experiment code.
 
@@ -214,5 +267,7 @@ def code_findings(tree: ast.AST, owned_prefix: str) -> list[CodeFinding]:
                             line, "SCOPE014", f"rebinds {text}, which the experiment does not own"
                         )
                     )
+    findings.extend(_kernel_name_findings(tree))
+    findings.extend(_mangled_string_findings(tree))
     findings.sort(key=lambda f: (f.line, f.code))
     return findings

@@ -1,13 +1,32 @@
 """The one rule for "is this GPU kernel cuTile?", shared by the prefix guard, the benchmark's
 classifier and the bot's recomputation of coverage.
 
-A profiled kernel is cuTile only when it is the launch of a ``@ct.kernel`` function defined in
-the measured tree: cuTile's demangler splits the symbol into ``<function>_K<conv>_<params>``,
-and ``<function>`` must be one of the tree's kernel functions, found by parsing (never by
-importing: a kernel module may need a GPU toolchain to import, and the tree may be untrusted).
-A listed prefix adds names a profiler shortens; it must itself be such a function and matches
-only that name or that name followed by cuTile's ``_K`` mangling, never a longer identifier or
-a C++ signature (a kernel called ``void`` must not claim every ``void at::native::...``).
+A profiled kernel is cuTile only when its name is exactly a symbol the cuTile compiler gives a
+``@ct.kernel`` function of the measured tree. The compiler names every compiled signature
+``mangle_kernel_name(function.__name__, signature)``: ``<function>_K<conv>_<param>...``, the
+same string in an exported cubin's symbol table and in a JIT launch's profile. Each condition:
+
+- *cuTile's demangler reads it* (``demangle_kernel_name``): a function name, a calling
+  convention it knows and a parameter list, nothing left over.
+- *re-mangling gives back the very symbol*: the demangler is lenient where the compiler is
+  canonical (``I03`` for ``I3``, unsorted or zero-padded axis masks, ``I_0``), so a name built to
+  parse, or a real symbol with a suffix stuck on, must fail here, not pass as "parses".
+- *at least one parameter*: ``fused_rmsnorm_Kt2`` (a bare function name plus a convention
+  code) is the shortest look-alike any kernel can be given; a launch always has parameters.
+- *the function is a Python identifier that imitates no generated kernel*: Inductor names a
+  fused Triton kernel after the ops it fuses, custom ops included, plus ``_<index>``
+  (``triton_poi_fused__to_copy_bmm_cat_cos_mul_qk_norm_rope_sin_slice_transpose_view_3``). A
+  custom op named ``zzrope_Kt2_A9f32_1t`` makes it ``triton_poi_fused__to_copy_zzrope_Kt2_A9f32_1t_3``,
+  which demangles *and* round-trips (``_3`` reads as a stride of -3) to the function
+  ``triton_poi_fused__to_copy_zzrope``; a never-launched ``@ct.kernel`` decoy of that name
+  would make it count. No function whose name starts like Inductor's or a vendor library's
+  kernels (``GENERATED_PREFIXES``, any case) is a cuTile kernel.
+- *the function is a ``@ct.kernel`` of the measured tree*, found by parsing (never by
+  importing: a kernel module may need a GPU toolchain to import, and the tree may be untrusted).
+
+A listed prefix adds the bare function name a profiler may report; it must itself be such a
+function and matches only that exact name, never a longer identifier or a C++ signature (a
+kernel called ``void`` must not claim every ``void at::native::...``).
 
 Recognised decorators: ``@ct.kernel``, ``@cuda.tile.kernel``, either one called with options
 (``@ct.kernel(num_ctas=2)``), and any alias the module binds with ``import cuda.tile as X`` or
@@ -17,11 +36,40 @@ Recognised decorators: ``@ct.kernel``, ``@cuda.tile.kernel``, either one called 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 TILE_MODULE = "cuda.tile"
-MANGLING_MARK = "_K"
+# How kernels that are not cuTile's are named, as the H200 profiles in docs/results show them:
+# Inductor's Triton (``triton_poi_fused_...``, ``triton_per_...``) and C++ (``cpp_fused_...``)
+# kernels; cuBLAS/cuBLASLt (``nvjet_sm90_tst_...``, ``sm80_xmma_gemm_...``, ``void
+# cublasLt::...``, the older ``ampere_bf16_...``), cuDNN (``cudnn_generated_...``), CUTLASS
+# (``void cutlass::Kernel2<...>``), copies (``memcpy32_post``), any demangled C++ kernel
+# (``void at::native::...``) and an Itanium-mangled one (``_ZN7cutlass...``, case-sensitive).
+GENERATED_PREFIXES = (
+    "triton_",
+    "cpp_",
+    "nvjet",
+    "cublas",
+    "cudnn",
+    "cutlass",
+    "xmma",
+    "ampere_",
+    "hopper_",
+    "volta_",
+    "turing_",
+    "memcpy",
+    "memset",
+    "void",
+)
+_GENERATED = re.compile(
+    "(?i:" + "|".join(map(re.escape, GENERATED_PREFIXES)) + r"|sm\d+_)|_Z[A-Z0-9]"
+)
+# cuTile's mark between a function name and its signature: ``_K`` and a calling convention code
+# (``t1``, ``t2``), then a parameter or the end. cuTile escapes every other ``K`` of what it
+# mangles, so a name holding this mark is shaped to be read as a cuTile symbol.
+MANGLING_MARK_PATTERN = re.compile(r"(?:^|_)K[a-z][0-9]+(?=_|$)")
 # Files larger than this are not parsed (a guard reports them instead of spending minutes).
 MAX_PARSED_BYTES = 2 * 1024 * 1024
 
@@ -35,7 +83,7 @@ def _dotted(node: ast.expr) -> str | None:
     return None
 
 
-def _kernel_decorator_names(tree: ast.Module) -> set[str]:
+def _kernel_decorator_names(tree: ast.AST) -> set[str]:
     """Dotted decorator spellings that mean ``cuda.tile.kernel`` in this module."""
     names = {"ct.kernel", f"{TILE_MODULE}.kernel"}
     for node in ast.walk(tree):
@@ -53,12 +101,8 @@ def _kernel_decorator_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def kernel_functions(source: str) -> Iterator[str]:
-    """Yield the name of every function in ``source`` decorated as a cuTile kernel.
-
-    Raises SyntaxError/ValueError for source that does not parse.
-    """
-    tree = ast.parse(source)
+def kernel_definitions(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every function of a parsed module decorated as a cuTile kernel."""
     decorators = _kernel_decorator_names(tree)
     for node in ast.walk(tree):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -66,8 +110,17 @@ def kernel_functions(source: str) -> Iterator[str]:
         for decorator in node.decorator_list:
             target = decorator.func if isinstance(decorator, ast.Call) else decorator
             if _dotted(target) in decorators:
-                yield node.name
+                yield node
                 break
+
+
+def kernel_functions(source: str) -> Iterator[str]:
+    """Yield the name of every function in ``source`` decorated as a cuTile kernel.
+
+    Raises SyntaxError/ValueError for source that does not parse.
+    """
+    for node in kernel_definitions(ast.parse(source)):
+        yield node.name
 
 
 def names_in_sources(sources: Iterable[bytes]) -> frozenset[str]:
@@ -98,19 +151,35 @@ def scan_kernel_names(root: Path) -> frozenset[str]:
     return names_in_sources(sources())
 
 
+def imitated_generated_prefix(name: str) -> str | None:
+    """The start of ``name`` that generated or vendor kernels' names share, or None."""
+    match = _GENERATED.match(name)
+    return match.group(0) if match else None
+
+
+def mangling_mark(name: str) -> str | None:
+    """cuTile's mangling mark inside ``name`` (``_Kt2``), or None."""
+    match = MANGLING_MARK_PATTERN.search(name)
+    return match.group(0) if match else None
+
+
 def prefix_problem(prefix: str, kernel_names: Iterable[str]) -> str | None:
     """Why ``prefix`` may not widen the cuTile count, or None when it is a kernel's name."""
+    imitated = imitated_generated_prefix(prefix)
+    if imitated is not None:
+        return f"starts like generated or vendor kernels ({imitated!r}), never a cuTile kernel"
     if prefix not in set(kernel_names):
         return "names no @ct.kernel function"
     return None
 
 
-def _demangler():
+def _mangling():
+    """cuTile's (demangle, mangle) pair, or None where cuda.tile is not installed."""
     try:
-        from cuda.tile.compilation import demangle_kernel_name
+        from cuda.tile.compilation import demangle_kernel_name, mangle_kernel_name
     except ImportError:
         return None
-    return demangle_kernel_name
+    return demangle_kernel_name, mangle_kernel_name
 
 
 class CutileNames:
@@ -121,29 +190,31 @@ class CutileNames:
         self.prefixes = frozenset(
             p for p in prefixes if prefix_problem(p, self.kernel_names) is None
         )
-        self._demangle = _demangler()
+        self._mangling = _mangling()
         self._cache: dict[str, bool] = {}
 
     @property
     def can_demangle(self) -> bool:
-        return self._demangle is not None
+        return self._mangling is not None
 
     def demangled_function(self, name: str) -> str | None:
-        """The function name cuTile's demangler reads from ``name`` (whatever tree), or None."""
-        if self._demangle is None:
+        """The function ``name`` is the cuTile symbol of (whatever tree), or None: every
+        condition of the module docstring but membership in the tree."""
+        if self._mangling is None:
             return None
+        demangle, mangle = self._mangling
         try:
-            function, signature = self._demangle(name)
-        except Exception:  # the demangler rejects foreign names with several exception types
+            function, signature = demangle(name)
+            canonical = mangle(function, signature)
+        except Exception:  # both reject foreign names with several exception types
             return None
-        return function if signature.parameters else None
-
-    def _by_prefix(self, name: str) -> bool:
-        return any(name == p or name.startswith(p + MANGLING_MARK) for p in self.prefixes)
+        if canonical != name or not signature.parameters or not function.isidentifier():
+            return None
+        return None if imitated_generated_prefix(function) else function
 
     def is_cutile(self, name: str) -> bool:
         hit = self._cache.get(name)
         if hit is None:
-            hit = self.demangled_function(name) in self.kernel_names or self._by_prefix(name)
+            hit = self.demangled_function(name) in self.kernel_names or name in self.prefixes
             self._cache[name] = hit
         return hit
