@@ -1,7 +1,8 @@
 """Prefix guard: every coverage prefix names a cuTile kernel defined under ``src/tilegym``.
 
 The rule is ``tilegym_hf_bench.profiling.cutile_names`` (the classifier's own): a prefix that is
-not a cuTile kernel's name would widen the cuTile count to other kernels.
+not a cuTile kernel's name would widen the cuTile count to other kernels, and one that is a
+kernel named like Inductor's or a vendor's (``triton_poi_fused_..._3``) would claim that kernel.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def prefix_findings(data: bytes, kernel_names: Iterable[str], path: str) -> list
     for prefix in parsed.prefixes:
         problem = prefix_problem(prefix.value, known)
         if problem is not None:
-            message = f"prefix {prefix.value!r} {problem} under {KERNEL_SOURCE_ROOT}"
+            where = "" if prefix.value in known else f" under {KERNEL_SOURCE_ROOT}"
+            message = f"prefix {prefix.value!r} {problem}{where}"
             findings.append(Finding(path, prefix.line, "PREFIX005", message))
     return findings
 

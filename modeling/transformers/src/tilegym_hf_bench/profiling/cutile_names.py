@@ -15,12 +15,14 @@ same string in an exported cubin's symbol table and in a JIT launch's profile. E
   code) is the shortest look-alike any kernel can be given; a launch always has parameters.
 - *the function is a Python identifier that imitates no generated kernel*: Inductor names a
   fused Triton kernel after the ops it fuses, custom ops included, plus ``_<index>``
-  (``triton_poi_fused__to_copy_bmm_cat_cos_mul_qk_norm_rope_sin_slice_transpose_view_3``). A
-  custom op named ``zzrope_Kt2_A9f32_1t`` makes it ``triton_poi_fused__to_copy_zzrope_Kt2_A9f32_1t_3``,
-  which demangles *and* round-trips (``_3`` reads as a stride of -3) to the function
-  ``triton_poi_fused__to_copy_zzrope``; a never-launched ``@ct.kernel`` decoy of that name
-  would make it count. No function whose name starts like Inductor's or a vendor library's
-  kernels (``GENERATED_PREFIXES``, any case) is a cuTile kernel.
+  (``triton_poi_fused__to_copy_bmm_cat_cos_mul_qk_norm_rope_sin_slice_transpose_view_3``).
+  A custom op ``zzrope_Kt2_A9f32_1t`` gives ``triton_poi_fused__to_copy_zzrope_Kt2_A9f32_1t_3``,
+  which demangles *and* round-trips (``_3`` reads as a stride of -3), and for a custom op
+  ``zz_Kt2_A1f32_1l0_I`` the compiler itself names a ``@ct.kernel`` decoy
+  ``triton_poi_fused__to_copy_zz`` exactly like Inductor's kernel: only the name tells them
+  apart. No function whose name starts like Inductor's or a vendor library's kernels
+  (``GENERATED_PREFIXES``, any case) is a cuTile kernel; the code rules refuse such a
+  ``@ct.kernel`` and a custom op name holding the mark (``MANGLING_MARK_PATTERN``).
 - *the function is a ``@ct.kernel`` of the measured tree*, found by parsing (never by
   importing: a kernel module may need a GPU toolchain to import, and the tree may be untrusted).
 
@@ -165,11 +167,11 @@ def mangling_mark(name: str) -> str | None:
 
 def prefix_problem(prefix: str, kernel_names: Iterable[str]) -> str | None:
     """Why ``prefix`` may not widen the cuTile count, or None when it is a kernel's name."""
-    imitated = imitated_generated_prefix(prefix)
-    if imitated is not None:
-        return f"starts like generated or vendor kernels ({imitated!r}), never a cuTile kernel"
     if prefix not in set(kernel_names):
         return "names no @ct.kernel function"
+    imitated = imitated_generated_prefix(prefix)
+    if imitated is not None:
+        return f"names a kernel that starts like generated or vendor kernels ({imitated!r})"
     return None
 
 
