@@ -523,3 +523,30 @@ def test_a_significant_drop_while_the_gpu_time_fell_is_rerun_before_a_discard(ma
     assert first.gpu_ms_head < first.gpu_ms_base
     again = decide(base, head, rerun=True)
     assert again.status == "discard" and "significant slowdown" in again.reasons[-1]
+
+
+def test_an_inductor_kernel_named_after_a_mangled_custom_op_is_no_coverage(make_metrics):
+    """The attack: a custom op ``zzrope_Kt2_A9f32_1t`` makes Inductor name a fused Triton kernel
+    ``triton_poi_fused__to_copy_zzrope_Kt2_A9f32_1t_3``, and a never-launched ``@ct.kernel``
+    decoy ``triton_poi_fused__to_copy_zzrope`` in the head's tree made it read as cuTile: the
+    only gain, at identical GPU time, was kept. Whether the head's file marks it cuTile (as
+    the fooled classifier did) or not, it is no keep."""
+    inductor = "triton_poi_fused__to_copy_bmm_cat_cos_mul_qk_norm_rope_sin_slice_transpose_view_3"
+    attacked = "triton_poi_fused__to_copy_zzrope_Kt2_A9f32_1t_3"
+    base = make_metrics(commit=BASE_SHA)
+    kernels = [dict(k) for k in base["coverage"]["kernels"]]
+    kernels[2] = dict(kernels[2], name=inductor)
+    base = _with_kernels(base, kernels)
+    tree = frozenset({"rms_norm_kernel"})
+    for marked in (True, False):
+        head_kernels = [dict(k) for k in kernels]
+        head_kernels[2] = dict(head_kernels[2], name=attacked, cutile=marked)
+        head = _with_kernels(make_metrics(), head_kernels)
+        decision = decide(
+            base,
+            head,
+            base_kernels=tree,
+            head_kernels=tree | {"triton_poi_fused__to_copy_zzrope"},
+        )
+        assert decision.status != "keep", decision.reasons
+        assert decision.gpu_ms_head == pytest.approx(decision.gpu_ms_base)
