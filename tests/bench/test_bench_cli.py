@@ -46,7 +46,7 @@ def test_tiny_preset_end_to_end_on_cpu(tmp_path, key):
     lines = grep_lines(r.stdout)
     assert len(lines) == 3, r.stdout
     assert THROUGHPUT.match(lines[0])
-    assert NOT_MEASURED_T.match(lines[1])
+    assert THROUGHPUT.match(lines[1])  # the patched model, on the CPU through the ops' references
     assert NOT_MEASURED_C.match(lines[2])
     assert r.stdout.splitlines()[-4:-1] == lines  # the three lines close the report
     assert "weights: random" in r.stdout
@@ -55,13 +55,17 @@ def test_tiny_preset_end_to_end_on_cpu(tmp_path, key):
     assert validation_errors(doc) == []
     assert doc["schema"] == "tilegym-bench-metrics/2"
     assert doc["status"] == "ok" and doc["commit"] == COMMIT and doc["model_key"] == key
-    assert doc["cutile"] is None and doc["coverage"] is None
+    assert doc["cutile"] is not None and doc["coverage"] is None
     samples = doc["baseline"]["throughput"]["samples"]
     assert len(samples) == 3 and all(s > 0 for s in samples)
     mean = float(THROUGHPUT.match(lines[0]).group(1))
     assert mean == pytest.approx(doc["baseline"]["throughput"]["mean"], abs=0.006)
     c = doc["correctness"]
-    assert c["passed"] and 0 < c["baseline_rel_err"] < 0.05 and c["logits_rel_err"] is None
+    assert c["passed"] and 0 < c["baseline_rel_err"] < 0.05 and c["logits_rel_err"] is not None
+    assert c["statistic"] == "max_token"
+    assert [case["name"] for case in c["cases"]] == ["workload", "padded", "long"]
+    assert c["timed_agreement"]["runs"] == 6  # a first-token and a full run per timed run
+    assert "model worker: pid" in r.stdout
     assert doc["workload"] == {
         "name": "default",
         "batch_size": 1,
@@ -77,8 +81,9 @@ def test_tiny_preset_end_to_end_on_cpu(tmp_path, key):
 
 
 def test_static_mode_end_to_end_on_cpu(tmp_path):
-    """Static KV cache with the compiled decode step on the PyTorch side (Inductor on the CPU);
-    the compile is warm-up, reported apart; the cuTile side says why it is not measured."""
+    """Static KV cache with the compiled decode step on both sides (Inductor on the CPU, the
+    cuTile side in its worker through the ops' references); the compile is warm-up, reported
+    apart."""
     out = tmp_path / "metrics.json"
     r = bench(
         "--model-key", "tiny-qwen3", "--device", "cpu", "--mode", "static",
@@ -88,13 +93,14 @@ def test_static_mode_end_to_end_on_cpu(tmp_path):
     lines = grep_lines(r.stdout)
     assert len(lines) == 3 and r.stdout.splitlines()[-4:-1] == lines
     assert THROUGHPUT.match(lines[0])  # first: PyTorch, in static mode
-    assert NOT_MEASURED_T.match(lines[1]) and NOT_MEASURED_C.match(lines[2])
+    assert THROUGHPUT.match(lines[1]) and NOT_MEASURED_C.match(lines[2])
     assert r.stdout.splitlines().count(STATIC_LINE) == 2  # in the log and in the report
     doc = json.loads(out.read_text())
     assert validation_errors(doc) == []
     assert doc["schema"] == "tilegym-bench-metrics/2" and doc["workload"]["mode"] == "static"
     base = doc["baseline"]
-    assert doc["cutile"] is None and doc["coverage"] is None and doc["correctness"]["passed"]
+    assert doc["coverage"] is None and doc["correctness"]["passed"]
+    assert doc["cutile"]["compile_s"] is not None
     run_s = [6 / tps for tps in base["throughput"]["samples"]]
     assert base["compile_s"] > max(run_s)  # compiling happened in warm-up, not in a timed run
     assert f"compile/capture {base['compile_s']:.2f} s (warm-up, not timed)" in r.stdout

@@ -107,11 +107,15 @@ def test_correctness_scores_the_generate_path_against_fp32():
     assert logits.shape[:2] == (WL.batch_size, WL.output_length) and logits.dtype == torch.float32
 
 
-def test_timed_runs_use_their_own_seeded_prompts():
-    from tilegym_hf_bench.runner import timed_prompt_seed
+def test_timed_prompts_are_drawn_per_run_and_the_first_token_run_has_its_own():
+    """A worker cannot know a timed prompt before its request: the seeds come from the OS for
+    each run, and the full run's prompt is not the one its first-token run just saw."""
+    from tilegym_hf_bench.runner import timed_prompt_seeds
 
-    seeds = [timed_prompt_seed(0, i) for i in range(4)]
-    assert len(set(seeds)) == 4 and 0 not in seeds
+    first, second = timed_prompt_seeds(4), timed_prompt_seeds(4)
+    flat = [s for pair in first for s in pair]
+    assert len(set(flat)) == 8
+    assert first != second
 
 
 def test_a_crashed_run_carries_no_measurement():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ HARNESS_REL = Path("modeling/transformers/src/tilegym_hf_bench")
 PATCH_FILE = HARNESS_REL / "tilegym_patch.py"
 PREFIX_FILE = HARNESS_REL / "kernel_filters" / "tilegym_kernel_prefixes.yaml"
 PATCH_KWARGS_NAME = "MODEL_PATCH_KWARGS"
+#: Set by the supervisor for the trusted measuring process, which must not find (or import)
+#: the measured ``tilegym`` itself: the ``src/`` folder holding it ("" when there is none).
+MEASURED_SRC_ENV = "TILEGYM_MEASURED_SRC"
 
 
 class ExperimentTreeError(Exception):
@@ -86,7 +90,15 @@ def patch_table_from_source(path: Path) -> dict[str, Any]:
 
 
 def measured_tree() -> ExperimentTree:
-    """Where the ``tilegym`` package that will be imported lives (found without importing it)."""
+    """Where the ``tilegym`` package that will be imported lives (found without importing it),
+    or where the supervisor said it is."""
+    given = os.environ.get(MEASURED_SRC_ENV)
+    if given is not None:
+        if not given or not (Path(given) / "tilegym").is_dir():
+            return ExperimentTree(None, None)
+        package = (Path(given) / "tilegym").resolve()
+        root = package.parents[1] if package.parent.name == "src" else None
+        return ExperimentTree(package, root)
     spec = importlib.util.find_spec("tilegym")
     if spec is None or not spec.submodule_search_locations:
         return ExperimentTree(None, None)

@@ -114,10 +114,13 @@ class Generator:
         self._cache_shape = (0, 0)  # (batch, length) the kept cache was made for
         self.use_prompt(input_ids)
 
-    def use_prompt(self, input_ids) -> None:
-        """Generate from ``input_ids`` from now on (a fresh prompt per timed run)."""
+    def use_prompt(self, input_ids, attention_mask=None) -> None:
+        """Generate from ``input_ids`` from now on (a fresh prompt per timed run); a 0 in
+        ``attention_mask`` marks a left-pad position."""
         self.input_ids = input_ids
-        self.attention_mask = torch.ones_like(input_ids)
+        self.attention_mask = (
+            torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        )
 
     def config(self, new_tokens: int) -> GenerationConfig:
         """The one GenerationConfig every generate() of ``new_tokens`` tokens uses."""
@@ -173,10 +176,17 @@ class Generator:
         out = self._generate(config, new_tokens)
         return out.sequences, torch.stack([step.float() for step in out.logits], dim=1)
 
-    def timed(self, new_tokens: int) -> tuple[float, torch.Tensor]:
-        """(wall seconds, output) of one generate(), synchronized on both sides."""
+    def timed(
+        self, new_tokens: int, ids=None, label: str | None = None
+    ) -> tuple[float, torch.Tensor]:
+        """(wall seconds, output) of one generate(), synchronized on both sides. ``ids`` (host
+        tensor): the prompt, copied to the device inside the timed window as the model worker
+        receives its prompt inside the caller's (``remote_side``). ``label`` names a timed run
+        for the worker's guard; here the caller's own guard wraps the call."""
         self.sync()
         start = time.perf_counter()
+        if ids is not None:
+            self.use_prompt(ids.to(self.device))
         out = self.generate(new_tokens)
         self.sync()
         return time.perf_counter() - start, out

@@ -6,10 +6,12 @@ block at all, so no consumer can read a number from it.
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from tilegym.atomic import write_json_atomic
 from tilegym_hf_bench.metrics_schema import SCHEMA_ID
 from tilegym_hf_bench.stats import summarize
 
@@ -77,5 +79,18 @@ def assemble(
 
 
 def write_atomic(path: str | os.PathLike, data: Any) -> None:
-    """Metrics are strict JSON: a NaN fails here, before the file is touched."""
-    write_json_atomic(path, data, allow_nan=False)
+    """Metrics are strict JSON: a NaN fails here, before the file is touched. Written to a temp
+    file beside the target, then renamed over it. (The harness keeps its own writer rather than
+    ``tilegym.atomic``: the trusted processes import nothing from the measured tree.)"""
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        "w", dir=target.parent, prefix=f".{target.name}.", delete=False, encoding="utf-8"
+    ) as tmp:
+        tmp.write(text)
+    try:
+        os.replace(tmp.name, target)
+    except OSError:
+        Path(tmp.name).unlink(missing_ok=True)
+        raise

@@ -1,12 +1,16 @@
-"""One benchmark run inside the worker: models, throughput, correctness, coverage."""
+"""One benchmark run in the trusted measuring process: the PyTorch baseline and the fp32
+reference live here, the cuTile side in a model worker process (``remote_side``); timing,
+profiling's classification and every score happen here."""
 
 from __future__ import annotations
 
+import secrets
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-from tilegym_hf_bench import correctness as corr
 from tilegym_hf_bench.envinfo import gpu_env
 from tilegym_hf_bench.errors import BenchError
 from tilegym_hf_bench.experiment_tree import measured_tree
@@ -17,16 +21,32 @@ from tilegym_hf_bench.model_factory import (
     pretrained_model,
     random_model,
     resolve_device,
-    twin_sharing_weights,
-    weight_fingerprint,
 )
-from tilegym_hf_bench.modes import mode_line
+from tilegym_hf_bench.modes import EAGER, mode_line
 from tilegym_hf_bench.options import BenchOptions
-from tilegym_hf_bench.profiling.attribution import aggregate, coverage_block
+from tilegym_hf_bench.profiling.attribution import (
+    HostEvent,
+    KernelEvent,
+    ModuleRange,
+    aggregate,
+    coverage_block,
+)
 from tilegym_hf_bench.progress import Progress
+from tilegym_hf_bench.remote_side import ModelWorker, RemoteSide
 from tilegym_hf_bench.report import coverage_table_lines
-from tilegym_hf_bench.tilegym_patch import apply_patch
-from tilegym_hf_bench.tolerance import verdict
+from tilegym_hf_bench.scoring import (
+    Case,
+    CaseScore,
+    agreement,
+    agreement_problem,
+    cases,
+    finite_or_none,
+    left_pad_mask,
+    reference_logits,
+    timed_output_agreement,
+    token_errors,
+    worst,
+)
 
 BASELINE, CUTILE = "baseline", "cutile"
 
@@ -60,30 +80,55 @@ def run(options: BenchOptions, progress: Progress) -> None:
     unpatched = None if loaded.model_type in patch_table else no_patch_reason(loaded.model_type)
     if unpatched:
         log(f"cuTile patch not applied: {unpatched}")
-    cutile_reason = _cutile_unmeasured_reason(options, device) or unpatched
-    cutile_model = None
-    if cutile_reason is None:
-        cutile_model = twin_sharing_weights(baseline)
-        before = weight_fingerprint(baseline)
-        report = apply_patch(cutile_model, loaded.model_type, patch_table)
-        for line in report.lines():
-            log(line)
-        if not torch.equal(before, weight_fingerprint(baseline)):
-            raise BenchError("the cuTile patch changed the shared weights in place")
-    else:
-        progress.not_measured(CUTILE, cutile_reason)
-        log(f"cuTile: not measured ({cutile_reason})")
-
+    cutile_reason = _cutile_unmeasured_reason(options, tree) or unpatched
     vocab = baseline.config.get_text_config().vocab_size
     ids = make_input_ids(vocab, wl.batch_size, wl.input_length, wl.seed, device)
-    sides: dict[str, Generator] = {}
+    with tempfile.TemporaryDirectory(prefix="tilegym-worker-") as scratch:
+        worker = None
+        try:
+            remote = None
+            if cutile_reason is None:
+                worker = ModelWorker(
+                    device=device,
+                    scratch=Path(scratch),
+                    src_root=tree.package_dir.parent,
+                    model_key=options.model_key,
+                    log=log,
+                )
+                reply = worker.call(
+                    {
+                        "op": "init",
+                        "model_key": options.model_key,
+                        "model_id": options.model_id,
+                        "seed": wl.seed,
+                        "flags": patch_table[loaded.model_type],
+                    }
+                )
+                for line in reply.get("lines") or []:
+                    log(f"[worker] {line}")
+                remote = RemoteSide(worker, wl.mode, ids)
+            else:
+                progress.not_measured(CUTILE, cutile_reason)
+                log(f"cuTile: not measured ({cutile_reason})")
+            _measure(options, progress, device, baseline, remote, ids, vocab, unpatched, tree)
+        finally:
+            if worker is not None:
+                worker.close()
+
+
+def _measure(options, progress, device, baseline, remote, ids, vocab, unpatched, tree) -> None:
+    """Time both sides, profile, score: everything here runs in this (trusted) process except
+    the cuTile side's generate() calls, which ``remote`` sends to the worker."""
+    wl = options.workload
+    sides: dict = {}
     if not options.skip_baseline:
         sides[BASELINE] = Generator(baseline, ids, device, wl.mode)
     else:
         progress.not_measured(BASELINE, "--skip-baseline")
-    if cutile_model is not None:
-        sides[CUTILE] = Generator(cutile_model, ids, device, wl.mode)
+    if remote is not None:
+        sides[CUTILE] = remote
 
+    timed_runs: dict[str, list] = {name: [] for name in sides}
     if sides:
         from tilegym_hf_bench.throughput import measure, warm_up_sides
 
@@ -94,18 +139,21 @@ def run(options: BenchOptions, progress: Progress) -> None:
         log(mode_line(wl.mode))
         warmups = warm_up_sides(sides, wl.output_length, wl.warmup_runs, log)
         progress.update(warmup_runs=warmups.runs)
+        seeds = timed_prompt_seeds(wl.timed_runs)
+        log("timed prompt seeds (drawn for this run): " + " ".join(map(str, seeds)))
         samples = measure(
             sides,
             wl.batch_size,
             wl.output_length,
             wl.timed_runs,
             log,
-            prompt=lambda i: make_input_ids(
-                vocab, wl.batch_size, wl.input_length, timed_prompt_seed(wl.seed, i), device
+            prompt=lambda i: tuple(
+                make_input_ids(vocab, wl.batch_size, wl.input_length, s, "cpu") for s in seeds[i]
             ),
         )
         interleaved = len(sides) > 1
         for name, s in samples.items():
+            timed_runs[name] = s.outputs
             progress.part(
                 name,
                 throughput_block(
@@ -117,40 +165,35 @@ def run(options: BenchOptions, progress: Progress) -> None:
                 ),
             )
 
-    def side(name: str, model) -> Generator:
+    def side(name: str):
         """The side's timed generator (its compiled step and kept cache, so nothing records a
         CUDA graph again) on the warm-up prompt; a new one for a side that was not timed."""
-        gen = sides.get(name) or Generator(model, ids, device, wl.mode)
+        gen = sides.get(name) or Generator(baseline, ids, device, wl.mode)
         gen.use_prompt(ids)
         return gen
 
-    if options.skip_correctness:
-        progress.not_measured("correctness", "--skip-correctness")
-    else:
-        cutile_gen = side(CUTILE, cutile_model) if cutile_model is not None else None
-        result = check_correctness(side(BASELINE, baseline), cutile_gen, wl)
-        progress.part("correctness", result)
-
     # without a patch the PyTorch model is profiled: 0% coverage and the map of where its GPU
     # time goes, which is where a new family's first experiment starts
-    coverage_reason = _coverage_unmeasured_reason(options, device, cutile_reason, unpatched)
+    coverage_reason = _coverage_unmeasured_reason(options, device, remote, unpatched)
     if coverage_reason is None:
-        profiled = side(BASELINE, baseline) if unpatched else side(CUTILE, cutile_model)
-        block = _coverage(options, profiled, device, wl.output_length, tree)
-        if block is None:
-            progress.update(coverage_pending="nsys")
-        else:
-            progress.part("coverage", block)
+        block = _coverage(options, side(BASELINE) if unpatched else remote, device, wl, tree)
+        progress.part("coverage", block)
     else:
         progress.not_measured("coverage", coverage_reason)
         log(f"coverage: not measured ({coverage_reason})")
 
+    if options.skip_correctness:
+        progress.not_measured("correctness", "--skip-correctness")
+    else:
+        result = check_correctness(side(BASELINE), remote, wl, timed_runs)
+        progress.part("correctness", result)
 
-def _cutile_unmeasured_reason(options: BenchOptions, device: str) -> str | None:
+
+def _cutile_unmeasured_reason(options: BenchOptions, tree) -> str | None:
     if options.skip_cutile:
         return "--skip-cutile"
-    if not device.startswith("cuda"):
-        return f"cuTile kernels need a CUDA GPU; device is {device}"
+    if tree.package_dir is None:
+        return "no tilegym package in the measured tree"
     return None
 
 
@@ -159,74 +202,142 @@ def no_patch_reason(model_type: str) -> str:
 
 
 def _coverage_unmeasured_reason(
-    options: BenchOptions, device: str, cutile_reason: str | None, unpatched: str | None = None
+    options: BenchOptions, device: str, remote, unpatched: str | None = None
 ) -> str | None:
     if options.skip_coverage:
         return "--skip-coverage"
     if not device.startswith("cuda"):
         return f"coverage is GPU kernel time; device is {device}"
-    if cutile_reason is not None and unpatched is None:
-        return f"no kernelized model ({cutile_reason})"
+    if remote is None and unpatched is None:
+        return "no kernelized model (cuTile not measured)"
     return None
 
 
-def timed_prompt_seed(seed: int, run: int) -> int:
-    """Timed run ``run`` (0-based) generates from its own prompt, seeded apart from the warm-up
-    and correctness prompt (``seed``): a kernel cannot be tuned to one fixed input."""
-    return seed + 1 + run
+def timed_prompt_seeds(runs: int) -> list[tuple[int, int]]:
+    """Per timed run, the seeds of its time-to-first-token prompt and its full prompt, drawn
+    from the OS for this run: no process can know a timed prompt before its request, and the
+    full run's prompt is not the one the first-token run just saw."""
+    return [(secrets.randbits(31), secrets.randbits(31)) for _ in range(runs)]
 
 
-def check_correctness(baseline: Generator, cutile: Generator | None, wl) -> dict:
-    """Each side's logits from its own generate() (the timed path) against fp32 on its sequence."""
-    prompt = wl.input_length
+def _generate_case(gen, case: Case, ids, mask):
+    """(sequences, logits) of one side on one correctness case."""
+    if case.timed_path:
+        gen.use_prompt(ids.to(_device_of(gen)), None)
+        return gen.generate_with_logits(case.new_tokens)
+    if isinstance(gen, RemoteSide):
+        gen.use_prompt(ids, mask)
+        return gen.generate_with_logits(case.new_tokens, mode=EAGER)
+    eager = Generator(gen.model, ids.to(gen.device), gen.device, EAGER)
+    eager.use_prompt(ids.to(gen.device), None if mask is None else mask.to(gen.device))
+    return eager.generate_with_logits(case.new_tokens)
+
+
+def _device_of(gen) -> str:
+    return "cpu" if isinstance(gen, RemoteSide) else gen.device
+
+
+def check_correctness(baseline: Generator, cutile, wl, timed_runs: dict | None = None) -> dict:
+    """Both sides on every case (``scoring.cases``), scored per generated token against this
+    process's fp32 reference on each side's own sequence; then the timed runs' answers."""
     ref_model = fp32_reference(baseline.model)
-    base_seq, base_logits = baseline.generate_with_logits(wl.output_length)
-    reference = corr.full_logits(ref_model, base_seq, prompt)
-    base_err = corr.rel_err(base_logits, reference)
-    del base_logits
-    kernel_err = top1 = None
-    finite = True
-    if cutile is not None:
-        seq, kernel_logits = cutile.generate_with_logits(wl.output_length)
-        if not torch.equal(seq, base_seq):  # diverged: score it on its own sequence
-            reference = corr.full_logits(ref_model, seq, prompt)
-        finite = corr.is_finite(kernel_logits)
-        kernel_err = corr.rel_err(kernel_logits, reference)
-        top1 = corr.top1_agreement(kernel_logits, reference)
-        del kernel_logits
-    del ref_model, reference
-    v = verdict(kernel_err, base_err, finite)
-    log(
-        f"correctness: {'PASS' if v.passed else 'FAIL'}: {v.reason}; bf16 baseline rel err "
-        f"{base_err:.3e} vs fp32" + (f"; top-1 agreement {top1:.4f}" if top1 is not None else "")
-    )
+    device = baseline.device
+    vocab = baseline.model.config.get_text_config().vocab_size
+    scores: list[CaseScore] = []
+    case_list = cases(wl.batch_size, wl.input_length, wl.output_length)
+    for case in case_list:
+        ids = make_input_ids(vocab, case.batch, case.input_length, secrets.randbits(31), "cpu")
+        mask = left_pad_mask(case.batch, case.input_length) if case.padded else None
+        if mask is not None:
+            ids = ids.masked_fill(mask == 0, 0)
+        gpu_mask = None if mask is None else mask.to(device)
+        base_seq, base_logits = _generate_case(baseline, case, ids, mask)
+        base_seq = base_seq.to(device)
+        reference = reference_logits(ref_model, base_seq, case.input_length, gpu_mask)
+        base_err = float(token_errors(base_logits.to(device), reference).max())
+        del base_logits
+        kernel_err = top1 = None
+        finite = True
+        if cutile is not None:
+            seq, kernel_logits = _generate_case(cutile, case, ids, mask)
+            seq, kernel_logits = seq.to(device), kernel_logits.to(device)
+            if not torch.equal(seq, base_seq):  # diverged: score it on its own sequence
+                reference = reference_logits(ref_model, seq, case.input_length, gpu_mask)
+            finite = bool(torch.isfinite(kernel_logits).all())
+            kernel_err = float(token_errors(kernel_logits, reference).max())
+            top1 = float(agreement(seq, reference, case.input_length).mean())
+            del kernel_logits
+        del reference
+        score = CaseScore(case.name, kernel_err, base_err, finite, top1)
+        scores.append(score)
+        v = score.rule()
+        log(
+            f"correctness case {case.name} ({case.batch} x {case.input_length} -> "
+            f"{case.new_tokens}{', left-padded' if case.padded else ''}): "
+            f"{'PASS' if v.passed else 'FAIL'}: {v.reason}; bf16 baseline max token rel err "
+            f"{base_err:.3e}" + (f"; top-1 agreement {top1:.4f}" if top1 is not None else "")
+        )
+    chosen = worst(scores)
+    rule = chosen.rule()
+    passed = all(s.rule().passed for s in scores)
+    agreement_block = None
+    if cutile is not None and timed_runs and timed_runs.get(CUTILE):
+        runs = {n: [(seq, wl.input_length) for seq in timed_runs.get(n, [])] for n in timed_runs}
+        cut = timed_output_agreement(ref_model, runs.get(CUTILE, []))
+        base = timed_output_agreement(ref_model, runs.get(BASELINE, []))
+        agreement_block = {"baseline": base, "cutile": cut, "runs": len(runs.get(CUTILE, []))}
+        problem = agreement_problem(cut, base)
+        log(
+            "timed answers: "
+            + (
+                f"FAIL: {problem}"
+                if problem
+                else f"PASS: cuTile chose fp32's token for "
+                f"{cut:.3f} of its generated tokens, PyTorch for "
+                f"{'n/a' if base is None else f'{base:.3f}'}"
+            )
+        )
+        passed = passed and problem is None
+    del ref_model
+    if cutile is None:
+        log("correctness: PyTorch side only (no cuTile code ran): nothing was judged")
+    else:
+        log(f"correctness: {'PASS' if passed else 'FAIL'} (reported case: {chosen.name})")
     return {
-        "passed": v.passed,
-        "logits_rel_err": kernel_err if kernel_err is None or _finite(kernel_err) else None,
-        "baseline_rel_err": base_err if _finite(base_err) else None,
-        "tolerance": v.tolerance,
-        "top1_agreement": top1,
+        "passed": passed if cutile is not None else rule.passed,
+        "logits_rel_err": finite_or_none(chosen.kernel_err),
+        "baseline_rel_err": finite_or_none(chosen.baseline_err),
+        "tolerance": rule.tolerance,
+        "top1_agreement": chosen.top1,
+        "statistic": "max_token",
+        "cases": [s.as_json(c) for s, c in zip(scores, case_list, strict=True)],
+        "timed_agreement": agreement_block,
     }
 
 
-def _finite(x: float) -> bool:
-    return x == x and x not in (float("inf"), float("-inf"))
-
-
-def _coverage(options: BenchOptions, gen: Generator, device: str, tokens: int, tree) -> dict | None:
-    model = gen.model
+def _coverage(options: BenchOptions, side, device: str, wl, tree) -> dict:
     classifier = tree.classifier()
     if not classifier.can_demangle:
         log("warning: cuda.tile.compilation is not importable; classifying by prefixes only")
     if options.profiler == "nsys":
-        from tilegym_hf_bench.profiling.nsys_trace import profile_call as nsys_profile_call
+        raise BenchError(
+            "--profiler nsys cannot profile the model worker from outside it; use torch"
+        )
+    if isinstance(side, RemoteSide):
+        side.use_prompt(side.prompt)
+        raw = side.profile(wl.output_length)
+        try:
+            kernels = [KernelEvent(str(n), int(d), int(i)) for n, d, i in raw["kernels"]]
+            hosts = [HostEvent(int(i), int(t), int(s)) for i, t, s in raw["hosts"]]
+            ranges = [ModuleRange(str(m), int(t), int(s), int(e)) for m, t, s, e in raw["ranges"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BenchError(f"cuTile side: the profile is malformed: {exc}") from None
+        if not kernels:
+            raise BenchError("cuTile side: the profile holds no GPU kernel")
+    else:
+        from tilegym_hf_bench.profiling.torch_trace import profile_call
 
-        nsys_profile_call(model, lambda: gen.generate(tokens))
-        log("coverage: one generate() recorded by Nsight Systems; read after the worker exits")
-        return None
-    from tilegym_hf_bench.profiling.torch_trace import profile_call
-
-    kernels, hosts, ranges = profile_call(model, lambda: gen.generate(tokens))
+        kernels, hosts, ranges = profile_call(side.model, lambda: side.generate(wl.output_length))
     cov = aggregate(kernels, hosts, ranges, classifier.is_cutile)
     for line in coverage_table_lines(cov):
         log(line)

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilegym_hf_bench.experiment_tree import ExperimentTreeError, measured_tree
+from tilegym_hf_bench.experiment_tree import MEASURED_SRC_ENV, ExperimentTreeError, measured_tree
 from tilegym_hf_bench.metrics import assemble, write_atomic
 from tilegym_hf_bench.options import BenchOptions
 from tilegym_hf_bench.profiling.attribution import aggregate, coverage_block, recount
@@ -29,17 +29,27 @@ CUTILE_CACHE_DIR = Path("~/.cache/tilegym/cutile").expanduser()
 
 @dataclass
 class Outcome:
-    status: str  # ok | crash | timeout
+    status: str  # ok | crash | timeout | refused
     error: str | None
     progress: dict
 
 
 def worker_env() -> dict[str, str]:
-    """The worker's environment: our package importable, unbuffered output, and cuTile's
-    on-disk compile cache under ~/.cache/tilegym/cutile unless the caller chose one."""
+    """The measuring process's environment: our package importable, the measured tree's
+    ``src/`` NOT on its path (only the model worker it starts gets it: ``worker_pythonpath``),
+    unbuffered output, and cuTile's on-disk compile cache under ~/.cache/tilegym/cutile unless
+    the caller chose one."""
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    tree = measured_tree()
+    src = tree.package_dir.parent if tree.package_dir is not None else None
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["TILEGYM_WORKER_PYTHONPATH"] = os.pathsep.join(
+        [*([str(src)] if src else []), package_root, *inherited]
+    )
+    env[MEASURED_SRC_ENV] = str(src) if src else ""
+    trusted = [p for p in inherited if src is None or Path(p).resolve() != src]
+    env["PYTHONPATH"] = os.pathsep.join([package_root, *trusted])
     env["PYTHONUNBUFFERED"] = "1"
     if "CUDA_TILE_CACHE_DIR" not in env:
         CUTILE_CACHE_DIR.mkdir(parents=True, exist_ok=True)
@@ -129,6 +139,8 @@ def run_worker(options: BenchOptions, nsys: str | None = None) -> Outcome:
         return Outcome("ok", None, progress)
     if state == "crash":
         return Outcome("crash", progress.get("error") or "worker crashed", progress)
+    if state == "refused":
+        return Outcome("refused", progress.get("error") or "the model worker was refused", progress)
     return Outcome("crash", f"worker {_exit_text(proc.returncode)} before finishing", progress)
 
 

@@ -26,6 +26,7 @@ class SideSamples:
     decode_tokens_per_s: list[float] = field(default_factory=list)
     warmup_s: list[float] = field(default_factory=list)
     last_output: object = None
+    outputs: list = field(default_factory=list)  # every timed run's sequences, for checking
 
 
 @dataclass(frozen=True)
@@ -110,24 +111,27 @@ def measure(
 ) -> dict[str, SideSamples]:
     """``runs`` rounds; each round times every side (in order) once: a 1-token generate (time to
     first token), then the full generate. tokens/s = batch*tokens / wall time of generate().
-    ``prompt(i)``: the input ids of round i, the same for every side (default: each side's own).
-    ``guard(label)`` wraps each side's two timed calls: by default a compile there is an error."""
+    ``prompt(i)``: the input ids of round i, the same for every side (default: each side's own),
+    or a pair (first-token prompt, full prompt); they are handed to each side inside its timed
+    window. ``guard(label)`` wraps each side's two timed calls: by default a compile there is an
+    error (a worker side gets the label and guards its own calls)."""
     out = {name: SideSamples() for name in sides}
     for i in range(runs):
         parts = []
         ids = prompt(i) if prompt is not None else None
+        first_ids, full_ids = ids if isinstance(ids, tuple) else (ids, ids)
         for name, gen in sides.items():
-            if ids is not None:
-                gen.use_prompt(ids)
-            with guard(f"timed run {i + 1}/{runs}, {name}"), gc_paused():
-                ttft_s, _ = gen.timed(1)
-                total_s, output = gen.timed(tokens)
+            label = f"timed run {i + 1}/{runs}, {name}"
+            with guard(label), gc_paused():
+                ttft_s, first = gen.timed(1, first_ids, label)
+                total_s, output = gen.timed(tokens, full_ids, label)
             s = out[name]
             s.tokens_per_s.append(batch * tokens / total_s)
             s.ttft_ms.append(1000.0 * ttft_s)
             if tokens > 1 and total_s > ttft_s:
                 s.decode_tokens_per_s.append(batch * (tokens - 1) / (total_s - ttft_s))
             s.last_output = output
+            s.outputs.extend([first, output])
             parts.append(f"{name} {s.tokens_per_s[-1]:.2f} tok/s (ttft {1000 * ttft_s:.1f} ms)")
         log(f"timed run {i + 1}/{runs}: " + ", ".join(parts))
     for name, s in out.items():

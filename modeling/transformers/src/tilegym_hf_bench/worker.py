@@ -1,7 +1,9 @@
 """The measuring process: ``python -m tilegym_hf_bench.worker REQUEST.json PROGRESS.json``.
 
 Started by the supervisor (``_cli``) in its own process group; whatever happens it leaves its
-outcome in PROGRESS.json (status ok / crash with the error text) and exits 0 or 1.
+outcome in PROGRESS.json (status ok / crash / refused with the error text) and exits 0 or 1.
+It never imports the measured tree's ``tilegym`` (an import of it fails here): the cuTile side
+runs in the model worker it starts (``model_worker``).
 """
 
 from __future__ import annotations
@@ -9,10 +11,25 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from importlib.abc import MetaPathFinder
+
+
+class NoExperimentCode(MetaPathFinder):
+    """Refuses ``tilegym`` and its submodules in the trusted process, wherever they would be
+    found (the measured ``src/`` is off its path; an installed copy is refused too)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "tilegym" or fullname.startswith("tilegym."):
+            raise ImportError(
+                f"the trusted measuring process does not import {fullname} (experiment code "
+                "runs only in the model worker)"
+            )
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    sys.meta_path.insert(0, NoExperimentCode())
     if len(argv) != 2:
         print("error: usage: python -m tilegym_hf_bench.worker REQUEST.json PROGRESS.json")
         return 2
@@ -35,11 +52,13 @@ def main(argv: list[str] | None = None) -> int:
             "PatchUnavailable",
             "ProfilerError",
             "ExperimentTreeError",
+            "WorkerRefused",
         )
         if not expected:
             traceback.print_exc()
         text = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
-        progress.update(status="crash", error=text.strip() or type(exc).__name__)
+        status = "refused" if type(exc).__name__ == "WorkerRefused" else "crash"
+        progress.update(status=status, error=text.strip() or type(exc).__name__)
         return 1
     progress.update(status="ok", error=None)
     return 0

@@ -1,0 +1,170 @@
+"""The model worker: the only process that imports the experiment's code.
+
+``python -m tilegym_hf_bench.model_worker CONFIG.json`` is started by the trusted measuring
+process (``runner``), which keeps the PyTorch baseline, the fp32 reference, the clock and the
+scores. This process builds the model from the same seed, applies the measured tree's cuTile
+patch to it and then only answers requests: generate from these ids (timed by the caller, which
+chose the ids a moment before), generate with logits (scored by the caller), profile one
+generate (the caller classifies and adds up the raw kernel list). Whatever it answers is data
+the caller checks; nothing it says is taken as a measurement.
+
+Before the experiment's code is imported the worker confines itself (``isolation``: an audit
+hook that ends the process on a refused action) and keeps its own references to the profiler
+entry points, which it checks again before and after every profiled call.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tilegym_hf_bench.worker_wire import Reader, WireError, send, tensor_file
+
+#: Exit status of a worker that could not start (bad config); a refusal exits with the
+#: audit hook's own status.
+BAD_START_EXIT = 3
+
+
+def _confine(config: dict) -> None:
+    from tilegym_hf_bench.isolation.audit_hook import Confinement, install
+
+    conf = config["confinement"]
+    install(
+        Confinement(
+            experiment_roots=tuple(Path(p) for p in conf["experiment_roots"]),
+            owned_modules=tuple(conf["owned_modules"]),
+            writable=tuple(Path(p) for p in conf["writable"]),
+            allowed_executables=tuple(conf["allowed_executables"]),
+            record_only=bool(conf.get("record_only", False)),
+        ),
+        refusal_log=Path(conf["refusal_log"]),
+    )
+
+
+class Worker:
+    """The request loop's state: the patched model, one generator per mode, the profiler."""
+
+    def __init__(self, config: dict, scratch: Path):
+        import torch
+
+        from tilegym_hf_bench.profiling.guarded import GuardedProfiler
+
+        self.torch = torch
+        self.config = config
+        self.scratch = scratch
+        self.profiler = GuardedProfiler()  # bound before any experiment code runs
+        self.model = None
+        self.device = config["device"]
+        self.gens: dict[str, object] = {}
+
+    def init(self, msg: dict) -> dict:
+        from tilegym_hf_bench.model_factory import pretrained_model, random_model
+        from tilegym_hf_bench.tilegym_patch import apply_patch
+
+        if msg.get("model_id"):
+            loaded = pretrained_model(msg["model_key"], msg["model_id"], self.device)
+        else:
+            loaded = random_model(msg["model_key"], self.device, int(msg["seed"]))
+        self.model = loaded.model
+        report = apply_patch(self.model, loaded.model_type, {loaded.model_type: msg["flags"]})
+        return {"lines": report.lines(), "model_type": loaded.model_type}
+
+    def _generator(self, mode: str, ids):
+        from tilegym_hf_bench.generation import Generator
+
+        gen = self.gens.get(mode)
+        if gen is None:
+            gen = self.gens[mode] = Generator(self.model, ids, self.device, mode)
+        return gen
+
+    def _ids(self, msg: dict):
+        torch = self.torch
+        ids = torch.tensor(msg["ids"], dtype=torch.long, device=self.device)
+        mask = msg.get("mask")
+        mask = None if mask is None else torch.tensor(mask, dtype=torch.long, device=self.device)
+        return ids, mask
+
+    def generate(self, msg: dict) -> dict:
+        from tilegym_hf_bench.compile_guard import no_compile
+
+        ids, mask = self._ids(msg)
+        gen = self._generator(msg["mode"], ids)
+        gen.use_prompt(ids, mask)
+        tokens = int(msg["new_tokens"])
+        if msg.get("logits"):
+            seq, logits = gen.generate_with_logits(tokens)
+            from safetensors.torch import save_file
+
+            name = str(msg["name"])
+            save_file(
+                {
+                    "sequences": seq.contiguous().cpu(),
+                    "logits": logits.to(self.torch.bfloat16).contiguous().cpu(),
+                },
+                str(tensor_file(self.scratch, name)),
+            )
+            return {"file": name}
+        if msg.get("guard"):
+            with no_compile(str(msg["guard"])):
+                out = gen.generate(tokens)
+        else:
+            out = gen.generate(tokens)
+        return {"tokens": out[:, ids.shape[1] :].tolist()}
+
+    def profile(self, msg: dict) -> dict:
+        ids, mask = self._ids(msg)
+        gen = self._generator(msg["mode"], ids)
+        gen.use_prompt(ids, mask)
+        tokens = int(msg["new_tokens"])
+        events = self.profiler.record(self.model, lambda: gen.generate(tokens))
+        name = str(msg["name"])
+        path = self.scratch / f"{name}.json"
+        path.write_text(json.dumps(events))
+        return {"file": name}
+
+
+def serve(config: dict, reader: Reader, out_fd: int, scratch: Path) -> None:
+    worker = Worker(config, scratch)
+    handlers = {"init": worker.init, "generate": worker.generate, "profile": worker.profile}
+    while True:
+        msg = reader.recv()
+        op = msg.get("op")
+        if op == "exit":
+            send(out_fd, {"ok": True})
+            return
+        handler = handlers.get(op)
+        if handler is None:
+            send(out_fd, {"ok": False, "error": f"unknown request {op!r}"})
+            continue
+        try:
+            reply = handler(msg)
+        except Exception as exc:  # the caller turns it into the run's error text
+            text = str(exc).strip() or type(exc).__name__
+            if type(exc).__name__ not in ("BenchError", "PatchUnavailable"):
+                text = f"{type(exc).__name__}: {text}"
+            send(out_fd, {"ok": False, "error": text})
+            continue
+        send(out_fd, {"ok": True, **reply})
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        config = json.loads(Path(argv[0]).read_text())
+        in_fd, out_fd = int(config["in_fd"]), int(config["out_fd"])
+        scratch = Path(config["scratch"])
+    except (IndexError, OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: model worker: bad start: {exc}", file=sys.stderr)
+        return BAD_START_EXIT
+    if config.get("confinement"):
+        _confine(config)
+    try:
+        serve(config, Reader(in_fd), out_fd, scratch)
+    except WireError:
+        return 0  # the caller went away: nothing left to answer
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

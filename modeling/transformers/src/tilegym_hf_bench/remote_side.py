@@ -1,0 +1,264 @@
+"""The cuTile side as the trusted process sees it: a model worker in its own process, driven
+over the wire (``model_worker``), timed here.
+
+A timed call is: the prompt this process drew a moment ago goes out in the request, the clock
+runs from sending it to reading the generated ids back. The worker cannot start before the
+prompt exists, cannot end before its answer is complete, and its answer is checked against the
+fp32 reference afterwards (``scoring.timed_output_agreement``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from tilegym_hf_bench.errors import BenchError
+from tilegym_hf_bench.isolation.audit_hook import read_refusals
+from tilegym_hf_bench.isolation.audit_hook import read_refusals
+from tilegym_hf_bench.worker_wire import Reader, WireError, read_tensors, send
+
+#: Toolchains the worker's compilers run as subprocesses (cuTile's tileiras and ptxas,
+#: Triton's ptxas and its launcher build, Inductor's C++ build on a CPU).
+TOOLCHAIN_PROGRAMS = (
+    "tileiras",
+    "ptxas",
+    "nvdisasm",
+    "cuobjdump",
+    "gcc",
+    "cc",
+    "g++",
+    "c++",
+    "ldconfig",
+    "clang",
+    "clang++",
+)
+WORKER_CACHE_ROOT = Path("~/.cache/tilegym/worker").expanduser()
+CALL_TIMEOUT_S = 24 * 3600.0  # the supervisor's time limit is what ends a hung worker
+
+
+class WorkerRefused(BenchError):
+    """The worker did something its confinement refuses; the run's status is ``refused``."""
+
+
+def tree_key(src_root: Path) -> str:
+    """A key for the measured tree's code: its compile caches are its own, so one tree cannot
+    leave compiled artifacts that another tree's run would load."""
+    digest = hashlib.sha256()
+    for path in sorted(src_root.rglob("*.py")):
+        digest.update(str(path.relative_to(src_root)).encode())
+        try:
+            digest.update(path.read_bytes())
+        except OSError:
+            continue
+    return digest.hexdigest()[:20]
+
+
+def _exit_text(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
+class ModelWorker:
+    """One worker process: start, requests, refusals, end."""
+
+    def __init__(self, *, device: str, scratch: Path, src_root: Path, model_key: str, log):
+        self.scratch = scratch
+        self.log = log
+        caches = WORKER_CACHE_ROOT / tree_key(src_root)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.environ.get("TILEGYM_WORKER_PYTHONPATH", env.get("PYTHONPATH", ""))
+        for var, sub in (
+            ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+            ("TRITON_CACHE_DIR", "triton"),
+            ("CUDA_TILE_CACHE_DIR", "cutile"),
+            ("XDG_CACHE_HOME", "xdg"),
+        ):
+            env[var] = str(caches / sub)
+            (caches / sub).mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(scratch)
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # no compile-worker pool of processes
+        env["PYTHONUNBUFFERED"] = "1"
+        to_worker_r, to_worker_w = os.pipe()
+        from_worker_r, from_worker_w = os.pipe()
+        self.refusal_log = scratch / "refusals.log"
+        config = {
+            "in_fd": to_worker_r,
+            "out_fd": from_worker_w,
+            "scratch": str(scratch),
+            "device": device,
+            "confinement": {
+                "experiment_roots": [str(src_root / "tilegym")],
+                "owned_modules": ["tilegym"],
+                "writable": [str(scratch), str(caches)],
+                "allowed_executables": list(TOOLCHAIN_PROGRAMS),
+                "record_only": os.environ.get("TILEGYM_WORKER_AUDIT") == "record",
+                "refusal_log": str(self.refusal_log),
+            },
+        }
+        config_path = scratch / "worker-config.json"
+        config_path.write_text(json.dumps(config))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tilegym_hf_bench.model_worker", str(config_path)],
+            pass_fds=(to_worker_r, from_worker_w),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(to_worker_r)
+        os.close(from_worker_w)
+        self._out = to_worker_w
+        self._reader = Reader(from_worker_r)
+        self._relay = threading.Thread(target=self._relay_output, daemon=True)
+        self._relay.start()
+        log(f"model worker: pid {self.proc.pid} (the only process that imports {src_root})")
+
+    def _relay_output(self) -> None:
+        """The worker's own output, marked as such: it cannot print lines that read as ours."""
+        for raw in self.proc.stdout:
+            print("[worker] " + raw.decode("utf-8", "replace").rstrip("\n"), flush=True)
+
+    def refusals(self) -> list[str]:
+        return read_refusals(self.refusal_log)
+
+    def _dead(self, why: str) -> BenchError:
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self._relay.join(timeout=5)
+        refused = self.refusals()
+        if refused:
+            return WorkerRefused(f"the model worker was refused: {refused[0]}")
+        return BenchError(f"the model worker {_exit_text(code)} ({why})")
+
+    def call(self, message: dict, timeout_s: float = CALL_TIMEOUT_S) -> dict:
+        try:
+            send(self._out, message)
+            reply = self._reader.recv(timeout_s)
+        except (WireError, BrokenPipeError) as exc:
+            raise self._dead(str(exc)) from None
+        refused = self.refusals()
+        if refused:
+            raise WorkerRefused(f"the model worker was refused: {refused[0]}")
+        if reply.get("ok") is not True:
+            error = reply.get("error")
+            raise BenchError(f"cuTile side: {error if isinstance(error, str) else reply!r}")
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                send(self._out, {"op": "exit"})
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._out)
+        os.close(self._reader.fd)
+        self._relay.join(timeout=5)
+
+
+def _rows(ids: torch.Tensor) -> list[list[int]]:
+    return ids.cpu().tolist()
+
+
+class RemoteSide:
+    """The interface ``throughput`` and the correctness check use, over a ``ModelWorker``."""
+
+    def __init__(self, worker: ModelWorker, mode: str, prompt: torch.Tensor):
+        self.worker = worker
+        self.mode = mode
+        self.prompt = prompt.cpu()
+        self.mask: torch.Tensor | None = None
+        self._files = 0
+
+    def use_prompt(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        self.prompt = ids.cpu()
+        self.mask = None if mask is None else mask.cpu()
+
+    def _request(self, new_tokens: int, **extra) -> dict:
+        return {
+            "op": "generate",
+            "mode": self.mode,
+            "ids": _rows(self.prompt),
+            "mask": None if self.mask is None else _rows(self.mask),
+            "new_tokens": new_tokens,
+            **extra,
+        }
+
+    def _sequences(self, reply: dict, new_tokens: int) -> torch.Tensor:
+        tokens = reply.get("tokens")
+        try:
+            new = torch.tensor(tokens, dtype=torch.long)
+        except (TypeError, ValueError, RuntimeError):
+            raise BenchError("cuTile side: the worker's answer holds no token ids") from None
+        if new.shape != (self.prompt.shape[0], new_tokens):
+            raise BenchError(
+                f"cuTile side: the worker answered {tuple(new.shape)} token ids, expected "
+                f"{(self.prompt.shape[0], new_tokens)}"
+            )
+        return torch.cat([self.prompt, new], dim=1)
+
+    def generate(self, new_tokens: int) -> torch.Tensor:
+        return self._sequences(self.worker.call(self._request(new_tokens)), new_tokens)
+
+    def timed(self, new_tokens: int, ids=None, label: str | None = None):
+        """(wall seconds, sequences) of one worker generate(), timed here: from sending the
+        request that carries the prompt to reading the answer."""
+        if ids is not None:
+            self.use_prompt(ids)
+        message = self._request(new_tokens, guard=label)
+        start = time.perf_counter()
+        reply = self.worker.call(message)
+        seconds = time.perf_counter() - start
+        return seconds, self._sequences(reply, new_tokens)
+
+    def generate_with_logits(self, new_tokens: int, mode: str | None = None):
+        """(sequences, fp32 logits [B, N, V]) of one generate() of the worker, read from the
+        file it wrote (safetensors: data only) and checked for shape."""
+        self._files += 1
+        name = f"logits-{self._files}"
+        extra = {"logits": True, "name": name}
+        if mode is not None:
+            extra["mode"] = mode
+        message = self._request(new_tokens, **extra)
+        if mode is not None:
+            message["mode"] = mode
+        self.worker.call(message)
+        tensors = read_tensors(self.worker.scratch, name)
+        seq, logits = tensors.get("sequences"), tensors.get("logits")
+        batch, length = self.prompt.shape
+        if (
+            seq is None
+            or logits is None
+            or tuple(seq.shape) != (batch, length + new_tokens)
+            or logits.ndim != 3
+            or tuple(logits.shape[:2]) != (batch, new_tokens)
+        ):
+            raise BenchError("cuTile side: the worker's logits file has the wrong shapes")
+        if not torch.equal(seq[:, :length].long(), self.prompt):
+            raise BenchError("cuTile side: the worker generated from another prompt")
+        return seq.long(), logits.float()
+
+    def profile(self, new_tokens: int) -> dict:
+        self._files += 1
+        name = f"profile-{self._files}"
+        message = self._request(new_tokens, name=name)
+        message["op"] = "profile"
+        self.worker.call(message)
+        path = self.worker.scratch / f"{name}.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise BenchError(f"cuTile side: the profile file is unreadable: {exc}") from None
