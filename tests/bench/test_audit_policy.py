@@ -55,6 +55,8 @@ CASES = [
         None,
     ),
     ("settrace", event("sys.settrace", direct=True), "sys.settrace: a tracer"),
+    ("thread-exp", event("_thread.start_new_thread", direct=True), "_thread.start_new_thread"),
+    ("thread-torch", event("_thread.start_new_thread", site=EXP), None),
     ("referrers", event("gc.get_referrers", direct=True), "gc.get_referrers"),
     (
         "tb_frame",

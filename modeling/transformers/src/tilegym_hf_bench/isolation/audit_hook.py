@@ -182,7 +182,14 @@ def _make_hook(rules, roots, fd, record_only):  # noqa: C901 - one closure keeps
         if "/" in program:
             return program, resolve(absolute(program, None))
         env = env if env is not None else environ_holder.environ
-        search = env.get("PATH", env.get(b"PATH", "")) if hasattr(env, "get") else ""
+        search = ""
+        for key in ("PATH", b"PATH"):
+            try:
+                search = env.get(key) or ""
+            except (TypeError, AttributeError):  # os.environ takes str keys only
+                continue
+            if search:
+                break
         if isinstance_(search, bytes_):
             search = search.decode("utf-8", "surrogateescape")
         for folder in search.split(":"):
@@ -242,7 +249,7 @@ def _make_hook(rules, roots, fd, record_only):  # noqa: C901 - one closure keeps
             exit_(REFUSED_EXIT)
 
     def hook(event: str, args: tuple) -> None:
-        if event not in watched:
+        if event not in watched and not event.startswith("ctypes."):
             return
         if event == "object.__getattr__" and args[1] not in frame_attrs:
             return

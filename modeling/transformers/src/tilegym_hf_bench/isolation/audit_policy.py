@@ -74,6 +74,10 @@ INTROSPECTION = {
     "gc.get_referrers": "walk of the object graph",
     "gc.get_referents": "walk of the object graph",
     "sys.addaudithook": "another audit hook",
+    "sys.monitoring.register_callback": "a monitoring callback",
+    # 3.12+: a thread whose target is a builtin (setattr) has no experiment frame on its stack
+    "_thread.start_new_thread": "a thread started by experiment code",
+    "_thread.start_joinable_thread": "a thread started by experiment code",
 }
 
 # object.__getattr__ names that hand out a frame.
