@@ -1,0 +1,256 @@
+"""Red team for the worker confinement: each case is an experiment run in a real subprocess.
+
+The driver imports torch and transformers (as the worker does), installs the hook, imports a
+throwaway package laid out like an experiment and calls its ``run()``. A refused case must end
+with REFUSED_EXIT and the expected ``refused:`` line; an honest one must finish untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from tilegym_hf_bench.isolation.audit_hook import REFUSED_EXIT, read_refusals
+
+pytest.importorskip("transformers")
+
+HARNESS = Path(__file__).resolve().parents[2] / "modeling/transformers/src/tilegym_hf_bench"
+MODULE = "src/tilegym/transformers/qwen3/modeling_qwen3.py"
+
+DRIVER = """
+import sys
+from pathlib import Path
+root = Path(sys.argv[1])
+import torch, transformers.models.qwen3.modeling_qwen3  # the worker imports these first
+from tilegym_hf_bench.isolation.audit_hook import Confinement, install
+install(
+    Confinement(
+        experiment_roots=(root / "src/tilegym",),
+        owned_modules=("tilegym.transformers.qwen3",),
+        writable=(root / "scratch",),
+        allowed_executables=("gcc", "g++", "cc", "c++", "ptxas", "tileiras", "ldconfig"),
+        record_only=sys.argv[2] == "record",
+    ),
+    refusal_log=root / "scratch/refusals.log",
+)
+sys.path.insert(0, str(root / "src"))
+from tilegym.transformers.qwen3 import modeling_qwen3 as exp
+if hasattr(exp, "run"):
+    exp.run(root)
+print("driver: done", flush=True)
+"""
+
+PRELUDE = """
+import os, sys, functools, socket, subprocess
+import torch
+import transformers
+from transformers.models.qwen3 import modeling_qwen3 as _up
+"""
+
+REFUSED = [
+    (
+        "ctypes-via-builtins",
+        'getattr(torch, "__builtins__")["__import__"]("ctypes").CDLL(None)',
+        "ctypes.dlopen: ctypes from experiment code",
+    ),
+    (
+        "tamper-with-the-hook-module",
+        "import builtins\n"
+        "from tilegym_hf_bench.isolation import audit_hook, audit_policy\n"
+        "audit_policy.decide = lambda *a: None\n"
+        "audit_policy.ALWAYS_REFUSED.clear()\n"
+        "audit_hook.REFUSED_EXIT = 0\n"
+        "builtins.getattr = lambda *a: None\n"
+        "os._exit = lambda code: None\n"
+        'os.system("true")',
+        "os.system: a shell command",
+    ),
+    (
+        "subprocess-shell",
+        'subprocess.run(["sh", "-c", "true"])',
+        "subprocess.Popen: program 'sh' is not an allowed toolchain",
+    ),
+    ("os-system", 'os.system("true")', "os.system: a shell command"),
+    (
+        "planted-gcc-on-path",
+        'p = root / "scratch/gcc"; p.write_text("#!/bin/sh\\n"); p.chmod(0o755)\n'
+        'os.environ.update(PATH=str(root / "scratch"))\nsubprocess.run(["gcc"])',
+        "subprocess.Popen: {root}/scratch/gcc lies in a writable or experiment folder",
+    ),
+    (
+        "write-git",
+        'open(root / ".git/config", "a").write("x")',
+        "open: write to {root}/.git/config, outside the writable folders",
+    ),
+    (
+        "write-harness",
+        f'open("{HARNESS}/planted.py", "w")',
+        f"open: write to {HARNESS}/planted.py, outside",
+    ),
+    (
+        "symlink-out-of-scratch",
+        'os.symlink(root / ".git", root / "scratch/g")\nopen(root / "scratch/g/HEAD", "w")',
+        "open: write to {root}/.git/HEAD",
+    ),
+    ("getframe", "sys._getframe(1)", "sys._getframe: frame access"),
+    (
+        "tb-frame",
+        "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    e.__traceback__.tb_frame",
+        "object.__getattr__: tb_frame hands out a frame",
+    ),
+    (
+        "gi-frame",
+        'g = (i for i in ())\ngetattr(g, "gi_frame")',
+        "object.__getattr__: gi_frame hands out a frame",
+    ),
+    ("gc-referrers", "import gc\ngc.get_referrers(torch)", "gc.get_referrers"),
+    ("settrace", "sys.settrace(lambda *a: None)", "sys.settrace: a tracer"),
+    (
+        "socket",
+        'socket.create_connection(("127.0.0.1", 9), timeout=1)',
+        "socket.connect: network connection",
+    ),
+    ("kill-parent", "os.kill(os.getppid(), 9)", "os.kill: signal to process"),
+    (
+        "code-rebind",
+        "torch.nn.functional.silu.__code__ = (lambda *a, **k: 0).__code__",
+        "object.__setattr__: rebinding of torch.nn.functional.__code__",
+    ),
+    (
+        "reduce-getattr-code",
+        'fn = functools.reduce(getattr, ("nn", "functional", "gelu"), torch)\n'
+        'setattr(fn, "__code__", (lambda *a: 0).__code__)',
+        "object.__setattr__: rebinding of torch.nn.functional.__code__",
+    ),
+]
+
+# Plain class attribute assignment raises no audit event in CPython 3.10-3.13 (checked), so the
+# hook cannot see these; strict xfail keeps the gap visible until something closes it.
+UNAUDITED = [
+    ("alias-then-assign", "A = _up.Qwen3Attention\nA.forward = lambda *a, **k: None"),
+    ("computed-setattr", 'setattr(_up.Qwen3MLP, "for" + "ward", lambda *a: None)'),
+    ("type-setattr", 'type.__setattr__(_up.Qwen3MLP, "forward", lambda *a: None)'),
+    (
+        "mock-patch-object",
+        "import unittest.mock\n"
+        'unittest.mock.patch.object(_up.Qwen3MLP, "forward", lambda *a: None).start()',
+    ),
+]
+
+
+def _experiment(tmp_path: Path, body: str, at_import: bool) -> Path:
+    root = tmp_path / "exp"
+    module = root / MODULE
+    module.parent.mkdir(parents=True)
+    for pkg in ("src/tilegym", "src/tilegym/transformers", "src/tilegym/transformers/qwen3"):
+        (root / pkg / "__init__.py").write_text("")
+    (root / ".git").mkdir()
+    (root / "scratch").mkdir()
+    code = PRELUDE + (
+        "root = __import__('pathlib').Path(__file__).parents[4]\n" + body
+        if at_import
+        else "def run(root):\n" + textwrap.indent(body, "    ")
+    )
+    module.write_text(code + "\n")
+    return root
+
+
+def _run(root: Path, mode: str = "enforce", timeout: int = 240, env_extra=None):
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **(env_extra or {})}
+    driver = root / "driver.py"
+    driver.write_text(DRIVER)
+    # through a shell, so that a kill of the parent would hit the shell and show as -9
+    cmd = f'"{sys.executable}" "{driver}" "{root}" {mode}; exit $?'
+    return subprocess.run(
+        ["sh", "-c", cmd], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+
+
+@pytest.mark.parametrize("at_import", [False, True], ids=["in-run", "at-import"])
+@pytest.mark.parametrize("body, line", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_refused(tmp_path, body, line, at_import):
+    if at_import and not body.startswith(("os.system", "sys._getframe", "getattr(torch")):
+        pytest.skip("the import-time spelling is covered by three cases")
+    root = _experiment(tmp_path, body, at_import)
+    proc = _run(root)
+    refusals = read_refusals(root / "scratch/refusals.log")
+    assert proc.returncode == REFUSED_EXIT, (proc.returncode, proc.stderr[-2000:], refusals)
+    assert "driver: done" not in proc.stdout
+    assert len(refusals) == 1, refusals
+    assert refusals[0].startswith("refused: " + line.format(root=root)), refusals
+    assert f"{root}/{MODULE}:" in refusals[0] or line.startswith(("os.system", "subprocess"))
+
+
+@pytest.mark.xfail(strict=True, reason="class attribute assignment raises no audit event")
+@pytest.mark.parametrize("body", [c[1] for c in UNAUDITED], ids=[c[0] for c in UNAUDITED])
+def test_unaudited_class_rebinding(tmp_path, body):
+    root = _experiment(tmp_path, body, at_import=False)
+    proc = _run(root)
+    assert proc.returncode == REFUSED_EXIT, proc.stderr[-2000:]
+
+
+HONEST = """
+import torch.nn as nn
+
+class Local(nn.Module):
+    def forward(self, x):
+        return x
+
+Local.forward = lambda self, x: x + 0  # a class of its own module
+
+def run(root):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg).eval()
+    layer = model.model.layers[0]
+    original = layer.forward
+    layer.forward = lambda *a, **k: original(*a, **k)  # an instance, not the class
+    with torch.no_grad():
+        logits = model(torch.arange(6).unsqueeze(0)).logits
+    (root / "scratch/out.txt").write_text(str(tuple(logits.shape)))
+    f = torch.compile(lambda x: torch.sin(x) * 2 + 1)
+    assert torch.allclose(f(torch.ones(8)), torch.sin(torch.ones(8)) * 2 + 1)
+    print("honest: ok", flush=True)
+"""
+
+
+def _honest_env(root: Path) -> dict:
+    scratch = root / "scratch"
+    return {
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
+        "TRITON_CACHE_DIR": str(scratch / "triton"),
+        "TMPDIR": str(scratch),
+        # Inductor otherwise probes its CPU vector ISA with `python -c <dlopen>`: a Python
+        # interpreter can never be an allowed program.
+        "TORCHINDUCTOR_VEC_ISA_OK": "1",
+    }
+
+
+@pytest.mark.parametrize("mode", ["record", "enforce"])
+def test_honest_experiment_is_not_refused(tmp_path, mode):
+    root = _experiment(tmp_path, "", at_import=True)
+    (root / MODULE).write_text(PRELUDE + HONEST)
+    proc = _run(root, mode=mode, timeout=540, env_extra=_honest_env(root))
+    refusals = read_refusals(root / "scratch/refusals.log")
+    assert refusals == [], refusals
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "honest: ok" in proc.stdout and "driver: done" in proc.stdout
+    assert (root / "scratch/out.txt").read_text() == "(1, 6, 64)"
+
+
+def test_record_only_lists_without_refusing(tmp_path):
+    body = 'sys.settrace(None)\nos.system("true")\nprint("after", flush=True)'
+    root = _experiment(tmp_path, body, at_import=False)
+    proc = _run(root, mode="record")
+    refusals = read_refusals(root / "scratch/refusals.log")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "after" in proc.stdout
+    assert [r.split(":")[1].strip() for r in refusals] == ["sys.settrace", "os.system"], refusals
+    assert all(r.startswith("would refuse: ") for r in refusals)
