@@ -179,8 +179,21 @@ def _cmd_run(args) -> int:
     print(
         f"PR record #{outcome.record['number']}: {outcome.record['report_path']}", file=sys.stderr
     )
+    if outcome.record.get("baseline"):
+        print(baseline_note(outcome.record), file=sys.stderr)
     print(json.dumps(outcome.decision.to_json(), indent=2))
     return 0
+
+
+def baseline_note(record) -> str:
+    """What a baseline run's output means: its ``status`` is the ledger's reference row for
+    main, which later experiments are compared with, not a verdict on an experiment."""
+    status = record["decision"]["ledger_status"]
+    return (
+        f"baseline: main ({record['head_sha'][:8]}) measured as it is and recorded as the first "
+        f"row of the {record['model_key']} ledger, the reference later experiments are compared "
+        f'with; "status": "{status}" below is that row\'s, not a verdict on an experiment'
+    )
 
 
 def _cmd_advance(args) -> int:
