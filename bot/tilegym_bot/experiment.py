@@ -305,6 +305,11 @@ def _rebench(forge: LocalForge, record: dict[str, Any], moved: MainMoved) -> NoR
     record["history"].append(
         {"at": at, "rebench": True, "measured": moved.measured, "main": moved.now}
     )
+    outcome = (
+        f"not merged: {MAIN} moved from {moved.measured[:8]} to {moved.now[:8]} after this was "
+        f"benchmarked; rebench against the new {MAIN}"
+    )
+    _write_comment(forge, record, at, final=False, outcome=outcome)
     forge.save_pr(record)
     raise BotError(
         f"rebench: {MAIN} moved from {moved.measured[:8]} to {moved.now[:8]} after "
@@ -517,21 +522,32 @@ def _save_record(forge: LocalForge, plan: _Plan, m: _Measured, description: str)
     if final:
         record["decided_at"] = decided_at
     record = forge.save_pr(record)  # allocates the number the comment names
-    decision = Decision.from_json(record["decision"], baseline=plan.baseline_only)
+    _write_comment(forge, record, decided_at, final)
+    return forge.save_pr(record)
+
+
+def _write_comment(
+    forge: LocalForge, record: dict[str, Any], at: str, final: bool, outcome: str | None = None
+) -> None:
+    """The record's comment (report) with its embedded ledger record; a non-final one is
+    left out by ``ledger rebuild``."""
+    decision = Decision.from_json(record["decision"], baseline=record["baseline"])
     embedded = build_record(
         decision,
-        model_key=plan.model_key,
+        model_key=record["model_key"],
         description=_row_description(record),
-        base_sha=None if plan.baseline_only else plan.main_sha,
-        head_sha=plan.head_sha,
-        decided_at=decided_at,
+        base_sha=None if record["baseline"] else record["base_sha"],
+        head_sha=record["head_sha"],
+        decided_at=at,
         pr=record["number"],
         final=final,
         baseline_row=record.get("baseline_row"),
     )
-    record["comment"] = render_comment(decision, m.base, m.head, embedded)
+    metrics = record["metrics"]
+    record["comment"] = render_comment(
+        decision, metrics["base"], metrics["head"], embedded, outcome
+    )
     record["report_path"] = str(forge.write_report(record["number"], record["comment"]))
-    return forge.save_pr(record)
 
 
 def run(

@@ -20,6 +20,7 @@ from test_bot_local_loop import _cli, _commit, _kernel_files, _ledger, _records
 from tilegym_bot import ledger
 from tilegym_bot.cli import main
 from tilegym_bot.forge.local import LocalForge
+from tilegym_bot.report import parse_record
 
 
 def _bot(cwd: str, *args: str) -> subprocess.Popen:
@@ -124,7 +125,7 @@ def test_two_concurrent_keeps_merge_at_most_one(repo, tmp_path, make_metrics, sa
     assert codes == [0, 1], results
     (lost,) = [(code, out, err) for code, out, err in results if code == 1]
     assert lost[1] == "" and lost[2].count("\n") == 1, lost
-    assert lost[2].startswith("error: rebench: main moved from ") and "nothing" not in lost[2][:6]
+    assert lost[2].startswith(f"error: rebench: main moved from {main0[:8]} to ")
     assert "experiment run` again" in lost[2]
     new_main = r.commit("main")
     assert [p.hexsha for p in new_main.parents] == [main0, merged[0]]
@@ -134,6 +135,8 @@ def test_two_concurrent_keeps_merge_at_most_one(repo, tmp_path, make_metrics, sa
     assert records[merged[0]]["state"] == "merged"
     assert records[loser]["state"] == "open" and records[loser]["rebench"]["measured"] == main0
     assert [row.commit for row in _ledger(r)] == [main0[:8], merged[0][:8]]
+    assert "not merged: main moved" in records[loser]["comment"]
+    assert parse_record(records[loser]["comment"])["final"] is False  # ledger rebuild skips it
 
     # the loser's next run is against the new main: the old base metrics are refused as stale
     loser_dir = r.working_tree_dir if loser == head_a else str(wt)
@@ -197,6 +200,7 @@ def _registered(r: git.Repo) -> list[str]:
 HOLD_A_WORKTREE = """\
 import sys, time
 from tilegym_bot.forge.local import LocalForge
+from tilegym_bot.report import parse_record
 with LocalForge(sys.argv[1]).worktree(sys.argv[2]) as path:
     print(path, flush=True)
     time.sleep(120)
