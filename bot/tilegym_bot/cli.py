@@ -300,6 +300,12 @@ round is recorded before, so an interrupted rerun resumes with the next run); wi
 files, run again with the rerun's files. Refuses, changing nothing, when the tree is dirty, the
 branch is not experiment/<model_key>/<slug>, main moved and the merge would conflict, or a
 metrics file is of another tree. Running it again for the same branch and SHA changes nothing.
+A keep merges only while main is still the main it was measured against: if another keep
+landed since, nothing is merged, the PR record is open again and the run exits 1 with
+`error: rebench: ...` (run it again: it benchmarks against the new main). --description is
+one line. Orphaned benchmark worktrees of killed runs are pruned first; one run of a branch
+at a time. The ledger, sandbox/ and PR records are the repository's (its main working tree
+and git common dir), whatever worktree runs this.
 The head is benchmarked first; a stored run in sandbox/runs/ of main's tree (after a discard
 main is unchanged, after a keep its tree is the merged head) with the same model, workload, GPU
 and versions is reused as the base instead of benchmarking main again (--fresh-base: do not).

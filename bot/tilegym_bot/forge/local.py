@@ -65,6 +65,17 @@ class LocalForge:
         self.prs_dir = self.state_dir / "prs"
         self.store_root = self._main_working_tree() or self.root
 
+    def working_trees(self) -> list[Path]:
+        """Every checked-out working tree of the repository (main and linked)."""
+        listing = self.repo.git.worktree("list", "--porcelain")
+        return [
+            Path(line[len("worktree ") :])
+            for block in listing.split("\n\n")
+            if "bare" not in block.splitlines()
+            for line in block.splitlines()[:1]
+            if line.startswith("worktree ")
+        ]
+
     def _main_working_tree(self) -> Path | None:
         """The repository's main working tree (the first ``git worktree list`` entry); None
         when the repository is bare and only has linked worktrees."""
