@@ -15,10 +15,12 @@ import time
 from pathlib import Path
 
 import git
+import pytest
 from filelock import FileLock
 from test_bot_local_loop import _cli, _commit, _kernel_files, _ledger, _records
 from tilegym_bot import ledger
 from tilegym_bot.cli import main
+from tilegym_bot.errors import BotError
 from tilegym_bot.forge.local import LocalForge
 from tilegym_bot.report import parse_record
 
@@ -199,6 +201,7 @@ def _registered(r: git.Repo) -> list[str]:
 
 HOLD_A_WORKTREE = """\
 import sys, time
+from tilegym_bot.errors import BotError
 from tilegym_bot.forge.local import LocalForge
 from tilegym_bot.report import parse_record
 with LocalForge(sys.argv[1]).worktree(sys.argv[2]) as path:
@@ -243,3 +246,22 @@ def test_worktrees_of_killed_runs_are_pruned(repo, tmp_path, make_metrics, save_
     assert not killed.exists()
     assert sorted(_registered(r)) == sorted([r.working_tree_dir, str(user_wt)])
     assert ledger.read(ledger.ledger_path(Path(r.working_tree_dir), "qwen3"))[-1].commit == head[:8]
+
+
+def test_a_second_new_record_of_one_branch_and_sha_is_refused(repo, tmp_path):
+    """The record store itself keeps one live record per branch + SHA (a run that bypassed the
+    run lock, e.g. from an older bot, cannot add a second)."""
+    wt = tmp_path / "wt"
+    repo.git.worktree("add", "--detach", str(wt), "main")
+    sha = repo.git.rev_parse("main")
+    first = LocalForge(repo.working_tree_dir).save_pr(
+        {"number": None, "branch": "experiment/qwen3/x", "head_sha": sha}
+    )
+    assert first["number"] == 1
+    second = {"number": None, "branch": "experiment/qwen3/x", "head_sha": sha}
+    with pytest.raises(BotError, match=r"PR record #1 of experiment/qwen3/x"):
+        LocalForge(wt).save_pr(second)
+    other = LocalForge(wt).save_pr(
+        {"number": None, "branch": "experiment/qwen3/y", "head_sha": sha}
+    )
+    assert other["number"] == 2 and [r["number"] for r in _records(repo)] == [1, 2]

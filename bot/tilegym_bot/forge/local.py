@@ -250,7 +250,14 @@ class LocalForge:
     def save_pr(self, record: dict[str, Any]) -> dict[str, Any]:
         """Write a record atomically; a record without a number gets the next free one, unless
         another run recorded the same branch and SHA meanwhile (one record per branch + SHA)."""
-        with self._lock():
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self._lock())
+            except Timeout:
+                raise BotError(
+                    f"{self.state_dir / 'prs.lock'} is held by another process for over a "
+                    "minute: nothing recorded; run again"
+                ) from None
             if record.get("number") is None:
                 twin = self._live_record(record["branch"], record.get("head_sha"))
                 if twin is not None:
