@@ -31,5 +31,8 @@ git config user.name >/dev/null || git config user.name "tilegym quickstart"
 git config user.email >/dev/null || git config user.email "quickstart@tilegym.invalid"
 "$bot" experiment start --model-key "$model_key" --name quickstart
 "$bot" experiment run --description "quickstart: main as it is" -- "${bench[@]}"
+echo "quickstart: that run measured main as it is (the branch has no commits of its own): its"
+echo "quickstart: \"status\" is the ledger's baseline row, the reference later experiments are compared"
+echo "quickstart: with, not a verdict on an experiment. Without a GPU an experiment's verdict is inconclusive."
 "$bot" ledger show --model-key "$model_key"
 echo "quickstart: the experiment repository, its ledger and the PR record are in $work/repo"

@@ -113,9 +113,18 @@ def loop_bench_args(model_key: str, bench_args: list[str]) -> tuple[list[str], s
     return with_loop_mode(args, note is None and host_has_nvidia_gpu()), note
 
 
+def effective_bench_args(model_key: str, bench_args: list[str], runs: int | None) -> list[str]:
+    """The benchmark's arguments, each flag once: ``--model-key K`` unless the arguments name
+    their own (the CPU fallback's ``tiny-K``), ``--timed-runs`` replaced on a rerun."""
+    args = list(bench_args)
+    if flag_value(args, "--model-key") is None:
+        args = ["--model-key", model_key, *args]
+    return with_timed_runs(args, runs) if runs else args
+
+
 def runs_dir(forge: LocalForge) -> Path:
     """Where every benchmark of the local loop keeps its metrics and logs, one folder a run."""
-    return forge.root / "sandbox" / "runs"
+    return forge.store_root / "sandbox" / "runs"
 
 
 def bench_commit(
@@ -132,9 +141,7 @@ def bench_commit(
 ) -> Any:
     """Metrics of ``sha``; logs and metrics stay in ``sandbox/runs/<run_name>/``. Progress lines
     are echoed (``echo``) with ``label`` (default: the side named by ``run_name``)."""
-    args = ["--model-key", model_key, *cfg.bench_args]
-    if runs:
-        args = with_timed_runs(args, runs)
+    args = effective_bench_args(model_key, cfg.bench_args, runs)
     run_dir = runs_dir(forge) / run_name
     run_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -88,28 +89,37 @@ def _cmd_decide(args) -> int:
         margin=args.margin,
         rerun=args.rerun,
         gpu_margin=args.gpu_margin,
-        base_kernels=_tree_kernels(args.repo, base, "base"),
-        head_kernels=_tree_kernels(args.repo, head, "head"),
+        base_kernels=_tree_kernels(args.repo, base, args.base, args.trust_metrics),
+        head_kernels=_tree_kernels(args.repo, head, args.head, args.trust_metrics),
     )
     print(json.dumps(decision.to_json(), indent=2) if args.json else _summary_text(decision))
     return 0
 
 
-def _tree_kernels(repo: Path, doc, side: str) -> frozenset[str] | None:
-    """The @ct.kernel names of the commit a metrics file measured, read from ``repo``; None
-    (every demangled cuTile symbol counts) when the repository does not have that commit."""
+def _tree_kernels(repo: Path, doc, path: Path, trust: bool) -> frozenset[str] | None:
+    """The @ct.kernel names of the commit a metrics file measured, read from ``repo``. Without
+    that commit, coverage could only trust the file's own kernel list, so it is refused unless
+    ``--trust-metrics`` says to (None: every demangled cuTile symbol counts)."""
     from tilegym_hooks.git_io import GitError
 
     from tilegym_bot.policy import dig
     from tilegym_bot.trusted_tree import kernel_names_at
 
     commit = dig(doc, "commit")
+    if not (isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}", commit)):
+        return None  # not a metrics file by the schema: the policy refuses it with the reason
     try:
-        return kernel_names_at(repo, str(commit))
-    except GitError as exc:
+        return kernel_names_at(repo, commit)
+    except (GitError, git.GitError) as exc:
+        if not trust:
+            raise BotError(
+                f"{path}: {exc}, so the measured tree's kernels cannot be read: pass --repo "
+                "with the repository that has it, or --trust-metrics to count every cuTile "
+                "symbol the file reports"
+            ) from None
         print(
-            f"warning: {side}: {exc}; coverage is recounted without the measured tree's kernel "
-            "names (every demangled cuTile symbol counts)",
+            f"warning: {path}: {exc}; --trust-metrics: coverage is recounted without the "
+            "measured tree's kernel names (every demangled cuTile symbol counts)",
             file=sys.stderr,
         )
         return None
@@ -169,8 +179,21 @@ def _cmd_run(args) -> int:
     print(
         f"PR record #{outcome.record['number']}: {outcome.record['report_path']}", file=sys.stderr
     )
+    if outcome.record.get("baseline"):
+        print(baseline_note(outcome.record), file=sys.stderr)
     print(json.dumps(outcome.decision.to_json(), indent=2))
     return 0
+
+
+def baseline_note(record) -> str:
+    """What a baseline run's output means: its ``status`` is the ledger's reference row for
+    main, which later experiments are compared with, not a verdict on an experiment."""
+    status = record["decision"]["ledger_status"]
+    return (
+        f"baseline: main ({record['head_sha'][:8]}) measured as it is and recorded as the first "
+        f"row of the {record['model_key']} ledger, the reference later experiments are compared "
+        f'with; "status": "{status}" below is that row\'s, not a verdict on an experiment'
+    )
 
 
 def _cmd_advance(args) -> int:
@@ -195,7 +218,7 @@ def _cmd_ledger_show(args) -> int:
 
     if not MODEL_KEY_RE.fullmatch(args.model_key):
         raise _UsageError(f"model key {args.model_key!r} is not a transformers submodule name")
-    path = ledger.ledger_path(LocalForge(args.repo).root, args.model_key)
+    path = ledger.ledger_path(LocalForge(args.repo).store_root, args.model_key)
     try:
         rows = ledger.read(path)
     except ledger.LedgerError as exc:
@@ -216,7 +239,7 @@ def _cmd_ledger_rebuild(args) -> int:
     from tilegym_bot.forge.local import LocalForge
     from tilegym_bot.rebuild import rows_from_records
 
-    root = LocalForge(args.repo).root
+    root = LocalForge(args.repo).store_root
     if args.github:
         from tilegym_bot.forge.github import GitHubForge
 
@@ -277,6 +300,12 @@ round is recorded before, so an interrupted rerun resumes with the next run); wi
 files, run again with the rerun's files. Refuses, changing nothing, when the tree is dirty, the
 branch is not experiment/<model_key>/<slug>, main moved and the merge would conflict, or a
 metrics file is of another tree. Running it again for the same branch and SHA changes nothing.
+A keep merges only while main is still the main it was measured against: if another keep
+landed since, nothing is merged, the PR record is open again and the run exits 1 with
+`error: rebench: ...` (run it again: it benchmarks against the new main). --description is
+one line. Orphaned benchmark worktrees of killed runs are pruned first; one run of a branch
+at a time. The ledger, sandbox/ and PR records are the repository's (its main working tree
+and git common dir), whatever worktree runs this.
 The head is benchmarked first; a stored run in sandbox/runs/ of main's tree (after a discard
 main is unchanged, after a keep its tree is the merged head) with the same model, workload, GPU
 and versions is reused as the base instead of benchmarking main again (--fresh-base: do not).
@@ -326,6 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="these metrics are the rerun with twice the samples: "
         "a still unclear throughput drop becomes discard",
+    )
+    p.add_argument(
+        "--trust-metrics",
+        action="store_true",
+        help="decide even when --repo lacks a measured commit (refused otherwise): coverage "
+        "then counts every cuTile symbol the files report",
     )
     p.set_defaults(func=_cmd_decide)
 

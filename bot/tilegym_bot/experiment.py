@@ -5,20 +5,25 @@ branch head (or takes metrics files), decides, records the PR, then merges (keep
 (anything else) and appends the ledger. Every refusal happens before anything is changed, and
 ``run`` again on an already decided branch + SHA only re-applies what is missing (idempotent).
 ``advance`` returns to main after a decision; ``reset`` abandons an undecided experiment.
+
+A keep merges only onto the ``main`` that was measured: when another keep landed in between,
+nothing is merged and the record goes back to open for a *rebench* against the new main.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
+import unicodedata
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tilegym_bot import ledger
 from tilegym_bot.bench import BenchConfig, bench_commit, loop_bench_args, runs_dir, timed_runs
 from tilegym_bot.errors import BotError
-from tilegym_bot.forge.local import MAIN, LocalForge, now_iso
+from tilegym_bot.forge.local import MAIN, LocalForge, MainMoved, now_iso
 from tilegym_bot.ledger import LedgerError, LedgerRow
 from tilegym_bot.metrics_file import load_metrics
 from tilegym_bot.policy import DEFAULT_MARGIN, Decision, decide, decide_baseline, dig
@@ -50,6 +55,36 @@ def branch_name(model_key: str, slug: str) -> str:
 
 def archive_tag(model_key: str, slug: str) -> str:
     return f"experiment-archive/{model_key}/{slug}"
+
+
+def _check_ref_names(model_key: str, name: str) -> None:
+    """The branch and archive tag ``name`` makes must be valid refs by git's own rules
+    (``git check-ref-format``: no ``..``, no ``.lock`` suffix, no trailing dot, ...)."""
+    for ref in (
+        f"refs/heads/{branch_name(model_key, name)}",
+        f"refs/tags/{archive_tag(model_key, name)}",
+    ):
+        proc = subprocess.run(["git", "check-ref-format", ref], capture_output=True, check=False)
+        if proc.returncode != 0:
+            raise BotError(
+                f"name {name!r} does not make a valid git ref ({ref}): "
+                "no '..', no trailing '.' or '.lock' (see `git help check-ref-format`)"
+            )
+
+
+def one_line(text: str, what: str) -> str:
+    """``text`` stripped, refused when it holds a line break or any other control or format
+    character: it becomes a commit message subject, a tag message and a ledger cell, where a
+    raw newline could forge trailers (``Signed-off-by:``) or rows."""
+    text = text.strip()
+    for ch in text:
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            raise BotError(
+                f"{what} must be one line of printable text; it holds {ch!r} (U+{ord(ch):04X})"
+            )
+    if not text:
+        raise BotError(f"{what} must not be empty")
+    return text
 
 
 def parse_branch(branch: str | None) -> tuple[str, str]:
@@ -115,13 +150,20 @@ def known_model_keys() -> dict[str, str | None]:
     return keys
 
 
-def _check_model_key(model_key: str) -> None:
+def _check_model_key(forge: LocalForge, model_key: str) -> None:
     """Refuse, in one line, a key the benchmark or the patch does not know (an experiment on it
-    could only crash) before anything is written."""
+    could only crash) before anything is written. A key that ``model init`` committed on
+    ``model/<key>`` is named with the merge it still needs."""
     keys = known_model_keys()
     usable = sorted(k for k, why in keys.items() if why is None)
     if model_key in usable:
         return
+    if forge.has_ref(f"refs/heads/model/{model_key}"):
+        raise BotError(
+            f"model key {model_key!r} was added by `tilegym-bot model init` on branch "
+            f"model/{model_key}, not yet on {MAIN}: merge it first (`git checkout {MAIN} && "
+            f"git merge model/{model_key}`, then `bash scripts/setup.sh`), then start again"
+        )
     why = keys.get(model_key)
     problem = f"cannot be benchmarked: {why}" if why else "has no benchmark preset"
     raise BotError(
@@ -134,9 +176,10 @@ def start(forge: LocalForge, model_key: str, name: str) -> str:
     """Cut ``experiment/<model_key>/<name>`` from main; every refusal comes before any write."""
     if not MODEL_KEY_RE.fullmatch(model_key):
         raise BotError(f"model key {model_key!r} must be a transformers submodule name like qwen3")
-    _check_model_key(model_key)
+    _check_model_key(forge, model_key)
     if not SLUG_RE.fullmatch(name):
         raise BotError(f"name {name!r} must be a slug: lowercase letters, digits, '.', '_', '-'")
+    _check_ref_names(model_key, name)
     _require_clean(forge, "starting an experiment")
     if not forge.has_ref(f"refs/heads/{MAIN}"):
         raise BotError(f"the repository has no {MAIN} branch")
@@ -171,7 +214,7 @@ def _check_commit(forge: LocalForge, doc: Any, expected: str, path: Path, what: 
 
 def _copy_drafts(forge: LocalForge, model_key: str, slug: str, base: str, head: str) -> list[str]:
     """The branch's Definitions/Solutions (as committed on ``head``) → sandbox/K/drafts/SLUG/."""
-    dest_root = forge.root / "sandbox" / model_key / "drafts" / slug
+    dest_root = forge.store_root / "sandbox" / model_key / "drafts" / slug
     copied = []
     for path in forge.changed_files(base, head):
         if not DRAFT_RE.fullmatch(path):
@@ -180,7 +223,7 @@ def _copy_drafts(forge: LocalForge, model_key: str, slug: str, base: str, head: 
         dest = dest_root / parts[-2] / parts[-1]
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(forge.file_at(head, path))
-        copied.append(str(dest.relative_to(forge.root)))
+        copied.append(str(dest.relative_to(forge.store_root)))
     return copied
 
 
@@ -192,16 +235,20 @@ def _row_description(record: dict[str, Any]) -> str:
     return f"{record['description']}{extra}"
 
 
+def merge_message(record: dict[str, Any]) -> str:
+    """One line (the reasons stay in the PR record): nothing in it can start a trailer."""
+    description = " ".join(str(record["description"]).split())
+    return f"Merge {record['branch']}: {description} (keep, PR #{record['number']})"
+
+
 def _merge_or_archive(forge: LocalForge, record: dict[str, Any]) -> list[str]:
-    """keep: merge the head into main; anything else: archive tag and drafts. Idempotent."""
+    """keep: merge the head into main, only while main is the measured base (MainMoved
+    otherwise); anything else: archive tag and drafts. Idempotent."""
     head, model_key, slug = record["head_sha"], record["model_key"], record["slug"]
     if record["state"] == "merged":
         if forge.is_ancestor(head, forge.rev(MAIN)):
             return []
-        reasons = "\n".join(f"- {r}" for r in record["decision"]["reasons"])
-        new = forge.merge_into_main(
-            head, f"Merge {record['branch']}: {record['description']}\n\n{reasons}\n"
-        )
+        new = forge.merge_into_main(head, merge_message(record), record["base_sha"])
         return [f"merged {record['branch']} into {MAIN} ({new[:8]})"]
     messages = []
     tag = archive_tag(model_key, slug)
@@ -216,10 +263,14 @@ def _merge_or_archive(forge: LocalForge, record: dict[str, Any]) -> list[str]:
 
 def _finish(forge: LocalForge, record: dict[str, Any]) -> list[str]:
     """Apply a final decision; every step checks the state first, so repeating it is a no-op.
-    A baseline (main measured as is) has nothing to merge or archive."""
+    A baseline (main measured as is) has nothing to merge or archive. A keep whose measured
+    main is gone is not applied at all (``_rebench``)."""
     model_key = record["model_key"]
-    messages = [] if record["baseline"] else _merge_or_archive(forge, record)
-    path = ledger.ledger_path(forge.root, model_key)
+    try:
+        messages = [] if record["baseline"] else _merge_or_archive(forge, record)
+    except MainMoved as moved:
+        _rebench(forge, record, moved)
+    path = ledger.ledger_path(forge.store_root, model_key)
     base_row = record.get("baseline_row")
     if base_row and ledger.append(path, LedgerRow(**base_row), skip_if_commit_present=True):
         messages.append(f"ledger: baseline row for {base_row['commit'][:8]}")
@@ -238,6 +289,34 @@ def _finish(forge: LocalForge, record: dict[str, Any]) -> list[str]:
     png = forge.prs_dir / f"{record['number']}.png"
     plot_ledger(ledger.read(path), png, title=f"{model_key}: cuTile coverage and throughput")
     return messages
+
+
+def _rebench(forge: LocalForge, record: dict[str, Any], moved: MainMoved) -> NoReturn:
+    """A keep measured against a main that another merge replaced: nothing merged, no ledger
+    row; the record goes back to open (``rebench``) so the next ``experiment run`` benchmarks
+    the branch against the new main. Raised as one error line (exit 1)."""
+    at = now_iso()
+    record.update(
+        state="open",
+        awaiting_rerun=False,
+        rebench={"measured": moved.measured, "main": moved.now, "at": at},
+    )
+    record.pop("decided_at", None)
+    record["history"].append(
+        {"at": at, "rebench": True, "measured": moved.measured, "main": moved.now}
+    )
+    outcome = (
+        f"not merged: {MAIN} moved from {moved.measured[:8]} to {moved.now[:8]} after this was "
+        f"benchmarked; rebench against the new {MAIN}"
+    )
+    _write_comment(forge, record, at, final=False, outcome=outcome)
+    forge.save_pr(record)
+    raise BotError(
+        f"rebench: {MAIN} moved from {moved.measured[:8]} to {moved.now[:8]} after "
+        f"{record['branch']} was benchmarked against it, so its keep is not merged (no ledger "
+        f"row; PR record #{record['number']} is open again): run `tilegym-bot experiment run` "
+        f"again to benchmark it against the new {MAIN}"
+    )
 
 
 def _load_files(
@@ -269,8 +348,7 @@ class _Plan:
 def _preflight(forge: LocalForge, description: str) -> _Plan:
     branch = forge.current_branch()
     model_key, slug = parse_branch(branch)
-    if not description.strip():
-        raise BotError("--description must not be empty")
+    one_line(description, "--description")
     _require_clean(forge, "running the experiment")
     head_sha, main_sha = forge.rev("HEAD"), forge.rev(MAIN)
     record = forge.find_pr(branch)
@@ -286,7 +364,7 @@ def _preflight(forge: LocalForge, description: str) -> _Plan:
         head_sha=head_sha,
         main_sha=main_sha,
         record=record,
-        needs_baseline=not _read_ledger(ledger.ledger_path(forge.root, model_key)),
+        needs_baseline=not _read_ledger(ledger.ledger_path(forge.store_root, model_key)),
         baseline_only=head_sha == main_sha,
         rerun=bool(record and record.get("awaiting_rerun") and record["head_sha"] == head_sha),
     )
@@ -392,7 +470,7 @@ def _measure_and_decide(
                 base = measure(plan.main_sha, "base")
             else:
                 path, base = found
-                reused = str(path.relative_to(forge.root))
+                reused = str(path.relative_to(forge.store_root))
     head_kernels = kernel_names_at(forge.root, plan.head_sha)
     if plan.baseline_only:
         return _Measured(None, head, decide_baseline(head, kernels=head_kernels), False)
@@ -420,7 +498,7 @@ def _save_record(forge: LocalForge, plan: _Plan, m: _Measured, description: str)
     record.update(
         base_sha=plan.main_sha,
         head_sha=plan.head_sha,
-        description=description.strip(),
+        description=one_line(description, "--description"),
         baseline=plan.baseline_only,
         metrics={"base": m.base, "head": m.head},
         decision=m.decision.to_json(),
@@ -429,6 +507,7 @@ def _save_record(forge: LocalForge, plan: _Plan, m: _Measured, description: str)
         awaiting_rerun=not final,
         state=("merged" if m.decision.status == "keep" else "closed") if final else "open",
     )
+    record.pop("rebench", None)  # this round measured the current main
     if plan.needs_baseline and not plan.baseline_only:
         main_measured = decide_baseline(m.base, kernels=kernel_names_at(forge.root, plan.main_sha))
         record["baseline_row"] = {
@@ -443,21 +522,32 @@ def _save_record(forge: LocalForge, plan: _Plan, m: _Measured, description: str)
     if final:
         record["decided_at"] = decided_at
     record = forge.save_pr(record)  # allocates the number the comment names
-    decision = Decision.from_json(record["decision"], baseline=plan.baseline_only)
+    _write_comment(forge, record, decided_at, final)
+    return forge.save_pr(record)
+
+
+def _write_comment(
+    forge: LocalForge, record: dict[str, Any], at: str, final: bool, outcome: str | None = None
+) -> None:
+    """The record's comment (report) with its embedded ledger record; a non-final one is
+    left out by ``ledger rebuild``."""
+    decision = Decision.from_json(record["decision"], baseline=record["baseline"])
     embedded = build_record(
         decision,
-        model_key=plan.model_key,
+        model_key=record["model_key"],
         description=_row_description(record),
-        base_sha=None if plan.baseline_only else plan.main_sha,
-        head_sha=plan.head_sha,
-        decided_at=decided_at,
+        base_sha=None if record["baseline"] else record["base_sha"],
+        head_sha=record["head_sha"],
+        decided_at=at,
         pr=record["number"],
         final=final,
         baseline_row=record.get("baseline_row"),
     )
-    record["comment"] = render_comment(decision, m.base, m.head, embedded)
+    metrics = record["metrics"]
+    record["comment"] = render_comment(
+        decision, metrics["base"], metrics["head"], embedded, outcome
+    )
     record["report_path"] = str(forge.write_report(record["number"], record["comment"]))
-    return forge.save_pr(record)
 
 
 def run(
@@ -469,6 +559,29 @@ def run(
     bench: BenchConfig | None = None,
     margin: float = DEFAULT_MARGIN,
     reuse_base: bool = True,
+) -> RunOutcome:
+    """One ``experiment run``: orphaned bot worktrees of killed runs are pruned first, and one
+    run of a branch at a time holds the repository's lock for it."""
+    pruned = forge.prune_orphans()
+    if pruned:
+        print(
+            f"tilegym-bot: pruned {len(pruned)} orphaned bot worktree(s) of killed runs: "
+            + ", ".join(map(str, pruned)),
+            file=sys.stderr,
+        )
+    parse_branch(forge.current_branch())
+    with forge.run_lock(forge.current_branch()):
+        return _run(forge, description, base_metrics, head_metrics, bench, margin, reuse_base)
+
+
+def _run(
+    forge: LocalForge,
+    description: str,
+    base_metrics: Path | None,
+    head_metrics: Path | None,
+    bench: BenchConfig | None,
+    margin: float,
+    reuse_base: bool,
 ) -> RunOutcome:
     plan = _preflight(forge, description)
     if plan.record and plan.record["state"] in ("merged", "closed"):
@@ -526,7 +639,7 @@ def advance(forge: LocalForge) -> str:
     _require_clean(forge, "advancing")
     record = forge.find_pr(branch)
     if not record or record["state"] not in ("merged", "closed"):
-        raise BotError(f"{branch} has no decision yet: run `tilegym-bot experiment run` first")
+        raise BotError(_undecided(forge, branch, model_key))
     head = forge.rev(f"refs/heads/{branch}")
     if record["state"] == "merged" and not forge.is_ancestor(head, forge.rev(MAIN)):
         raise BotError(f"{branch} has commits that are not in {MAIN}: run `experiment run` again")
@@ -541,6 +654,23 @@ def advance(forge: LocalForge) -> str:
         "merged" if record["state"] == "merged" else f"archived as {archive_tag(model_key, slug)}"
     )
     return f"on {MAIN} at {forge.rev(MAIN)[:8]}; deleted {branch} ({kept})"
+
+
+def _undecided(forge: LocalForge, branch: str, model_key: str) -> str:
+    """Why ``advance`` cannot go on, and the command that can: a branch the scope rules refuse
+    will never get a decision, so it can only be reset."""
+    head, main = forge.rev(f"refs/heads/{branch}"), forge.rev(MAIN)
+    findings = scope_refusals(forge.root, main, head, model_key) if head != main else []
+    if findings:
+        return (
+            f"{branch} has no decision: `experiment run` refuses it ({len(findings)} scope "
+            f"finding(s), e.g. {findings[0]}); `tilegym-bot experiment reset` abandons it "
+            f"(archived as {archive_tag(*parse_branch(branch))}), or fix its commits"
+        )
+    return (
+        f"{branch} has no decision yet: run `tilegym-bot experiment run`, or abandon it with "
+        "`tilegym-bot experiment reset`"
+    )
 
 
 def reset(forge: LocalForge) -> str:

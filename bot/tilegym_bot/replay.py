@@ -44,7 +44,7 @@ from tilegym_hf_bench.profiling.attribution import recount
 from tilegym_hf_bench.tolerance import verdict as tolerance_verdict
 
 from tilegym_bot import policy
-from tilegym_bot.stats import mean, mean_ci95
+from tilegym_bot.stats import mean, positive_mean_ci95
 
 NEUTRAL = 1.0
 SLOWDOWN = 0.95
@@ -298,7 +298,7 @@ def _resampled(block: dict[str, Any], idx: tuple[int, ...], runs: int, scale: fl
         new = {**sub, "samples": picked, "mean": mean(picked)}
         if key == "throughput":
             spread = cv(picked)
-            ci = mean_ci95(picked)
+            ci = positive_mean_ci95(picked)
             new["std"] = None if spread is None else spread * new["mean"]
             new["ci95"] = list(ci) if ci else None
         out[key] = new

@@ -20,7 +20,7 @@ import statistics
 from typing import Any
 
 from tilegym_bot.policy import Decision, dig
-from tilegym_bot.stats import mean_ci95
+from tilegym_bot.stats import positive_mean_ci95
 
 MARKER = "<!-- tilegym-bot:autokernel -->"
 _RECORD_RE = re.compile(r"<!-- tilegym-bot:record (\{.*?\}) -->", re.DOTALL)
@@ -124,17 +124,24 @@ def _finite_samples(samples: Any) -> list[float] | None:
     return numbers if len(numbers) == len(samples) else None
 
 
+def _positive_interval(ci: Any) -> tuple[float, float] | None:
+    """A reported interval of a positive quantity, None unless 0 < lo <= hi (a t interval of
+    few noisy samples can reach below zero: it says nothing then)."""
+    if not (isinstance(ci, list) and len(ci) == 2):
+        return None
+    lo, hi = map(_finite, ci)
+    return (lo, hi) if lo is not None and hi is not None and 0 < lo <= hi else None
+
+
 def _throughput(doc: Any, block: str) -> str:
     tp = dig(doc, block, "throughput")
     if not isinstance(tp, dict):
         return NA
     text = _num(tp.get("mean"))
-    ci = tp.get("ci95")
     samples = tp.get("samples")
-    if not (isinstance(ci, list) and len(ci) == 2) and isinstance(samples, list):
-        numbers = _finite_samples(samples)
-        ci = mean_ci95(numbers) if numbers else None
-    if ci is not None and len(ci) == 2:
+    numbers = _finite_samples(samples)
+    ci = positive_mean_ci95(numbers) if numbers else _positive_interval(tp.get("ci95"))
+    if ci is not None:
         text += f" (95% CI {_num(ci[0])}–{_num(ci[1])})"
     if isinstance(samples, list) and samples:
         text += f", n={len(samples)}"

@@ -66,12 +66,14 @@ def ratio_of_means(a: Sequence[float], b: Sequence[float]) -> RatioEstimate:
     return RatioEstimate(ratio, (lo, hi))
 
 
-def mean_ci95(values: Sequence[float]) -> tuple[float, float] | None:
-    """Student t 95% interval of the mean of ``values`` (None below two finite samples)."""
-    if len(values) < 2 or not all(math.isfinite(v) for v in values):
+def positive_mean_ci95(values: Sequence[float]) -> tuple[float, float] | None:
+    """95% interval of the mean of a positive quantity (throughput), on the log scale like
+    ``ratio_of_means``: ``mean * exp(±t(0.975, n-1) * cv / sqrt(n))``, so it never reaches
+    zero or below, however few and noisy the samples (the plain t interval of three samples
+    spread 40-60% can). None below two samples or when any sample is not finite and positive."""
+    if len(values) < 2 or any(not (math.isfinite(v) and v > 0) for v in values):
         return None
-    m, n = mean(values), len(values)
-    scaled = [(v - m) / n for v in values]  # x*x (unlike x**2) gives inf instead of raising
-    sd = math.sqrt(math.fsum(x * x for x in scaled) * n * n / (n - 1))
-    half = float(stdtrit(n - 1, 0.975)) * sd / math.sqrt(n)
-    return (m - half, m + half) if math.isfinite(half) else None
+    m = mean(values)
+    half = float(stdtrit(len(values) - 1, 0.975)) * math.sqrt(_rel_var_of_mean(values))
+    lo, hi = m * math.exp(-min(half, 700.0)), m * math.exp(min(half, 700.0))
+    return (lo, hi) if math.isfinite(hi) and lo > 0 else None

@@ -3,8 +3,9 @@
 In a checkout of this repository installed in editable mode, ``tilegym-bot`` imports its code
 from the work tree, which during an experiment holds the experiment's branch: the code that
 judges the experiment would be the experiment's own. So, when the running bot's package lies
-inside the work tree, the command re-executes itself from a snapshot of main (bot-owned storage
-under ``.git/tilegym-bot/trusted/<sha>/``, extracted from git, never from the work tree).
+inside any working tree of the repository (the run's, or another worktree's), the command
+re-executes itself from a snapshot of main (bot-owned storage under
+``.git/tilegym-bot/trusted/<sha>/``, extracted from git, never from the work tree).
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ BOT_PACKAGE = Path(__file__).resolve().parent
 
 
 def runs_from_work_tree(forge: LocalForge, package_dir: Path = BOT_PACKAGE) -> bool:
-    """True when the bot's own code is a file of the checkout (the branch being judged)."""
-    return package_dir.is_relative_to(forge.root.resolve())
+    """True when the bot's own code is a file of any working tree of the repository: the
+    branch being judged, or another experiment checked out in another worktree (an editable
+    install of the main working tree judging a run in a linked one)."""
+    return any(package_dir.is_relative_to(tree.resolve()) for tree in forge.working_trees())
 
 
 def snapshot(forge: LocalForge, sha: str) -> Path:

@@ -25,15 +25,17 @@ def _run(*args, timeout=60):
 def test_decide_json_and_summary(tmp_path, make_metrics, save_metrics):
     base = save_metrics(tmp_path / "b.json", make_metrics(commit=BASE))
     head = save_metrics(tmp_path / "h.json", make_metrics(coverage=61.2))
-    proc = _run("decide", "--base", str(base), "--head", str(head), "--json")
+    proc = _run("decide", "--base", str(base), "--head", str(head), "--json", "--trust-metrics")
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("warning: ") and "--trust-metrics" in proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["status"] == "keep" and doc["ledger_status"] == "keep"
     assert doc["coverage"]["delta_pp"] == 61.2 - 50.0
     lo, hi = doc["throughput"]["ratio_ci95"]
     assert lo < doc["throughput"]["ratio"] == 1.0 < hi
 
-    proc = _run("decide", "--base", str(base), "--head", str(head), "--margin", "0.5")
+    proc = _run("decide", "--base", str(base), "--head", str(head), "--margin", "0.5",
+                "--trust-metrics")  # fmt: skip
     assert proc.returncode == 0 and proc.stdout.startswith("verdict: keep (ledger: keep)")
     assert "coverage: 50.00% → 61.20%" in proc.stdout
 
@@ -67,7 +69,7 @@ def test_decide_bad_inputs_are_one_error_line(tmp_path, make_metrics, save_metri
 
     # A schema-invalid file is not a usage error: the decision is inconclusive with the reason.
     bad = save_metrics(tmp_path / "bad.json", {"schema": "tilegym-bench-metrics/1"})
-    code = main(["decide", "--base", str(base), "--head", str(bad), "--json"])
+    code = main(["decide", "--base", str(base), "--head", str(bad), "--json", "--trust-metrics"])
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["status"] == "inconclusive" and "rejected by the schema" in doc["reasons"][0]
@@ -98,6 +100,24 @@ def test_decide_recounts_with_the_kernels_of_the_measured_commits(
 def test_decide_summary_says_n_a_for_what_was_not_measured(tmp_path, make_metrics, save_metrics):
     base = save_metrics(tmp_path / "b.json", make_metrics(commit=BASE, coverage=None))
     head = save_metrics(tmp_path / "h.json", make_metrics(coverage=None))
-    proc = _run("decide", "--base", str(base), "--head", str(head))
+    proc = _run("decide", "--base", str(base), "--head", str(head), "--trust-metrics")
     assert proc.returncode == 0, proc.stderr
     assert "coverage: n/a → n/a (Δ n/a)" in proc.stdout and "n/a%" not in proc.stdout
+
+
+def test_decide_refuses_commits_it_cannot_find(repo, tmp_path, make_metrics, save_metrics):
+    """A measured commit missing from --repo: its kernels cannot be read, so the file's own
+    kernel list would decide coverage. Refused in one error line unless --trust-metrics."""
+    main_sha = repo.git.rev_parse("HEAD")
+    base = save_metrics(tmp_path / "b.json", make_metrics(commit=main_sha))
+    head = save_metrics(tmp_path / "h.json", make_metrics(commit="c" * 40, coverage=61.2))
+    args = ["decide", "--base", str(base), "--head", str(head), "--repo", repo.working_tree_dir]
+    proc = _run(*args, "--json")
+    assert proc.returncode == 1 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"error: {head}: commit 'cccc") and "--trust-metrics" in line
+    proc = _run(*args, "--json", "--trust-metrics")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["status"] == "keep"
+    proc = _run("decide", "--base", str(base), "--head", str(head), "--repo", str(tmp_path))
+    assert proc.returncode == 1 and "is not inside a git repository" in proc.stderr
+    assert proc.stderr.count("\n") == 1

@@ -414,6 +414,8 @@ def test_an_interrupted_rerun_is_on_record_and_resumes(repo, make_metrics, tmp_p
     assert record["state"] == "open" and record["awaiting_rerun"] is True
     assert [h["decision"]["status"] for h in record["history"]] == ["inconclusive"]
     assert _ledger(r) == [] and r.tags == []
+    # the killed run's benchmark worktrees (head and main's harness) are still registered
+    assert r.git.worktree("list").count("tilegym-bot-wt-") == 2
 
     capsys.readouterr()
     assert _cli(r, "experiment", "run", "--description", "slow", "--", "--device", "cpu") == 0
@@ -423,6 +425,7 @@ def test_an_interrupted_rerun_is_on_record_and_resumes(repo, make_metrics, tmp_p
     assert record["metrics"]["head"]["workload"]["timed_runs"] == 6
     assert [h["decision"]["status"] for h in record["history"]] == ["inconclusive", "discard"]
     assert _ledger(r)[-1] == LedgerRow(head_sha, 55.0, 48.0, "discard", "slow")
+    assert "tilegym-bot-wt-" not in r.git.worktree("list")  # the next run pruned them
 
 
 def test_head_moved_while_benchmarking_records_nothing(repo, make_metrics, capsys, monkeypatch):

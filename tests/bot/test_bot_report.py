@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from tilegym_bot.ledger import LedgerRow
 from tilegym_bot.plot import plot_ledger
 from tilegym_bot.policy import Decision, decide
@@ -166,3 +167,33 @@ def test_the_ttft_row_is_the_median_of_the_raw_samples_not_the_heads_summary(mak
     decision = decide(base, head)
     body = render_comment(decision, base, head, _record(decision))
     assert "| cuTile TTFT (ms), median | n/a | 35.00, n=3 |" in body
+
+
+def test_a_throughput_interval_stays_positive(make_metrics):
+    """Three samples spread 10-130 tok/s: the plain t interval of their mean reaches -83; the
+    comment's interval is of a positive quantity and stays above zero (stored or recomputed)."""
+    import re
+
+    from tilegym_bot.stats import positive_mean_ci95
+
+    samples = (10.0, 60.0, 130.0)
+    base, head = make_metrics(commit="a" * 40), make_metrics(cutile=samples)
+    head["cutile"]["throughput"]["ci95"] = [-83.21, 216.54]  # what a t interval gives
+    decision = decide(base, head)
+    record = build_record(
+        decision,
+        model_key="qwen3",
+        description="noisy",
+        base_sha="a" * 40,
+        head_sha="b" * 40,
+        decided_at="2026-11-29T18:00:00Z",
+        pr=1,
+    )
+    (row,) = [x for x in render_comment(decision, base, head, record).splitlines()
+              if x.startswith("| cuTile throughput (tokens/s)")]  # fmt: skip
+    lo, hi = map(float, re.search(r"66\.67 \(95% CI ([\d.]+)–([\d.]+)\), n=3 \|$", row).groups())
+    assert 0 < lo < 66.67 < hi
+    assert (lo, hi) == pytest.approx(positive_mean_ci95(samples), abs=0.01)
+    tight = positive_mean_ci95([50.0, 51.0, 49.0, 50.5, 49.5])  # little spread: the t interval
+    assert tight == pytest.approx((49.02, 50.98), abs=0.02)
+    assert positive_mean_ci95([50.0]) is None and positive_mean_ci95([50.0, -1.0]) is None

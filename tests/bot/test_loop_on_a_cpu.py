@@ -24,6 +24,8 @@ def test_the_loop_as_written_takes_the_tiny_preset_and_decides_honestly(repo, ma
     first = out.err.splitlines()[0]
     assert first.startswith("tilegym-bot: no CUDA GPU here: benchmarking the tiny-qwen3 preset")
     assert "--model-key tiny-qwen3 --device cpu" in out.err  # what the runner started
+    banners = [line for line in out.err.splitlines() if "] benchmark " in line]
+    assert banners and all(line.count("--model-key") == 1 for line in banners), banners
     decision = json.loads(out.out)
     assert decision["status"] == "inconclusive" and decision["rerun"] is False, decision
     assert "without a CUDA GPU" in decision["reasons"][0]

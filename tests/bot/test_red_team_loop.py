@@ -165,6 +165,45 @@ def test_the_bot_judges_with_mains_code_not_the_branchs(tmp_path):
     assert not (root / "sandbox" / "runs").exists()
 
 
+def test_a_run_in_a_linked_worktree_is_judged_by_mains_code(tmp_path):
+    """The bot installed (editable) from the main working tree, which has another experiment
+    checked out, that blinds the scope recheck; the run is in a linked worktree. The bot's code
+    is in a working tree of the repository, so it still re-executes from main's snapshot."""
+    r = _project_copy(tmp_path / "repo")
+    root = Path(r.working_tree_dir)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            str(root / p) for p in ("src", "modeling/transformers/src", "bot", "hooks")
+        ),
+    }
+    env.pop("TILEGYM_BOT_TRUSTED_TREE", None)
+    r.git.checkout("-qb", "experiment/qwen3/blind")
+    blind = root / "bot" / "tilegym_bot" / "trusted_tree.py"
+    blind.write_text(
+        blind.read_text() + "\n\ndef scope_refusals(*args, **kwargs):\n    return []\n"
+    )
+    r.git.commit("-qam", "a bot that sees nothing", "--no-verify")
+    wt = tmp_path / "wt"
+    r.git.worktree("add", "-b", "experiment/qwen3/ci", str(wt), "main")
+    (wt / ".github" / "workflows").mkdir(parents=True)
+    (wt / ".github" / "workflows" / "bot.yml").write_text("on: push\n")
+    w = git.Repo(wt)
+    w.git.add("-A")
+    w.git.commit("-qm", "ci", "--no-verify")
+    done = subprocess.run(
+        [sys.executable, "-m", "tilegym_bot", "-C", str(wt), "experiment", "run"]
+        + ["--description", "x", "--", "--device", "cpu"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "judging with main's code" in done.stderr
+    assert ".github/workflows/bot.yml:1: SCOPE001" in done.stderr
+
+
 def test_a_kernel_file_in_scope_still_runs_through_the_loop(repo, make_metrics, capsys):
     """The refusals are not a blanket: an experiment that changes only its model's files, with
     an honest cuTile kernel and faster numbers, is kept."""
