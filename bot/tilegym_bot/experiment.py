@@ -231,7 +231,7 @@ def _row_description(record: dict[str, Any]) -> str:
     if record["baseline"]:
         return "baseline"
     status = record["decision"]["status"]
-    extra = f" [{status}]" if status in ("incorrect", "inconclusive") else ""
+    extra = f" [{status}]" if status in ("incorrect", "refused", "inconclusive") else ""
     return f"{record['description']}{extra}"
 
 

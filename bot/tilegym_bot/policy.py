@@ -8,12 +8,14 @@ from the commits' sources). A file whose stored numbers disagree with that is re
 Rules, in order (the first that applies decides):
 
 1. head metrics fail the schema → ``inconclusive`` (rejected, never merged);
-2. head ``crash`` / ``timeout`` → that status;
+2. head ``crash`` / ``timeout`` / ``refused`` (its model worker did something the worker's
+   confinement refuses) → that status;
 3. base metrics fail the schema, base not ``ok``, or base and head not comparable (model key,
    workload lengths, GPU name and compute capability, profiler) → ``inconclusive``;
-4. either side measured without a CUDA GPU → ``inconclusive`` (nothing to rerun);
-5. head correctness fails when recomputed → ``incorrect`` (not measured, or a reference that
-   cannot referee because the bf16 model itself is far from fp32 → ``inconclusive``);
+4. head correctness fails when recomputed → ``incorrect`` (not measured, or a reference that
+   cannot referee because the bf16 model itself is far from fp32 → ``inconclusive``); on a
+   CPU too: the worker runs the patched model there through the ops' references;
+5. either side measured without a CUDA GPU → ``inconclusive`` (nothing to rerun);
 6. stored coverage disagrees with the recomputed one → ``inconclusive`` (refused);
 7. GPU kernel time per generated token above base by more than ``gpu_margin`` → ``discard``;
 8. coverage not above base by more than 0.01 percentage points, or above it while the
@@ -46,11 +48,12 @@ from tilegym_hf_bench.tolerance import verdict as correctness_verdict
 
 from tilegym_bot.stats import RatioEstimate, mean, ratio_of_means
 
-STATUSES = ("keep", "discard", "incorrect", "inconclusive", "crash", "timeout")
+STATUSES = ("keep", "discard", "incorrect", "refused", "inconclusive", "crash", "timeout")
 LEDGER_STATUS = {
     "keep": "keep",
     "discard": "discard",
     "incorrect": "discard",
+    "refused": "discard",
     "inconclusive": "discard",
     "crash": "crash",
     "timeout": "timeout",
@@ -437,7 +440,7 @@ def decide(
 
     if reasons := _schema_reasons("head", head):
         return verdict("inconclusive", *reasons)
-    if head["status"] in ("crash", "timeout"):
+    if head["status"] in ("crash", "timeout", "refused"):
         return verdict(head["status"], _crash_reason("head", head))
     if reasons := _schema_reasons("base", base):
         return verdict("inconclusive", *reasons)
@@ -452,14 +455,6 @@ def decide(
             *[f"not comparable: {d}" for d in diffs],
             "benchmark base and head with the same model, workload and GPU",
         )
-    if _gpu_name(base) is None or _gpu_name(head) is None:
-        return verdict(
-            "inconclusive",
-            "benchmarked without a CUDA GPU: cuTile throughput, kernel coverage and GPU time "
-            "can only be measured on one, so nothing can be decided (a rerun would not help); "
-            "run the loop on a GPU host",
-        )
-
     correctness = head["correctness"]
     if correctness is None:
         return verdict(
@@ -479,6 +474,13 @@ def decide(
             f"head output is incorrect: {why} (PyTorch bf16's own error "
             f"{correctness['baseline_rel_err']}, top-1 agreement "
             f"{correctness['top1_agreement']}); fix the kernel before measuring speed",
+        )
+    if _gpu_name(base) is None or _gpu_name(head) is None:
+        return verdict(
+            "inconclusive",
+            "benchmarked without a CUDA GPU: cuTile throughput, kernel coverage and GPU time "
+            "can only be measured on one, so nothing can be decided (a rerun would not help); "
+            "run the loop on a GPU host",
         )
 
     for side, cov in (("base", base_cov), ("head", head_cov)):

@@ -39,6 +39,7 @@ CASES = [
     ("coverage_drop", {}, {"coverage": 40.0}, [], False, "discard", "no gain"),
     ("crash_head", {}, {"status": "crash"}, [], False, "crash", "head benchmark ended with crash"),
     ("timeout_head", {}, {"status": "timeout"}, [], False, "timeout", "ended with timeout"),
+    ("refused_head", {}, {"status": "refused"}, [], False, "refused", "ended with refused"),
     ("crash_beats_bad_base", {"status": "crash"}, {"status": "crash"}, [], False, "crash", "head"),
     ("base_crashed", {"status": "crash"}, {"coverage": 55.0}, [], False, "inconclusive", "base"),
     ("incorrect", {}, {"coverage": 55.0, "passed": False}, [], False, "incorrect", "incorrect"),
@@ -242,7 +243,8 @@ def test_decision_rules(make_metrics, base_kw, head_kw, edits, rerun, status, re
         "gpu_time_ms_per_token",
         "rerun",
     }
-    expected_ledger = {"incorrect": "discard", "inconclusive": "discard"}.get(status, status)
+    as_discard = ("incorrect", "refused", "inconclusive")
+    expected_ledger = "discard" if status in as_discard else status
     assert doc["ledger_status"] == expected_ledger
 
 
@@ -395,6 +397,21 @@ def test_a_cpu_run_says_so_and_asks_for_no_rerun(make_metrics):
     assert decision.status == "inconclusive"
     assert "without a CUDA GPU" in decision.reasons[0]
     assert not decision.rerun_useful and decision.to_json()["rerun"] is False
+
+
+def test_broken_glue_on_a_cpu_is_incorrect_not_inconclusive(make_metrics):
+    """The worker runs the patched model on a CPU too (the ops' references): a head whose
+    output is wrong there is judged so, before the no-GPU rule says nothing can be decided."""
+    base = make_metrics(commit=BASE_SHA, gpu=None)
+    head = make_metrics(coverage=55.0, gpu=None, passed=False)
+    decision = decide(base, head)
+    assert decision.status == "incorrect" and decision.to_json()["ledger_status"] == "discard"
+
+
+def test_a_refused_head_is_recorded_as_a_discard(make_metrics):
+    head = make_metrics(status="refused")
+    decision = decide(make_metrics(commit=BASE_SHA), head)
+    assert decision.status == "refused" and decision.to_json()["ledger_status"] == "discard"
 
 
 def test_only_a_throughput_doubt_asks_for_a_rerun(make_metrics):

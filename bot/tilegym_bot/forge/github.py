@@ -76,7 +76,7 @@ DEFAULT_BOT_LOGIN = "github-actions[bot]"
 DEFAULT_LEDGER_BRANCH = "tilegym-ledger"
 PR_SCAN_LIMIT = 200  # recently updated PRs searched for the head SHA (newest first)
 LEDGER_WRITE_ATTEMPTS = 3
-CLOSING = ("discard", "incorrect", "crash", "timeout")  # closed in any round
+CLOSING = ("discard", "incorrect", "refused", "crash", "timeout")  # closed in any round
 
 
 def default_retry(*, total: int = 6, backoff_factor: float = 2.0) -> GithubRetry:
@@ -457,7 +457,7 @@ def _check_provenance(
 
 
 def _description(pr: PullRequest, decision: Decision) -> str:
-    marker = f" [{decision.status}]" if decision.status in ("incorrect", "inconclusive") else ""
+    marker = f" [{decision.status}]" if decision.status in ("incorrect", "refused", "inconclusive") else ""
     return clip(pr.title, DESCRIPTION_LIMIT) + marker
 
 
