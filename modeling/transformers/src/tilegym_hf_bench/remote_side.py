@@ -126,7 +126,10 @@ class ModelWorker:
             print("[worker] " + raw.decode("utf-8", "replace").rstrip("\n"), flush=True)
 
     def refusals(self) -> list[str]:
-        return read_refusals(self.refusal_log)
+        """What the confinement refused (``refused: ...``); in record-only mode
+        (``TILEGYM_WORKER_AUDIT=record``) its ``would refuse: ...`` lines are logged at the end
+        instead, and refuse nothing."""
+        return [line for line in read_refusals(self.refusal_log) if line.startswith("refused")]
 
     def _dead(self, why: str) -> BenchError:
         try:
@@ -155,6 +158,9 @@ class ModelWorker:
         return reply
 
     def close(self) -> None:
+        for line in read_refusals(self.refusal_log):
+            if line.startswith("would refuse"):
+                self.log(f"audit (record only): {line}")
         if self.proc.poll() is None:
             try:
                 send(self._out, {"op": "exit"})
