@@ -262,11 +262,10 @@ LLAMA_DESCRIPTION = "src/tilegym/transformers/llama/modeling_llama.py"
 SHARED = ("src/tilegym/transformers/decoder.py", "src/tilegym/transformers/family.py")
 
 
-def llama_experiment_on_the_real_glue(hook_repo):
-    """main gets this repository's own llama description and shared modules; then
-    ``experiment/llama/x`` is cut from it."""
+def llama_experiment_on_real_files(hook_repo, *paths):
+    """main gets this repository's own ``paths``; then ``experiment/llama/x`` is cut from it."""
     hook_repo.checkout("main")
-    for path in (LLAMA_DESCRIPTION, *SHARED):
+    for path in paths:
         real = TRANSFORMERS / Path(path).relative_to("src/tilegym/transformers")
         hook_repo.write(path, real.read_text(), dedent=False)
     hook_repo.commit("the real glue")
@@ -274,14 +273,14 @@ def llama_experiment_on_the_real_glue(hook_repo):
 
 
 def test_a_llama_experiment_may_edit_its_own_description(hook_repo):
-    llama_experiment_on_the_real_glue(hook_repo)
+    llama_experiment_on_real_files(hook_repo, LLAMA_DESCRIPTION)
     hook_repo.replace(LLAMA_DESCRIPTION, '"Llama")', '"Llama", forwards={})')
     hook_repo.commit("llama: its own description")
     assert_clean(scope(hook_repo))
 
 
 def test_a_llama_experiment_touching_the_shared_glue_is_refused_naming_the_file(hook_repo):
-    llama_experiment_on_the_real_glue(hook_repo)
+    llama_experiment_on_real_files(hook_repo, *SHARED)
     edits = {
         SHARED[0]: ("    return all(", "    return not any("),
         SHARED[1]: ("= False", "= True"),
