@@ -142,7 +142,7 @@ def render_family(model_type: str, architecture: str, family, notes: tuple[str, 
         f'"""cuTile forwards for {family.class_prefix} (architecture of {architecture}).\n\n'
         f"{body}\n"
         '"""\n\n'
-        "from tilegym.transformers.llama.modeling_llama import Family\n\n"
+        "from tilegym.transformers.family import Family\n\n"
         f"FAMILY = Family({', '.join(args)})\n"
     )
 

@@ -84,6 +84,13 @@ def is_freely_allowed(model_key: str, path: str) -> bool:
     return wanted is not None and name.endswith(wanted) and len(name) > len(wanted)
 
 
+def is_shared_glue(path: str) -> bool:
+    """True for a module directly in ``src/tilegym/transformers/`` (the decoder forwards, the
+    ``Family`` type, attention, cache and MoE glue): every family runs it, so an experiment for
+    one model that changed it could change them all while measuring only its own."""
+    return PurePosixPath(path).parent == PurePosixPath(TRANSFORMERS_DIR)
+
+
 def first_changed_line(base: bytes | None, head: bytes | None) -> int:
     """Line (on the head side) where the first changed hunk starts; 1 when there is none."""
     if not base or not head:
@@ -350,6 +357,9 @@ def change_findings(model_key: str, change: Change) -> list[Finding]:
         if rule is None:
             line = first_changed_line(change.base, change.head)
             message = f"outside the scope of a {model_key!r} experiment"
+            if is_shared_glue(change.path):
+                message = f"shared by every family, {message} (wire a kernel in through "
+                message += f"Family.forwards in modeling_{model_key}.py)"
             return [Finding(change.path, line, "SCOPE001", message)]
         finding = rule(model_key, change)
         if finding is not None:

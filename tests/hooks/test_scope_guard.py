@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hookrepo_helpers import MONKEY_PATCH, PREFIXES, QWEN3_KERNEL, TILEGYM_PATCH, run_hooks
+
+import tilegym.transformers
 
 
 def scope(repo, *args, env=None):
@@ -251,3 +255,44 @@ def test_detached_head_takes_the_branch_from_github_head_ref(hook_repo):
         1,
         "error: a detached HEAD is not experiment/<model_key>/<slug>; pass --model-key\n",
     )
+
+
+TRANSFORMERS = Path(tilegym.transformers.__file__).parent
+LLAMA_DESCRIPTION = "src/tilegym/transformers/llama/modeling_llama.py"
+SHARED = ("src/tilegym/transformers/decoder.py", "src/tilegym/transformers/family.py")
+
+
+def llama_experiment_on_real_files(hook_repo, *paths):
+    """main gets this repository's own ``paths``; then ``experiment/llama/x`` is cut from it."""
+    hook_repo.checkout("main")
+    for path in paths:
+        real = TRANSFORMERS / Path(path).relative_to("src/tilegym/transformers")
+        hook_repo.write(path, real.read_text(), dedent=False)
+    hook_repo.commit("the real glue")
+    hook_repo.checkout("experiment/llama/x", create=True)
+
+
+def test_a_llama_experiment_may_edit_its_own_description(hook_repo):
+    llama_experiment_on_real_files(hook_repo, LLAMA_DESCRIPTION)
+    hook_repo.replace(LLAMA_DESCRIPTION, '"Llama")', '"Llama", forwards={})')
+    hook_repo.commit("llama: its own description")
+    assert_clean(scope(hook_repo))
+
+
+def test_a_llama_experiment_touching_the_shared_glue_is_refused_naming_the_file(hook_repo):
+    llama_experiment_on_real_files(hook_repo, *SHARED)
+    edits = {
+        SHARED[0]: ("    return all(", "    return not any("),
+        SHARED[1]: ("= False", "= True"),
+    }
+    lines = []
+    for path, (old, new) in edits.items():
+        hook_repo.replace(path, old, new)
+        text = hook_repo.read(path)
+        line = text[: text.index(new)].count("\n") + 1
+        lines.append(
+            f"{path}:{line}: SCOPE001 shared by every family, outside the scope of a 'llama' "
+            "experiment (wire a kernel in through Family.forwards in modeling_llama.py)"
+        )
+    hook_repo.commit("llama: a change every family would run")
+    assert_findings(scope(hook_repo), *lines)

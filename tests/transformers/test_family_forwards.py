@@ -14,8 +14,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import tilegym.transformers
+from tilegym.transformers import decoder as glue
 from tilegym.transformers import monkey_patch as mp
-from tilegym.transformers.llama import modeling_llama as glue
 from tilegym.transformers.qwen3.modeling_qwen3 import FAMILY
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tilegym.transformers.llama.modeling_llama import (
+from tilegym.transformers.family import (
     GATE_UP,
     GATED_ACTS,
     QKV,

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 
 from tilegym.transformers import longrope
+from tilegym.transformers.family import GATED_ACTS, config_activation
+from tilegym.transformers.fused_weights import FusedWeights
 
 SUPPORTED_TRANSFORMERS = (5, 17)
 """Oldest supported transformers release; every 5.x after it is accepted, 6.x is not."""
@@ -41,8 +43,9 @@ class AlreadyPatched(RuntimeError):
     """The target already carries a tilegym patch; undo that one first."""
 
 
-SHARED_GLUE = "tilegym.transformers.llama.modeling_llama"
-"""The Llama-style decoder forwards every family below shares."""
+SHARED_GLUE = "tilegym.transformers.decoder"
+"""The Llama-style decoder forwards every family below shares (no family's: out of every
+experiment's scope)."""
 
 MOE_GLUE = "tilegym.transformers.moe_block"
 _BUILDERS = {  # upstream class suffix -> (module, the shared builder of its forward)
@@ -235,10 +238,10 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
             handle.not_applied["linear"] = reason
     swiglu, act = flags["swiglu"], desc.gated_act
     if swiglu and model is not None:  # the instance's config names its activation
-        name = glue.config_activation(model.config)
-        act = glue.GATED_ACTS.get(name)
+        name = config_activation(model.config)
+        act = GATED_ACTS.get(name)
         if act is None:
-            known = ", ".join(glue.GATED_ACTS)
+            known = ", ".join(GATED_ACTS)
             handle.not_applied["swiglu"] = f"hidden_act {name!r} has no gated kernel ({known})"
             swiglu, act = False, desc.gated_act
     routes = glue.Routes(
@@ -248,7 +251,7 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         linear=gemm is not None,
         act=act,
     )
-    fused = glue.FusedWeights()
+    fused = FusedWeights()
     handle.repacked = fused
     handle._undo.append(fused.clear)
     patcher = _Patcher(handle)

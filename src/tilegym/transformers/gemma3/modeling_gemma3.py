@@ -15,7 +15,7 @@ types and the final logit soft-capping after ``lm_head``. ``query_pre_attn_scala
 attention as the module's ``scaling`` and each layer's window as its ``sliding_window``.
 """
 
-from tilegym.transformers.llama.modeling_llama import Family
+from tilegym.transformers.family import Family
 
 MODEL_TYPE = "gemma3_text"
 

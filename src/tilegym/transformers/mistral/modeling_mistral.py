@@ -4,6 +4,6 @@ Mistral's decoder layer is Llama's (a sliding window, when the config sets one, 
 attention kernels through the mask); the shared Llama-style glue serves it as it is.
 """
 
-from tilegym.transformers.llama.modeling_llama import Family
+from tilegym.transformers.family import Family
 
 FAMILY = Family("transformers.models.mistral.modeling_mistral", "Mistral", config_window=True)

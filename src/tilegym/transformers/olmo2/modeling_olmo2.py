@@ -6,7 +6,7 @@ are fields of the description; the norms run on the cuTile RMSNorm kernel, the a
 PyTorch's. Scaffolded by ``tilegym-bot model init olmo2`` from the preset's config.
 """
 
-from tilegym.transformers.llama.modeling_llama import Family
+from tilegym.transformers.family import Family
 
 FAMILY = Family(
     "transformers.models.olmo2.modeling_olmo2",

@@ -8,7 +8,7 @@ sliding window never binds below that length, but makes every layer of a static 
 (``tilegym.transformers.attention.compileable_decode_mask``).
 """
 
-from tilegym.transformers.llama.modeling_llama import Family
+from tilegym.transformers.family import Family
 
 FAMILY = Family(
     "transformers.models.phi3.modeling_phi3",

@@ -4,6 +4,6 @@ Qwen2 is the Llama decoder layer with biases on the q, k and v projections: the 
 weight carries the concatenated bias, which the GEMM adds in its epilogue.
 """
 
-from tilegym.transformers.llama.modeling_llama import Family
+from tilegym.transformers.family import Family
 
 FAMILY = Family("transformers.models.qwen2.modeling_qwen2", "Qwen2")

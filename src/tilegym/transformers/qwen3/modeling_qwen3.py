@@ -5,6 +5,6 @@ Qwen3 is the Llama decoder layer plus a per-head RMSNorm on q and k before RoPE;
 kernel (``tilegym.ops.rope.qk_norm_rope``). Everything else is the shared Llama-style glue.
 """
 
-from tilegym.transformers.llama.modeling_llama import Family
+from tilegym.transformers.family import Family
 
 FAMILY = Family("transformers.models.qwen3.modeling_qwen3", "Qwen3", qk_norm=True)

@@ -9,7 +9,7 @@ layers the config makes dense (``mlp_only_layers``, ``decoder_sparse_step``) are
 which the shared MLP forward covers. Everything else is the shared Llama-style glue.
 """
 
-from tilegym.transformers.llama.modeling_llama import Family
+from tilegym.transformers.family import Family
 
 FAMILY = Family(
     "transformers.models.qwen3_moe.modeling_qwen3_moe",

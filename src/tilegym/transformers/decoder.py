@@ -1,0 +1,308 @@
+"""cuTile forwards for Llama-style decoder layers, shared by every family that has one.
+
+Each ``make_*`` builds a plain function with the upstream module's ``forward`` contract, for
+binding to one instance (``types.MethodType``) or setting on a class. It reads the family's
+``Family`` description (``family.py``). What a forward routes through cuTile is fixed when it is
+built (the ``Routes`` flags), so two models in one process can be patched differently. The
+forwards work with the transformers 5.x releases the project supports: the KV cache argument is
+``past_key_values`` up to 5.2x and ``cache`` later, and both are accepted and handed to
+``Cache.update`` the way the installed release does (``kv_update.py``).
+
+Shared by every family, so no experiment may change this module (``tilegym-hooks scope``); an
+experiment wires its own builder through ``Family.forwards`` instead. Being trusted code, it is
+not held to the rules on experiment code (it imports ``importlib`` to reach a family's upstream
+module).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from tilegym.ops.library import (
+    add_rms_norm,
+    apply_rope,
+    gelu_tanh_and_mul,
+    qk_norm_rope,
+    rms_norm,
+    rms_norm_add,
+    rms_norm_add_rms_norm,
+    silu_and_mul,
+)
+from tilegym.transformers.family import Family, norm_eps
+from tilegym.transformers.fused_weights import FusedWeights
+from tilegym.transformers.kv_update import update_cache
+
+
+@dataclass(frozen=True)
+class Routes:
+    """Which parts of a decoder layer run on cuTile kernels."""
+
+    rms_norm: bool = False
+    rope: bool = False
+    swiglu: bool = False
+    linear: bool = False
+    act: str = "silu"  # the gated MLP activation's kernels (a value of GATED_ACTS)
+
+
+_ACT_KERNELS = {
+    "silu": (silu_and_mul, "fused_gate_up_silu"),
+    "gelu_tanh": (gelu_tanh_and_mul, "fused_gate_up_gelu_tanh"),
+}
+
+
+def cache_update_takes_kwargs(attention_cls: type) -> bool:
+    """True when the installed release passes ``kwargs=`` to ``cache.update`` (``cache`` arg)."""
+    params = inspect.signature(inspect.unwrap(attention_cls.forward)).parameters
+    return "cache" in params
+
+
+def make_rms_norm_forward(family: Family) -> Callable:
+    """``XRMSNorm.forward`` on the cuTile RMSNorm kernel (the family's form of the norm)."""
+    offset = family.norm_unit_offset
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return rms_norm(hidden_states, self.weight, norm_eps(self), offset)
+
+    return forward
+
+
+def unbiased(module: torch.nn.Module, names: tuple[str, ...]) -> bool:
+    """True when none of the projections ``names`` of ``module`` has a bias."""
+    return all(getattr(module, n).bias is None for n in names)
+
+
+def make_mlp_forward(routes: Routes, fused: FusedWeights, gemm, family: Family) -> Callable:
+    """``XMLP.forward``: gate/up (fused GEMM + activation-and-mul epilogue, or the act-and-mul
+    kernel: SiLU, or GELU-tanh by ``routes.act``), down(+residual)."""
+    names = family.gate_up
+    act_and_mul, gated_gemm = _ACT_KERNELS[routes.act]
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if routes.linear and unbiased(self, names):
+            w, _ = fused.get(self, names)
+            if routes.swiglu:
+                act = getattr(gemm, gated_gemm)(x, w)
+            else:
+                gate, up = gemm.linear(x, w).chunk(2, dim=-1)
+                act = getattr(self, family.act)(gate) * up
+        else:
+            gate, up = _gate_up(self, x, names)
+            act = act_and_mul(gate, up) if routes.swiglu else getattr(self, family.act)(gate) * up
+        if routes.linear and self.down_proj.bias is None:
+            if residual is not None:
+                return gemm.linear_residual(act, self.down_proj.weight, residual)
+            return gemm.linear(act, self.down_proj.weight)
+        out = self.down_proj(act)
+        return out if residual is None else residual + out
+
+    return forward
+
+
+def _gate_up(mlp, x, names):
+    if len(names) == 1:
+        return getattr(mlp, names[0])(x).chunk(2, dim=-1)
+    return getattr(mlp, names[0])(x), getattr(mlp, names[1])(x)
+
+
+def make_attention_forward(
+    routes: Routes,
+    fused: FusedWeights,
+    gemm,
+    eager_fn: Callable,
+    all_attention,
+    takes_kwargs,
+    family: Family,
+) -> Callable:
+    """``XAttention.forward``: fused QKV GEMM, (q/k norm +) RoPE kernel, o_proj(+residual)."""
+    names = family.qkv
+    torch_rope = upstream_rope(family)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        cache=None,
+        residual: torch.Tensor | None = None,
+        **kwargs,
+    ):
+        cache = cache if cache is not None else past_key_values
+        input_shape = hidden_states.shape[:-1]
+        bsz, seq = input_shape
+        d = self.head_dim
+        hq, hk = self.config.num_attention_heads, self.config.num_key_value_heads
+        qkv = None
+        if routes.linear:
+            w, b = fused.get(self, names)
+            qkv = gemm.linear(hidden_states, w, b)
+        elif len(names) == 1:
+            qkv = getattr(self, names[0])(hidden_states)
+        if qkv is not None:
+            q = qkv[..., : hq * d].view(bsz, seq, hq, d)
+            k = qkv[..., hq * d : (hq + hk) * d].view(bsz, seq, hk, d)
+            v = qkv[..., (hq + hk) * d :].view(bsz, seq, hk, d)
+        else:
+            q, k, v = (getattr(self, n)(hidden_states) for n in names)
+            q, k, v = q.view(bsz, seq, hq, d), k.view(bsz, seq, hk, d), v.view(bsz, seq, hk, d)
+        cos, sin = position_embeddings
+        per_head = family.qk_norm and not family.qk_norm_whole
+        if family.qk_norm and family.qk_norm_whole:
+            q = self.q_norm(q.reshape(bsz, seq, hq * d)).view(bsz, seq, hq, d)
+            k = self.k_norm(k.reshape(bsz, seq, hk * d)).view(bsz, seq, hk, d)
+        if per_head and routes.rope and routes.rms_norm:
+            qw, kw, eps = self.q_norm.weight, self.k_norm.weight, norm_eps(self.q_norm)
+            q, k = qk_norm_rope(q, k, qw, kw, eps, cos, sin, family.norm_unit_offset)
+        else:
+            if per_head:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            if routes.rope:
+                q, k = apply_rope(q, k, cos, sin)
+            else:
+                q, k = torch_rope(q, k, cos, sin)
+        v = v.transpose(1, 2)
+        if cache is not None:
+            k, v = update_cache(cache, self.layer_idx, k, v, attention_mask, takes_kwargs, kwargs)
+        attention_interface = all_attention.get_interface(
+            self.config._attn_implementation, eager_fn
+        )
+        extra = {}
+        if family.config_window:
+            extra["sliding_window"] = getattr(self.config, "sliding_window", None)
+        elif hasattr(self, "sliding_window"):
+            extra["sliding_window"] = self.sliding_window
+        attn_output, attn_weights = attention_interface(
+            self,
+            q,
+            k,
+            v,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **extra,
+            **kwargs,
+        )
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        if routes.linear and self.o_proj.bias is None:
+            if residual is not None:
+                return gemm.linear_residual(attn_output, self.o_proj.weight, residual), attn_weights
+            return gemm.linear(attn_output, self.o_proj.weight), attn_weights
+        out = self.o_proj(attn_output)
+        return (out if residual is None else residual + out), attn_weights
+
+    return forward
+
+
+def upstream_rope(family: Family) -> Callable:
+    """The family's own ``apply_rotary_pos_emb``, for RoPE left to PyTorch: it runs exactly as
+    upstream. OLMo 2's rotary module returns fp32 cos/sin and its function casts the result
+    back to q's dtype; a shared rotation without that cast handed the static cache fp32 keys
+    (H200 loop, drop-rope round: ``index_copy_(): ... Float and ... BFloat16``)."""
+    return importlib.import_module(family.upstream_module).apply_rotary_pos_emb
+
+
+def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
+    """``XDecoderLayer.forward``: the attention residual add is folded into the o_proj GEMM
+    (``linear``) or into the fused add+RMSNorm kernel (``rms_norm``); the MLP residual add into
+    the down_proj GEMM (``linear``), else it stays a PyTorch add: a standalone cuTile add never
+    beat PyTorch's on the H200, so the library has none. Post-norm (OLMo 2) and sandwich-norm
+    (Gemma 3) families have their own layer forwards below."""
+    offset = family.norm_unit_offset
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        residual = hidden_states
+        normed = self.input_layernorm(hidden_states)
+        fold = routes.linear and self.self_attn.o_proj.bias is None
+        attn_out, _ = self.self_attn(
+            hidden_states=normed,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            position_embeddings=position_embeddings,
+            residual=residual if fold else None,
+            **kwargs,
+        )
+        norm = self.post_attention_layernorm
+        if fold:
+            hidden_states = attn_out
+            normed = norm(hidden_states)
+        elif routes.rms_norm:
+            hidden_states, normed = add_rms_norm(
+                attn_out, residual, norm.weight, norm_eps(norm), offset
+            )
+        else:
+            hidden_states = residual + attn_out
+            normed = norm(hidden_states)
+        return self.mlp(normed, residual=hidden_states)
+
+    def post_norm_forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """A post-norm family's layer (OLMo 2): each sub-block's output is normalized, then
+        added to the residual (the norms are the patched RMSNorm forwards; the adds stay
+        PyTorch's: nothing to fold them into)."""
+        attn_out, _ = self.self_attn(
+            hidden_states=hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        hidden_states = hidden_states + self.post_attention_layernorm(attn_out)
+        return hidden_states + self.post_feedforward_layernorm(self.mlp(hidden_states))
+
+    def sandwich_forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """A sandwich-norm family's layer (Gemma 3): each sub-block's input and output are
+        normalized and the normed output is added to the residual. With ``rms_norm`` the
+        attention's output norm, the residual add and the MLP's input norm are one kernel
+        (``rms_norm_add_rms_norm``), the MLP's output norm and add another (``rms_norm_add``);
+        the add (and a norm of a sum) is rounded like PyTorch's. The position embeddings are
+        the ones the upstream model hands this layer (its layer type's RoPE table)."""
+        attn_out, _ = self.self_attn(
+            hidden_states=self.input_layernorm(hidden_states),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        post, pre = self.post_attention_layernorm, self.pre_feedforward_layernorm
+        if routes.rms_norm and norm_eps(post) == norm_eps(pre):
+            hidden_states, normed = rms_norm_add_rms_norm(
+                attn_out, hidden_states, post.weight, pre.weight, norm_eps(post), offset
+            )
+        else:
+            hidden_states = hidden_states + post(attn_out)
+            normed = pre(hidden_states)
+        mlp_out = self.mlp(normed)
+        post = self.post_feedforward_layernorm
+        if routes.rms_norm:
+            return rms_norm_add(mlp_out, hidden_states, post.weight, norm_eps(post), offset)
+        return hidden_states + post(mlp_out)
+
+    if family.sandwich_norm:
+        return sandwich_forward
+    return post_norm_forward if family.post_norm else forward

@@ -1,0 +1,59 @@
+"""The ``Family`` type: what a Llama-style decoder family is, as the shared forwards read it.
+
+A family (Llama, Qwen3, Mistral, Qwen2, Phi-3, OLMo 2, Gemma 3, Qwen3-MoE) is a ``Family``:
+where its upstream classes live and how it differs from Llama (q/k norms, packed projections,
+the activation's name, where its norms sit and their form). Each family's
+``<key>/modeling_<key>.py`` holds its ``FAMILY``; ``decoder.py`` reads it. This module is shared
+by every family, so no experiment may change it (``tilegym-hooks scope``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+QKV = ("q_proj", "k_proj", "v_proj")
+GATE_UP = ("gate_proj", "up_proj")
+#: activation names of transformers configs -> the gated-MLP kernels that compute them: the
+#: elementwise act-and-mul op and the gate-up GEMM with that epilogue (``tilegym.ops.library``)
+GATED_ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def config_activation(config) -> str | None:
+    """The MLP activation a config names (``hidden_act``; Gemma's ``hidden_activation``)."""
+    return getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
+
+
+def norm_eps(norm: torch.nn.Module) -> float:
+    """An RMSNorm module's epsilon (``variance_epsilon``; Gemma's ``eps``)."""
+    eps = getattr(norm, "variance_epsilon", None)
+    return norm.eps if eps is None else eps
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one Llama-style decoder family has, as the shared forwards need it."""
+
+    upstream_module: str  # e.g. "transformers.models.llama.modeling_llama"
+    class_prefix: str  # upstream classes are <prefix>RMSNorm, MLP, Attention, DecoderLayer
+    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3)
+    qkv: tuple[str, ...] = QKV  # the q, k, v projections, or one packed [q; k; v] (Phi-3)
+    gate_up: tuple[str, ...] = GATE_UP  # the gate and up projections, or one packed [gate; up]
+    act: str = "act_fn"  # the MLP's activation attribute (Phi-3: activation_fn)
+    config_window: bool = False  # attention gets config.sliding_window (Mistral, Phi-3), not
+    # the module's own sliding_window attribute (Qwen2, Qwen3), as the upstream forward does
+    qk_norm_whole: bool = False  # the q/k RMSNorm spans the whole projection (OLMo 2)
+    post_norm: bool = False  # norms after attention and after the MLP, none before (OLMo 2)
+    norm_unit_offset: bool = False  # every RMSNorm scales by (1 + weight) in fp32 and rounds
+    # once, to its input's dtype (Gemma 3: Gemma3RMSNorm)
+    sandwich_norm: bool = False  # norms before and after attention and the MLP (Gemma 3)
+    gated_act: str = "silu"  # the MLP activation's kernels for class-level patches (a value of
+    # GATED_ACTS); an instance is patched by its config's activation
+    moe_block: str | None = None  # class suffix of the sparse MLP block (Qwen3-MoE:
+    # "SparseMoeBlock"), patched by tilegym.transformers.moe_block; None: every MLP is dense
+    forwards: Mapping[str, Callable] = field(default_factory=dict, compare=False)
+    # the family's own forward builders by upstream class suffix ("RMSNorm", "MLP",
+    # "Attention", "DecoderLayer", "MoeBlock"), each with the shared builder's signature: how an
+    # experiment wires a new kernel into one family without touching the shared glue
