@@ -10,6 +10,11 @@
 #       neutral    a comment-only change, base measured afresh (--fresh-base): the same code
 #                  twice, i.e. the run-to-run spread of GPU time and throughput; must not keep
 #       triton     a Triton kernel added to the model's kernels: refused before any benchmark
+#       class-rebind   upstream Qwen3Attention.forward rebound at the class through a local alias
+#                  (the PyTorch side and the fp32 reference once ran it too): the model worker's
+#                  confinement refuses it; the verdict is `refused`
+#       zero-attention the attention output zeroed on the patched instance only (in scope, through
+#                  Family.forwards): correctness is scored outside the worker; `incorrect`
 # Steps build on each other's repository ($REDTEAM_REPO, default OUT_DIR/repo); run them in this
 # order. Each step leaves in OUT_DIR its decision, the bot's stderr, the PR comment and the
 # metrics of the runs it made. On a GPU host source .gpu/activate.sh first; without a GPU pass
@@ -38,7 +43,7 @@ case $step in
     "${bot[@]}" experiment start --model-key qwen3 --name planted-3x-gemm
     cat >> "$repo/src/tilegym/transformers/qwen3/modeling_qwen3.py" <<'PY'
 
-from tilegym.transformers.llama.modeling_llama import make_attention_forward as _shared_attention
+from tilegym.transformers.decoder import make_attention_forward as _shared_attention
 
 
 class _ThriceGemm:
@@ -89,6 +94,55 @@ PY
     git -C "$repo" add -A && git -C "$repo" commit -qm "qwen3: a Triton kernel named like cuTile"
     run triton "triton kernel with a cuTile-like name" -- "$@"
     ;;
-  *) echo "error: unknown step $step (baseline, planted, neutral, triton)" >&2; exit 2 ;;
+  class-rebind)
+    "${bot[@]}" experiment start --model-key qwen3 --name class-rebind
+    cat >> "$repo/src/tilegym/transformers/qwen3/modeling_qwen3.py" <<'PY'
+
+import transformers.models.qwen3.modeling_qwen3 as _up
+
+_attention = _up.Qwen3Attention
+
+
+def _zero(self, hidden_states, *args, **kwargs):
+    return hidden_states * 0, None
+
+
+_attention.forward = _zero
+PY
+    git -C "$repo" commit -qam "qwen3: attention rebound at the class (planted)"
+    run class-rebind "planted: class-level zero attention" -- "$@"
+    ;;
+  zero-attention)
+    "${bot[@]}" experiment start --model-key qwen3 --name zero-attention
+    cat >> "$repo/src/tilegym/transformers/qwen3/modeling_qwen3.py" <<'PY'
+
+from tilegym.transformers.decoder import make_attention_forward as _shared_attention
+
+
+def make_attention_forward(*args):
+    inner = _shared_attention(*args)
+
+    def forward(self, *a, **k):
+        out = inner(self, *a, **k)
+        return (out[0] * 0.0, *out[1:])
+
+    return forward
+
+
+FAMILY = Family(
+    "transformers.models.qwen3.modeling_qwen3",
+    "Qwen3",
+    qk_norm=True,
+    forwards={"Attention": make_attention_forward},
+)
+PY
+    git -C "$repo" commit -qam "qwen3: attention output zeroed on the instance (planted)"
+    run zero-attention "planted: zero attention on the instance" -- "$@"
+    ;;
+  *)
+    echo "error: unknown step $step (baseline, planted, neutral, triton, class-rebind," \
+      "zero-attention)" >&2
+    exit 2
+    ;;
 esac
 cp "$repo/sandbox/qwen3_results.md" "$out/ledger.md" 2>/dev/null || true
