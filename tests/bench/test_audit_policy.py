@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tilegym_hf_bench.isolation.audit_policy import decide, event, matches_tool, rules
 
 RULES = rules(
@@ -12,6 +11,7 @@ RULES = rules(
     protected=("/s/scratch/refusals.log",),
     allowed_executables=("gcc", "g++", "ptxas", "tileiras"),
     planted=("/s/scratch", "/s/cache", "/r/src/tilegym"),
+    experiment=("/r/src/tilegym",),
 )
 EXP = "/r/src/tilegym/transformers/qwen3/modeling_qwen3.py:7"
 TORCH = "/v/site-packages/torch/_inductor/codecache.py"
@@ -32,7 +32,7 @@ CASES = [
     (
         "sh",
         event("subprocess.Popen", program="sh", program_real="/usr/bin/dash"),
-        "subprocess.Popen: program 'sh' is not an allowed toolchain",
+        "subprocess.Popen: program 'sh' () is not an allowed toolchain",
     ),
     (
         "gcc-link-to-sh",
@@ -67,12 +67,20 @@ CASES = [
     ("tb_frame-torch", event("object.__getattr__", attribute="tb_frame"), None),
     (
         "code-rebind",
-        event("object.__setattr__", site=EXP, attribute="__code__", target_module="torch.nn"),
+        event(
+            "object.__setattr__",
+            site=EXP,
+            direct=True,
+            attribute="__code__",
+            target_module="torch.nn",
+        ),
         f"object.__setattr__: rebinding of torch.nn.__code__ at {EXP}",
     ),
     (
         "class-delete",
-        event("object.__delattr__", site=EXP, attribute="__module__", target_module="x.y"),
+        event(
+            "object.__delattr__", site=EXP, direct=True, attribute="__module__", target_module="x.y"
+        ),
         "object.__delattr__: deletion of x.y.__module__",
     ),
     (
@@ -80,6 +88,7 @@ CASES = [
         event(
             "object.__setattr__",
             site=EXP,
+            direct=True,
             attribute="__code__",
             target_module="tilegym.transformers.qwen3.kernels.rms",
         ),
@@ -87,15 +96,27 @@ CASES = [
     ),
     (
         "prefix-not-owned",
-        event("object.__setattr__", site=EXP, attribute="__code__", target_module="tilegym.ops.x"),
+        event(
+            "object.__setattr__",
+            site=EXP,
+            direct=True,
+            attribute="__code__",
+            target_module="tilegym.ops.x",
+        ),
         "object.__setattr__: rebinding of tilegym.ops.x",
     ),
     ("no-experiment", event("object.__setattr__", attribute="__code__", target_module="t"), None),
+    (
+        "lazy-import-under-experiment",
+        event("object.__setattr__", site=EXP, attribute="__bases__", target_module="torch.fx"),
+        None,
+    ),
     (
         "namedtuple-module",
         event(
             "object.__setattr__",
             site=EXP,
+            direct=True,
             attribute="__module__",
             target_module="collections",
             top_file="/py/lib/python3.11/collections/__init__.py",
@@ -104,9 +125,38 @@ CASES = [
     ),
     (
         "module-hijack",
-        event("object.__setattr__", site=EXP, attribute="__module__", target_module="torch"),
+        event(
+            "object.__setattr__",
+            site=EXP,
+            direct=True,
+            attribute="__module__",
+            target_module="torch",
+        ),
         "object.__setattr__: rebinding of torch.__module__",
     ),
+    (
+        "compile-as-torch",
+        event("compile", direct=True, filename="/v/site-packages/torch/x.py", top_file=EXP),
+        "compile: code named after /v/site-packages/torch/x.py",
+    ),
+    (
+        "code-replace-as-torch",
+        event("code.__new__", direct=True, filename="/v/torch/x.py", top_file=EXP),
+        "code.__new__: code named after /v/torch/x.py",
+    ),
+    ("compile-string", event("compile", direct=True, filename="<string>"), None),
+    ("compile-own", event("compile", direct=True, filename="/r/src/tilegym/a.py"), None),
+    (
+        "import-compiles",
+        event(
+            "compile",
+            direct=True,
+            filename="/v/torch/x.py",
+            top_file="<frozen importlib._bootstrap_external>",
+        ),
+        None,
+    ),
+    ("compile-torch", event("compile", filename="/v/torch/x.py"), None),
     ("write-scratch", event("open", paths=("/s/scratch/a", "/s/scratch/a")), None),
     ("write-git", event("open", paths=("/r/.git/config",)), "open: write to /r/.git/config"),
     ("write-log", event("os.truncate", paths=("/s/scratch/refusals.log",)), "os.truncate: write"),

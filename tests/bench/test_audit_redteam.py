@@ -27,6 +27,11 @@ from pathlib import Path
 root = Path(sys.argv[1])
 import torch, transformers.models.qwen3.modeling_qwen3  # the worker imports these first
 from tilegym_hf_bench.isolation.audit_hook import Confinement, install
+if sys.argv[3:] == ["warm"]:
+    # Inductor probes the CPU's vector ISAs with `python -c <dlopen>`, which no confinement may
+    # allow; the worker runs that probe (cached per process) before confining itself.
+    from torch._inductor import cpu_vec_isa
+    cpu_vec_isa.valid_vec_isa_list()
 install(
     Confinement(
         experiment_roots=(root / "src/tilegym",),
@@ -70,9 +75,21 @@ REFUSED = [
         "os.system: a shell command",
     ),
     (
+        "ctypes-disguised-as-torch",
+        'code = compile("import ctypes; ctypes.CDLL(None)", torch.__file__, "exec")\nexec(code)',
+        "compile: code named after",
+    ),
+    (
+        "module-written-to-scratch",
+        '(root / "scratch/helper.py").write_text("import sys\\nsys._getframe(0)\\n")\n'
+        'sys.path.insert(0, str(root / "scratch"))\n'
+        "import helper",
+        "sys._getframe: frame access",
+    ),
+    (
         "subprocess-shell",
         'subprocess.run(["sh", "-c", "true"])',
-        "subprocess.Popen: program 'sh' is not an allowed toolchain",
+        "subprocess.Popen: program 'sh' (sh -c true) is not an allowed toolchain",
     ),
     ("os-system", 'os.system("true")', "os.system: a shell command"),
     (
@@ -122,7 +139,7 @@ REFUSED = [
     ),
     (
         "reduce-getattr-code",
-        'fn = functools.reduce(getattr, ("nn", "functional", "gelu"), torch)\n'
+        'fn = functools.reduce(getattr, ("nn", "functional", "silu"), torch)\n'
         'setattr(fn, "__code__", (lambda *a: 0).__code__)',
         "object.__setattr__: rebinding of torch.nn.functional.__code__",
     ),
@@ -159,22 +176,29 @@ def _experiment(tmp_path: Path, body: str, at_import: bool) -> Path:
     return root
 
 
-def _run(root: Path, mode: str = "enforce", timeout: int = 240, env_extra=None):
+def _run(root: Path, mode: str = "enforce", timeout: int = 240, env_extra=None, warm=False):
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **(env_extra or {})}
     driver = root / "driver.py"
     driver.write_text(DRIVER)
     # through a shell, so that a kill of the parent would hit the shell and show as -9
-    cmd = f'"{sys.executable}" "{driver}" "{root}" {mode}; exit $?'
+    cmd = f'"{sys.executable}" "{driver}" "{root}" {mode} {"warm" if warm else ""}; exit $?'
     return subprocess.run(
         ["sh", "-c", cmd], capture_output=True, text=True, timeout=timeout, env=env, check=False
     )
 
 
-@pytest.mark.parametrize("at_import", [False, True], ids=["in-run", "at-import"])
-@pytest.mark.parametrize("body, line", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+AT_IMPORT = ("ctypes-via-builtins", "os-system", "getframe")  # also spelled at import time
+REFUSED_PARAMS = [
+    pytest.param(body, line, False, id=f"{name}-in-run") for name, body, line in REFUSED
+] + [
+    pytest.param(body, line, True, id=f"{name}-at-import")
+    for name, body, line in REFUSED
+    if name in AT_IMPORT
+]
+
+
+@pytest.mark.parametrize("body, line, at_import", REFUSED_PARAMS)
 def test_refused(tmp_path, body, line, at_import):
-    if at_import and not body.startswith(("os.system", "sys._getframe", "getattr(torch")):
-        pytest.skip("the import-time spelling is covered by three cases")
     root = _experiment(tmp_path, body, at_import)
     proc = _run(root)
     refusals = read_refusals(root / "scratch/refusals.log")
@@ -182,7 +206,7 @@ def test_refused(tmp_path, body, line, at_import):
     assert "driver: done" not in proc.stdout
     assert len(refusals) == 1, refusals
     assert refusals[0].startswith("refused: " + line.format(root=root)), refusals
-    assert f"{root}/{MODULE}:" in refusals[0] or line.startswith(("os.system", "subprocess"))
+    assert f" at {root}/" in refusals[0], refusals
 
 
 @pytest.mark.xfail(strict=True, reason="class attribute assignment raises no audit event")
@@ -227,9 +251,8 @@ def _honest_env(root: Path) -> dict:
         "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
         "TRITON_CACHE_DIR": str(scratch / "triton"),
         "TMPDIR": str(scratch),
-        # Inductor otherwise probes its CPU vector ISA with `python -c <dlopen>`: a Python
-        # interpreter can never be an allowed program.
-        "TORCHINDUCTOR_VEC_ISA_OK": "1",
+        # Inductor hashes its precompiled headers with `openssl sha512`
+        "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
     }
 
 
@@ -237,7 +260,7 @@ def _honest_env(root: Path) -> dict:
 def test_honest_experiment_is_not_refused(tmp_path, mode):
     root = _experiment(tmp_path, "", at_import=True)
     (root / MODULE).write_text(PRELUDE + HONEST)
-    proc = _run(root, mode=mode, timeout=540, env_extra=_honest_env(root))
+    proc = _run(root, mode=mode, timeout=540, env_extra=_honest_env(root), warm=True)
     refusals = read_refusals(root / "scratch/refusals.log")
     assert refusals == [], refusals
     assert proc.returncode == 0, proc.stderr[-3000:]

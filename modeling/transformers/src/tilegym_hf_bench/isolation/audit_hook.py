@@ -55,8 +55,10 @@ def install(conf: Confinement, refusal_log: Path) -> None:
         protected=(log_path,),
         allowed_executables=tuple(conf.allowed_executables),
         planted=tuple(real(os.fspath(p)) for p in (*conf.writable, *conf.experiment_roots)),
+        experiment=tuple(real(os.fspath(p)) for p in conf.experiment_roots),
     )
-    roots = tuple(real(os.fspath(p)) for p in conf.experiment_roots)
+    # Code in a writable folder is the experiment's too (it could write a module and import it).
+    roots = rules["planted"]
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
     make_hook = _private(_make_hook, globals(), audit_policy)
     sys.addaudithook(make_hook(rules, roots, fd, conf.record_only))
@@ -94,11 +96,13 @@ def _make_hook(rules, roots, fd, record_only):  # noqa: C901 - one closure keeps
     watched = frozenset(
         {*audit_policy.ALWAYS_REFUSED, *audit_policy.INTROSPECTION, *program_events, *path_events}
         | {"os.kill", "open", "object.__getattr__", "object.__setattr__", "object.__delattr__"}
+        | {"compile", "code.__new__"}
     )
     getframe, get_ident, write, exit_ = sys._getframe, _thread.get_ident, os.write, os._exit
     getpid, getcwd, readlink, lstat, fspath = os.getpid, os.getcwd, os.readlink, os.lstat, os.fspath
     environ_holder, isinstance_, str_, bytes_, int_, type_ = os, isinstance, str, bytes, int, type
     normpath, join, dirname = posixpath.normpath, posixpath.join, posixpath.dirname
+    function_type = types.FunctionType
     stdlib = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
     site_dirs = tuple({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
     busy: set[int] = set()
@@ -158,7 +162,7 @@ def _make_hook(rules, roots, fd, record_only):  # noqa: C901 - one closure keeps
 
     def stack():
         """(first experiment frame as file:line, experiment is the caller, caller's file)."""
-        frame = getframe(2)
+        frame = getframe(1).f_back  # 0 is this function, 1 the hook; None from a bare C call
         site, direct, top, first = None, False, frame.f_code.co_filename if frame else "", True
         while frame is not None:
             code = frame.f_code
@@ -207,9 +211,9 @@ def _make_hook(rules, roots, fd, record_only):  # noqa: C901 - one closure keeps
             got["attribute"] = args[1] if isinstance_(args[1], str_) else ""
         if event in ("object.__setattr__", "object.__delattr__"):
             target = args[0]
-            owner = target if isinstance_(target, type_) else None
-            if owner is None and got["attribute"] in ("__class__", "__code__", "__defaults__"):
-                owner = target
+            # A class, or a function's code/defaults; `__class__` of an instance is the
+            # instance's own business (like patching its attributes).
+            owner = target if isinstance_(target, (type_, function_type)) else None
             module = getattr(owner, "__module__", None) if owner is not None else None
             got["target_module"] = (
                 module if isinstance_(module, str_) else (None if owner is None else "<unknown>")
@@ -239,6 +243,17 @@ def _make_hook(rules, roots, fd, record_only):  # noqa: C901 - one closure keeps
             prog_i, argv_i = program_events[event]
             env = args[-1] if event != "os.spawn" else args[3]
             got["program"], got["program_real"] = program_facts(args, prog_i, argv_i, env)
+            argv = args[argv_i]
+            words = [argv] if isinstance_(argv, (str_, bytes_)) else list(argv or ())[:4]
+            got["command"] = " ".join(str_(w) for w in words)[:200]
+        elif event in ("compile", "code.__new__"):
+            name = args[1]
+            if isinstance_(name, bytes_):
+                name = name.decode("utf-8", "surrogateescape")
+            if isinstance_(name, str_):
+                got["filename"] = resolve(name) if name[:1] == "/" else name
+            else:
+                got["filename"] = "?"
         elif event == "os.kill":
             got["pid"], got["own_pid"] = args[0], getpid()
         return got

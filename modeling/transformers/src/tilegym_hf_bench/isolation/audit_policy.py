@@ -102,12 +102,14 @@ EVENT_DEFAULTS = {
     "relative": False,  # an open() for writing names a relative path
     "program": "",
     "program_real": "",
+    "command": "",  # the start of the argument list, for the refusal line
+    "filename": "",  # compile / code.__new__: the file name the new code will claim
     "pid": 0,
     "own_pid": 0,
 }
 
 
-def rules(owned_modules, writable, protected, allowed_executables, planted) -> dict:
+def rules(owned_modules, writable, protected, allowed_executables, planted, experiment=()) -> dict:
     """The confinement as a plain dict (built-in types cannot be rebound by the experiment)."""
     return {
         "owned_modules": tuple(owned_modules),
@@ -115,6 +117,7 @@ def rules(owned_modules, writable, protected, allowed_executables, planted) -> d
         "protected": tuple(protected),
         "allowed_executables": tuple(allowed_executables),
         "planted": tuple(planted),
+        "experiment": tuple(experiment),
     }
 
 
@@ -178,6 +181,8 @@ def decide(ev: dict, rules: dict) -> str | None:
         if ev["direct"] and ev["attribute"] in FRAME_ATTRIBUTES:
             return f"object.__getattr__: {ev['attribute']} hands out a frame{_at(ev)}"
         return None
+    if name in ("compile", "code.__new__"):
+        return _disguise(ev, rules)
     if name in ("object.__setattr__", "object.__delattr__"):
         return _rebinding(ev, rules)
     if name == "open" or name in PATH_EVENTS:
@@ -189,7 +194,8 @@ def _program(ev: dict, rules: dict) -> str | None:
     given = ev["program"].rsplit("/", 1)[-1]
     real = ev["program_real"].rsplit("/", 1)[-1]
     if not matches_tool(given, rules["allowed_executables"]):
-        return f"{ev['name']}: program {ev['program']!r} is not an allowed toolchain{_at(ev)}"
+        what = f"program {ev['program']!r} ({ev['command']})"
+        return f"{ev['name']}: {what} is not an allowed toolchain{_at(ev)}"
     if not ev["program_real"]:
         return f"{ev['name']}: program {ev['program']!r} not found{_at(ev)}"
     if not matches_tool(real, rules["allowed_executables"]):
@@ -202,8 +208,21 @@ def _program(ev: dict, rules: dict) -> str | None:
     return None
 
 
+def _disguise(ev: dict, rules: dict) -> str | None:
+    """Frames are told apart by ``co_filename``: experiment code may not claim a library file.
+
+    Importlib compiles a module's source under its own path (from its frozen bootstrap).
+    """
+    filename = ev["filename"]
+    if not ev["direct"] or filename.startswith("<") or under(filename, rules["experiment"]):
+        return None
+    if ev["name"] == "compile" and ev["top_file"].startswith("<frozen importlib"):
+        return None
+    return f"{ev['name']}: code named after {filename}{_at(ev)}"
+
+
 def _rebinding(ev: dict, rules: dict) -> str | None:
-    if ev["target_module"] is None or ev["site"] is None:
+    if ev["target_module"] is None or not ev["direct"]:
         return None
     if owned(ev["target_module"], rules["owned_modules"]):
         return None
