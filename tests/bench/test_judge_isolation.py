@@ -27,8 +27,9 @@ import tilegym
 SRC = Path(tilegym.__file__).resolve().parent
 FAST = ["--input-length", "16", "--output-length", "4", "--timed-runs", "2", "--warmup-runs", "1"]
 
-#: Applied through the family's own patch entry (monkey_patch is the experiment tree's own
-#: module): breaks every attention output of the patched instance, by ``factor``.
+#: Appended to the tree's ``monkey_patch`` (the patch entry the worker calls; the benchmark
+#: runs whatever the tree holds, scope rules are another layer): every attention output of the
+#: patched instance scaled by FACTOR.
 SCALE_ATTENTION = """
 import tilegym.transformers.monkey_patch as _mp
 _orig = _mp.apply_tilegym_kernel
@@ -44,6 +45,7 @@ def _evil(model, **flags):
 _mp.apply_tilegym_kernel = _evil
 """
 
+#: (attack, expected outcome, module of the tree it is appended to)
 ATTACKS = {
     # the reference used to run the experiment's classes: now only the worker's model would
     "class_rebind": (
@@ -55,6 +57,7 @@ ATTACKS = {
         _A.forward = _zero
         """,
         "refused",
+        "qwen3",
     ),
     "zero_attention_and_fake_error": (
         SCALE_ATTENTION.replace("FACTOR", "0.0")
@@ -62,10 +65,12 @@ ATTACKS = {
 import functools, importlib, torch
 _mods = functools.reduce(getattr, ("sys", "modules"), torch)
 importlib.import_module("tilegym_hf_bench.correctness")
+importlib.import_module("tilegym_hf_bench.tolerance")
 _mods["tilegym_hf_bench.correctness"].rel_err = lambda *a: 0.0
 _mods["tilegym_hf_bench.tolerance"].verdict = lambda *a: None
 """,
         "incorrect",
+        "monkey_patch",
     ),
     "stopped_clocks": (
         """
@@ -74,6 +79,7 @@ _mods["tilegym_hf_bench.tolerance"].verdict = lambda *a: None
         torch.cuda.synchronize = lambda *a: None
         """,
         "honest",
+        "qwen3",
     ),
     "fast_fake_answers": (
         """
@@ -95,21 +101,27 @@ _mods["tilegym_hf_bench.tolerance"].verdict = lambda *a: None
         _mp.apply_tilegym_kernel = _evil
         """,
         "incorrect",
+        "monkey_patch",
     ),
-    "subprocess": ("import os\nos.system('true')\n", "refused"),
-    "frame_walk": ("import sys\nsys._getframe(0).f_back\n", "refused"),
+    "subprocess": ("import os\nos.system('true')\n", "refused", "qwen3"),
+    "frame_walk": ("import sys\nsys._getframe(0).f_back\n", "refused", "qwen3"),
     "write_outside_scratch": (
         "from pathlib import Path\nPath(__file__).with_name('planted.txt').write_text('x')\n",
         "refused",
+        "qwen3",
     ),
+}
+MODULES = {
+    "qwen3": ("transformers", "qwen3", "modeling_qwen3.py"),
+    "monkey_patch": ("transformers", "monkey_patch.py"),
 }
 
 
-def experiment_tree(tmp_path: Path, attack: str) -> Path:
-    """A copy of ``src/tilegym`` whose qwen3 family module ends with ``attack``."""
+def experiment_tree(tmp_path: Path, attack: str, where: str = "qwen3") -> Path:
+    """A copy of ``src/tilegym`` whose module ``where`` (``MODULES``) ends with ``attack``."""
     src = tmp_path / "src"
     shutil.copytree(SRC, src / "tilegym", ignore=shutil.ignore_patterns("__pycache__"))
-    module = src / "tilegym" / "transformers" / "qwen3" / "modeling_qwen3.py"
+    module = src.joinpath("tilegym", *MODULES[where])
     module.write_text(module.read_text() + "\n" + textwrap.dedent(attack))
     return src
 
@@ -135,8 +147,8 @@ def bench(src: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedP
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_an_attacking_experiment_moves_no_verdict(name, tmp_path):
-    attack, expected = ATTACKS[name]
-    src = experiment_tree(tmp_path, attack)
+    attack, expected, where = ATTACKS[name]
+    src = experiment_tree(tmp_path, attack, where)
     r, doc = bench(src, tmp_path)
     assert validation_errors(doc) == []
     log = r.stdout + r.stderr

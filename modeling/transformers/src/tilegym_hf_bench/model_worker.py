@@ -9,8 +9,9 @@ generate (the caller classifies and adds up the raw kernel list). Whatever it an
 the caller checks; nothing it says is taken as a measurement.
 
 Before the experiment's code is imported the worker confines itself (``isolation``: an audit
-hook that ends the process on a refused action) and keeps its own references to the profiler
-entry points, which it checks again before and after every profiled call.
+hook that ends the process on a refused action), keeps its own references to the profiler
+entry points (checked again around every profiled call) and snapshots the classes a verdict runs
+through (compared after every request: ``isolation.class_guard``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,21 @@ from tilegym_hf_bench.worker_wire import Reader, WireError, send, tensor_file
 #: Exit status of a worker that could not start (bad config); a refusal exits with the
 #: audit hook's own status.
 BAD_START_EXIT = 3
+
+
+def _prepare() -> None:
+    """What must exist before the hook: torch and transformers imported (their own start-up
+    loads libraries and probes the host), Inductor's CPU probe run once (it starts
+    ``python -c`` to test the vector ISA, cached per process), the profiler bound."""
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        cpu_vec_isa.valid_vec_isa_list()
+    except ImportError:
+        pass
 
 
 def _confine(config: dict) -> None:
@@ -45,15 +61,14 @@ def _confine(config: dict) -> None:
 class Worker:
     """The request loop's state: the patched model, one generator per mode, the profiler."""
 
-    def __init__(self, config: dict, scratch: Path):
+    def __init__(self, config: dict, scratch: Path, profiler, classes):
         import torch
-
-        from tilegym_hf_bench.profiling.guarded import GuardedProfiler
 
         self.torch = torch
         self.config = config
         self.scratch = scratch
-        self.profiler = GuardedProfiler()  # bound before any experiment code runs
+        self.profiler = profiler  # bound before any experiment code runs
+        self.classes = classes
         self.model = None
         self.device = config["device"]
         self.gens: dict[str, object] = {}
@@ -67,6 +82,7 @@ class Worker:
         else:
             loaded = random_model(msg["model_key"], self.device, int(msg["seed"]))
         self.model = loaded.model
+        self.classes.snapshot()  # the family's upstream classes, just loaded by the harness
         report = apply_patch(self.model, loaded.model_type, {loaded.model_type: msg["flags"]})
         return {"lines": report.lines(), "model_type": loaded.model_type}
 
@@ -124,28 +140,44 @@ class Worker:
         return {"file": name}
 
 
-def serve(config: dict, reader: Reader, out_fd: int, scratch: Path) -> None:
-    worker = Worker(config, scratch)
+class Refusal(Exception):
+    """What the worker's own checks refuse (the audit hook ends the process itself)."""
+
+
+def serve(config: dict, reader: Reader, out_fd: int, scratch: Path, profiler, classes) -> None:
+    """Answer requests until ``exit``. ``recv``/``send`` are bound here, before any experiment
+    code runs: rebinding the wire module's names later changes nothing this loop does."""
+    recv, reply = reader.recv, send
+    worker = Worker(config, scratch, profiler, classes)
     handlers = {"init": worker.init, "generate": worker.generate, "profile": worker.profile}
     while True:
-        msg = reader.recv()
+        msg = recv()
         op = msg.get("op")
         if op == "exit":
-            send(out_fd, {"ok": True})
+            reply(out_fd, {"ok": True})
             return
         handler = handlers.get(op)
         if handler is None:
-            send(out_fd, {"ok": False, "error": f"unknown request {op!r}"})
+            reply(out_fd, {"ok": False, "error": f"unknown request {op!r}"})
             continue
         try:
-            reply = handler(msg)
+            answer = handler(msg)
+            rebound = classes.changes()
+            if rebound:
+                raise Refusal(
+                    f"class attributes rebound outside the experiment's own modules: "
+                    f"{', '.join(rebound[:5])}"
+                )
         except Exception as exc:  # the caller turns it into the run's error text
             text = str(exc).strip() or type(exc).__name__
+            if type(exc).__name__ in ("Refusal", "ProfilerTampered"):
+                reply(out_fd, {"ok": False, "refused": text})
+                continue
             if type(exc).__name__ not in ("BenchError", "PatchUnavailable"):
                 text = f"{type(exc).__name__}: {text}"
-            send(out_fd, {"ok": False, "error": text})
+            reply(out_fd, {"ok": False, "error": text})
             continue
-        send(out_fd, {"ok": True, **reply})
+        reply(out_fd, {"ok": True, **answer})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,10 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     except (IndexError, OSError, ValueError, KeyError, TypeError) as exc:
         print(f"error: model worker: bad start: {exc}", file=sys.stderr)
         return BAD_START_EXIT
+    _prepare()
+    from tilegym_hf_bench.isolation.class_guard import ClassGuard
+    from tilegym_hf_bench.profiling.guarded import GuardedProfiler
+
+    profiler = GuardedProfiler()
+    classes = ClassGuard(extra_modules=tuple(config.get("watched_modules", ())))
     if config.get("confinement"):
         _confine(config)
     try:
-        serve(config, Reader(in_fd), out_fd, scratch)
+        serve(config, Reader(in_fd), out_fd, scratch, profiler, classes)
     except WireError:
         return 0  # the caller went away: nothing left to answer
     return 0

@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 from tilegym_hf_bench.errors import BenchError
-from tilegym_hf_bench.isolation.audit_hook import read_refusals
-from tilegym_hf_bench.isolation.audit_hook import read_refusals
+from tilegym_hf_bench.isolation.audit_hook import REFUSED_EXIT, read_refusals
 from tilegym_hf_bench.worker_wire import Reader, WireError, read_tensors, send
 
 #: Toolchains the worker's compilers run as subprocesses (cuTile's tileiras and ptxas,
-#: Triton's ptxas and its launcher build, Inductor's C++ build on a CPU).
+#: Triton's ptxas and its launcher build, Inductor's C++ build on a CPU; ``nvcc`` and ``file``
+#: were seen in an honest qwen3 static run on the H200 in record-only mode).
 TOOLCHAIN_PROGRAMS = (
     "tileiras",
     "ptxas",
@@ -68,7 +68,7 @@ def _exit_text(code: int) -> str:
 class ModelWorker:
     """One worker process: start, requests, refusals, end."""
 
-    def __init__(self, *, device: str, scratch: Path, src_root: Path, model_key: str, log):
+    def __init__(self, *, device: str, scratch: Path, src_root: Path, watched: list[str], log):
         self.scratch = scratch
         self.log = log
         caches = WORKER_CACHE_ROOT / tree_key(src_root)
@@ -84,6 +84,7 @@ class ModelWorker:
             (caches / sub).mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(scratch)
         env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # no compile-worker pool of processes
+        env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"  # else Inductor runs openssl
         env["PYTHONUNBUFFERED"] = "1"
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
@@ -93,6 +94,7 @@ class ModelWorker:
             "out_fd": from_worker_w,
             "scratch": str(scratch),
             "device": device,
+            "watched_modules": list(watched),
             "confinement": {
                 "experiment_roots": [str(src_root / "tilegym")],
                 "owned_modules": ["tilegym"],
@@ -141,6 +143,8 @@ class ModelWorker:
         refused = self.refusals()
         if refused:
             return WorkerRefused(f"the model worker was refused: {refused[0]}")
+        if code == REFUSED_EXIT:  # its log's descriptor is in the worker's reach; its exit is not
+            return WorkerRefused("the model worker was refused (its refusal log is empty)")
         return BenchError(f"the model worker {_exit_text(code)} ({why})")
 
     def call(self, message: dict, timeout_s: float = CALL_TIMEOUT_S) -> dict:
@@ -152,6 +156,8 @@ class ModelWorker:
         refused = self.refusals()
         if refused:
             raise WorkerRefused(f"the model worker was refused: {refused[0]}")
+        if isinstance(reply.get("refused"), str):
+            raise WorkerRefused(f"the model worker was refused: {reply['refused']}")
         if reply.get("ok") is not True:
             error = reply.get("error")
             raise BenchError(f"cuTile side: {error if isinstance(error, str) else reply!r}")

@@ -40,6 +40,7 @@ from tilegym_hf_bench.scoring import (
     agreement,
     agreement_problem,
     cases,
+    drift,
     finite_or_none,
     left_pad_mask,
     reference_logits,
@@ -92,7 +93,7 @@ def run(options: BenchOptions, progress: Progress) -> None:
                     device=device,
                     scratch=Path(scratch),
                     src_root=tree.package_dir.parent,
-                    model_key=options.model_key,
+                    watched=[type(baseline).__module__],
                     log=log,
                 )
                 reply = worker.call(
@@ -255,6 +256,7 @@ def check_correctness(baseline: Generator, cutile, wl, timed_runs: dict | None =
         base_seq = base_seq.to(device)
         reference = reference_logits(ref_model, base_seq, case.input_length, gpu_mask)
         base_err = float(token_errors(base_logits.to(device), reference).max())
+        drifts = [drift(base_logits.to(device), reference)]
         del base_logits
         kernel_err = top1 = None
         finite = True
@@ -266,6 +268,7 @@ def check_correctness(baseline: Generator, cutile, wl, timed_runs: dict | None =
             finite = bool(torch.isfinite(kernel_logits).all())
             kernel_err = float(token_errors(kernel_logits, reference).max())
             top1 = float(agreement(seq, reference, case.input_length).mean())
+            drifts.append(drift(kernel_logits, reference))
             del kernel_logits
         del reference
         score = CaseScore(case.name, kernel_err, base_err, finite, top1)
@@ -275,7 +278,10 @@ def check_correctness(baseline: Generator, cutile, wl, timed_runs: dict | None =
             f"correctness case {case.name} ({case.batch} x {case.input_length} -> "
             f"{case.new_tokens}{', left-padded' if case.padded else ''}): "
             f"{'PASS' if v.passed else 'FAIL'}: {v.reason}; bf16 baseline max token rel err "
-            f"{base_err:.3e}" + (f"; top-1 agreement {top1:.4f}" if top1 is not None else "")
+            f"{base_err:.3e}"
+            + (f"; top-1 agreement {top1:.4f}" if top1 is not None else "")
+            + "; drift along fp32 "
+            + " / ".join(f"{d:+.2e}" for d in drifts)
         )
     chosen = worst(scores)
     rule = chosen.rule()

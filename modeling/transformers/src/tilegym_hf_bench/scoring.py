@@ -95,6 +95,15 @@ def token_errors(logits: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     return diff / torch.linalg.vector_norm(reference, dim=-1).clamp_min(1e-30)
 
 
+def drift(logits: torch.Tensor, reference: torch.Tensor) -> float:
+    """Mean over generated tokens of the error's component along fp32's own logits
+    (<L - R, R> / <R, R>): rounding noise has none to speak of, a systematic scale error has
+    one of a consistent sign. Logged beside each case (a diagnostic, no rule reads it)."""
+    ref = reference.float()
+    along = ((logits.float() - ref) * ref).sum(-1) / (ref * ref).sum(-1).clamp_min(1e-30)
+    return float(along.mean())
+
+
 def agreement(sequences: torch.Tensor, reference: torch.Tensor, prompt_len: int) -> torch.Tensor:
     """Per generated token: 1 where the side chose fp32's greedy token, on its own prefix."""
     chosen = sequences[:, prompt_len:].to(reference.device)

@@ -47,16 +47,21 @@ class ProfilerTampered(Exception):
     """The experiment reached into the profiler; the run is refused."""
 
 
-def _snapshot(names) -> dict[str, dict[str, int]]:
-    return {name: {k: id(v) for k, v in vars(sys.modules[name]).items()} for name in names}
+def _snapshot(names) -> dict[str, dict[str, object]]:
+    """The callables (functions, classes, builtins) of each namespace, held: their state
+    (``torch.cuda._initialized`` and the like) changes as CUDA starts, their identity must
+    not."""
+    return {
+        name: {k: v for k, v in vars(sys.modules[name]).items() if callable(v)} for name in names
+    }
 
 
-def _changes(before: dict[str, dict[str, int]]) -> list[str]:
+def _changes(before: dict[str, dict[str, object]]) -> list[str]:
     changed = []
     for name, entries in before.items():
-        now = {k: id(v) for k, v in vars(sys.modules[name]).items()}
-        for key in sorted(set(entries) | set(now)):
-            if entries.get(key) != now.get(key):
+        now = vars(sys.modules[name])
+        for key, value in entries.items():
+            if now.get(key) is not value:
                 changed.append(f"{name}.{key}")
     return changed
 
