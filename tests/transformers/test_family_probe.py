@@ -97,7 +97,11 @@ def test_the_norm_form_is_read_off_the_module():
     [
         ("gemma3_text", {"attn_logit_softcapping": 50.0}, r"attention logit soft-capping"),
         ("gemma2", {}, r"soft-capping \(Gemma 2\): config.attn_logit_softcapping = 50.0"),
-        ("llama", {"hidden_act": "relu"}, "activation 'relu': the MLP kernels are gated"),
+        (
+            "llama",
+            {"hidden_act": "relu"},
+            "activation config.hidden_act = 'relu', which no kernel computes",
+        ),
         ("granite", {"residual_multiplier": 0.22}, "scaled residual adds"),
     ],
 )
