@@ -63,6 +63,7 @@ def _patched_pair(model_key: str):
     return base, patched, handle
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_key", FAMILIES)
 def test_static_generate_compiles_the_patched_decode_step_once_with_fullgraph(model_key):
     from torch._dynamo.utils import counters
@@ -107,6 +108,7 @@ def _gemma3():
     return AutoModelForCausalLM.from_config(cfg).eval()
 
 
+@pytest.mark.slow
 def test_gemma3_static_generate_compiles_like_the_unpatched_model():
     """Gemma 3 under a static cache: the global layer's cache is written in place by the cuTile
     op at the device position and read by the decode kernel, as for qwen3/llama. Its sliding
