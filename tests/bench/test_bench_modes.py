@@ -207,6 +207,7 @@ class _GcProbe:
         return 0.01 * new_tokens, None
 
 
+@pytest.mark.slow
 def test_timed_runs_pause_the_garbage_collector_and_restore_it():
     sides = {"baseline": _GcProbe(), "cutile": _GcProbe()}
     assert gc.isenabled()
