@@ -29,6 +29,7 @@ def test_tiny_preset_on_the_cpu_prints_every_block_and_run_of_both_cache_policie
     assert float(summary[2]) > 0 and summary[-1] == "0 |"  # a CPU records no CUDA graphs
 
 
+@pytest.mark.slow
 def test_bad_arguments_get_one_line():
     done = _run("--runs", "2", timeout=120)
     assert done.returncode == 2
