@@ -254,7 +254,7 @@ def test_an_unknown_activation_is_named_by_its_config_field(project, capsys):
     root, _ = project
     assert main(["-C", str(root), "model", "init", "arcee"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "activation config.hidden_act = 'relu2', which no kernel computes" in err
+    assert "activation config.hidden_act = 'relu2': no kernel computes it" in err
     assert "MLP projections: neither gate_proj/up_proj nor a packed gate_up_proj" in err
 
 

@@ -77,7 +77,7 @@ def config_problems(config) -> list[str]:
         field = "hidden_activation" if getattr(config, "hidden_act", None) is None else "hidden_act"
         known = ", ".join(GATED_ACTS)
         problems.append(
-            f"activation config.{field} = {act!r}, which no kernel computes (the MLP kernels "
+            f"activation config.{field} = {act!r}: no kernel computes it (the MLP kernels "
             f"take {known})"
         )
     return problems
