@@ -8,7 +8,9 @@ CPU, or nothing is written and the refusal names the uncovered feature. Then, on
 - ``src/tilegym/transformers/<model_type>/`` (``modeling_<model_type>.py`` with the ``FAMILY``,
   ``small_config.json`` with the real head geometry for the GPU tests); the patch dispatch
   discovers the folder, and the model-level tests parametrized over every family cover it;
-- the benchmark presets ``<key>`` (the given config) and ``tiny-<key>`` (2 small layers);
+- the benchmark presets ``<key>`` (the given config) and ``tiny-<key>`` (small layers, as many
+  as the check ran: at least 2 and one full period of every per-layer pattern, e.g. SmolLM3's
+  NoPE layer every 4th);
 - the ``MODEL_PATCH_KWARGS`` entry with every flag on.
 
 Rendering and the literal-dict insertion are pure; ``init`` does the I/O.
@@ -18,9 +20,10 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import sys
 import textwrap
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,18 @@ PATCH_PY = "modeling/transformers/src/tilegym_hf_bench/tilegym_patch.py"
 FAMILIES_DIR = "src/tilegym/transformers"
 ALL_FLAGS = '{"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True}'
 TINY = dict(intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
-TINY.update(num_hidden_layers=2, vocab_size=512)
+TINY.update(vocab_size=512)
+MIN_LAYERS = 2
+#: scalar config fields that make every k-th layer different (k their value): NoPE layers,
+#: sliding-window layers, sparse (MoE) layers
+PERIOD_FIELDS = (
+    "no_rope_layer_interval",
+    "sliding_window_pattern",
+    "_sliding_window_pattern",
+    "decoder_sparse_step",
+    "interleave_moe_layer_step",
+    "moe_layer_freq",
+)
 TOKEN_IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
@@ -73,6 +87,41 @@ def _with_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
     return out
 
 
+def pattern_period(values: list) -> int:
+    """The shortest k with ``values[i] == values[i - k]`` for every i (pure)."""
+    for k in range(1, len(values) + 1):
+        if all(values[i] == values[i - k] for i in range(k, len(values))):
+            return k
+    return max(len(values), 1)
+
+
+def check_layers(config: dict[str, Any], at_least: int = MIN_LAYERS) -> tuple[int, list[str]]:
+    """How many layers a shrunk model keeps so that it holds one full period of every per-layer
+    pattern the config declares, and those patterns (``name (k)``): lists as long as the layer
+    count (``layer_types``, ``no_rope_layers``), every-k-th-layer fields, leading dense layers
+    (``first_k_dense_replace``) and listed MLP-only layers. At most the real count (pure)."""
+    n = int(config.get("num_hidden_layers") or at_least)
+    periods: dict[str, int] = {}
+    for key, value in config.items():
+        if isinstance(value, list) and len(value) == n and n > 1:
+            periods[key] = pattern_period(value)
+    for key in PERIOD_FIELDS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            periods[key] = value
+    needed = math.lcm(*periods.values()) if periods else 1
+    leading = config.get("first_k_dense_replace")
+    if isinstance(leading, int) and leading > 0:
+        periods["first_k_dense_replace"] = leading + 1
+        needed = max(needed, leading + 1)
+    listed = config.get("mlp_only_layers")
+    if isinstance(listed, list) and listed and all(isinstance(i, int) for i in listed):
+        periods["mlp_only_layers"] = max(listed) + 2
+        needed = max(needed, max(listed) + 2)
+    patterns = [f"{k} ({v})" for k, v in sorted(periods.items()) if v > 1]
+    return min(n, max(at_least, needed)), patterns
+
+
 def _fewer_experts(config: dict[str, Any], experts: int, per_token: int, width: int):
     """A mixture of experts' config (``num_experts`` or ``num_local_experts``) with at most
     ``experts`` experts, ``per_token`` of them per token and ``width``-wide experts: at the
@@ -89,8 +138,10 @@ def _fewer_experts(config: dict[str, Any], experts: int, per_token: int, width: 
 
 
 def small_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The GPU tests' config: the real head geometry, at most 1024 wide, 3 layers."""
-    out = _with_layers({k: v for k, v in config.items() if not k.startswith("_")}, 3)
+    """The GPU tests' config: the real head geometry, at most 1024 wide, 3 layers or one full
+    period of every per-layer pattern."""
+    layers, _ = check_layers(config, at_least=3)
+    out = _with_layers({k: v for k, v in config.items() if not k.startswith("_")}, layers)
     heads, kv = (
         out["num_attention_heads"],
         out.get("num_key_value_heads", out["num_attention_heads"]),
@@ -108,13 +159,18 @@ def small_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def tiny_config(config: dict[str, Any], model_type: str) -> dict[str, Any]:
-    out = _with_layers({k: v for k, v in config.items() if not k.startswith("_")}, 2)
+    """The CPU check's and the ``tiny-<key>`` preset's config: small dimensions, the layers of
+    ``check_layers`` (every per-layer pattern once at least)."""
+    layers, _ = check_layers(config)
+    out = _with_layers({k: v for k, v in config.items() if not k.startswith("_")}, layers)
     # the real head dim: per-dimension RoPE tables (long-rope factors) are sized by it
     out["head_dim"] = out.get("head_dim") or out["hidden_size"] // out["num_attention_heads"]
     out.update(TINY, **TOKEN_IDS)
     out["hidden_size"] = TINY["num_attention_heads"] * out["head_dim"]  # some derive head_dim
     out = _fewer_experts(out, experts=8, per_token=2, width=64)
-    out["_source"] = f"{model_type} architecture shrunk to 2 layers and small dimensions (CPU)"
+    out["_source"] = (
+        f"{model_type} architecture shrunk to {layers} layers and small dimensions (CPU)"
+    )
     return out
 
 
@@ -157,7 +213,9 @@ def scaffold(
     full = {"_source": f"architecture of {architecture} (the config given to model init)"}
     full.update(_written(config, model_type))
     presets = (root / PRESETS_PY).read_text()
-    for name, what, cpu in ((key, architecture, False), (f"tiny-{key}", "2 small layers", True)):
+    tiny = tiny_config(config, model_type)
+    small = f"{tiny['num_hidden_layers']} small layers"
+    for name, what, cpu in ((key, architecture, False), (f"tiny-{key}", small, True)):
         args = f'"{name}", "{model_type}", "{what}", "{name}.json", {cpu}'
         presets = insert_dict_entry(presets, "PRESETS", f'    "{name}": Preset({args}),\n', name)
     patch = insert_dict_entry(
@@ -166,7 +224,6 @@ def scaffold(
         f'    "{model_type}": {ALL_FLAGS},\n',
         model_type,
     )
-    tiny = tiny_config(config, model_type)
     files = {
         f"{folder}/__init__.py": family_doc,
         f"{folder}/modeling_{model_type}.py": render_family(
@@ -240,14 +297,16 @@ def family_patching(root: Path, model_type: str) -> str | None:
 
 
 def probe_family(model_type: str, config: dict[str, Any]):
-    """Describe and verify the family on a tiny CPU instance; ``BotError`` names a refusal."""
+    """Describe and verify the family on a tiny CPU instance; (the probe, the check's result in
+    one line). ``BotError`` names a refusal."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from tilegym.transformers.family_probe import FamilyRefused, describe_structure, verify
+    from tilegym.transformers.family_probe import FamilyRefused, check_family, describe_structure
     from tilegym.transformers.monkey_patch import apply_family
 
     tiny = {k: v for k, v in tiny_config(config, model_type).items() if not k.startswith("_")}
+    _, patterns = check_layers(config)
     try:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny)).eval()
@@ -256,12 +315,13 @@ def probe_family(model_type: str, config: dict[str, Any]):
         raise BotError(f"cannot build a {model_type} model from that config: {first}") from exc
     try:
         probe = describe_structure(model)
-        verify(model, probe.family, lambda m: apply_family(m, probe.family))
+        check = check_family(model, probe.family, lambda m, **f: apply_family(m, probe.family, **f))
     except FamilyRefused as exc:
         raise BotError(
             f"model init {model_type}: not covered by the existing ops: {exc}; nothing was written"
         ) from exc
-    return probe
+    covers = f"; its layers hold every per-layer pattern: {', '.join(patterns)}" if patterns else ""
+    return probe, check.summary() + covers
 
 
 def _ruff_format(root: Path, paths: list[str]) -> None:
@@ -297,8 +357,9 @@ def init(
     if branch in [h.name for h in git.heads]:
         raise BotError(f"branch {branch} already exists")
     config = load_config(model_type, config_path)
-    probe = probe_family(model_type, config)
+    probe, checked = probe_family(model_type, config)
     result = scaffold(root, model_type, key, config, architecture, probe)
+    result = replace(result, notes=(checked, *result.notes))
     git.create_head(branch, "main").checkout()
     for path, text in result.files.items():
         target = root / path

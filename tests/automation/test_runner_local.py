@@ -124,6 +124,7 @@ def _bench_importable() -> bool:
     return (src / "_cli.py").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _bench_importable(), reason="tilegym_hf_bench._cli is not written yet")
 def test_real_tiny_cpu_preset_through_the_executor(tmp_path):
     """The real bench CLI, copied from this working tree into a fresh commit, on the CPU preset."""

@@ -68,6 +68,7 @@ def bench(*args, device="cpu", timeout=180):
     )
 
 
+@pytest.mark.slow
 def test_an_unpatched_model_type_is_measured_on_the_pytorch_side(unpatched, tmp_path):
     key, model_type, path = unpatched
     out = tmp_path / "m.json"

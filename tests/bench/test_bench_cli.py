@@ -36,6 +36,7 @@ def grep_lines(stdout):
     return [ln for ln in stdout.splitlines() if ln.startswith(("Average throughput", ">>> cuTile"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(k for k, p in PRESETS.items() if p.cpu_sized))
 def test_tiny_preset_end_to_end_on_cpu(tmp_path, key):
     out = tmp_path / "metrics.json"
@@ -80,6 +81,7 @@ def test_tiny_preset_end_to_end_on_cpu(tmp_path, key):
     assert compile_s is not None and compile_s >= 0
 
 
+@pytest.mark.slow
 def test_static_mode_end_to_end_on_cpu(tmp_path):
     """Static KV cache with the compiled decode step on both sides (Inductor on the CPU, the
     cuTile side in its worker through the ops' references); the compile is warm-up, reported
@@ -106,6 +108,7 @@ def test_static_mode_end_to_end_on_cpu(tmp_path):
     assert f"compile/capture {base['compile_s']:.2f} s (warm-up, not timed)" in r.stdout
 
 
+@pytest.mark.slow
 def test_pretrained_directory_is_loaded_and_reported(tmp_path):
     import torch
     from tilegym_hf_bench.presets import PRESETS, config_dict

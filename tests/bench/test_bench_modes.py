@@ -123,6 +123,7 @@ def warm_static():
     return gen, warm, logged
 
 
+@pytest.mark.slow
 def test_static_generate_uses_a_static_cache_and_compiles_in_warm_up(warm_static):
     gen, warm, logged = warm_static
     assert warm.runs >= 2
@@ -141,6 +142,7 @@ def test_static_generate_uses_a_static_cache_and_compiles_in_warm_up(warm_static
     assert out.sequences.shape == (1, PROMPT + NEW)
 
 
+@pytest.mark.slow
 def test_timed_runs_after_warm_up_do_not_compile(warm_static):
     gen, warm, _ = warm_static
     prompts = [make_input_ids(512, 1, PROMPT, 10 + i, "cpu") for i in range(2)]
@@ -150,6 +152,7 @@ def test_timed_runs_after_warm_up_do_not_compile(warm_static):
     assert len(seconds) == 2 and max(seconds) < warm.compile_s("baseline")
 
 
+@pytest.mark.slow
 def test_a_compile_inside_a_timed_run_is_flagged(warm_static):
     """Round 2 changes the batch size, so the compiled decode step needs a new compile: the
     timed run says so and the measurement stops."""
@@ -165,6 +168,7 @@ def test_a_compile_inside_a_timed_run_is_flagged(warm_static):
 
 
 # after the warm_static tests: a compile here would make their first warm-up a warm one
+@pytest.mark.slow
 def test_a_kept_cache_is_one_cache_at_fixed_addresses_with_the_same_tokens():
     model = random_model("tiny-qwen3", "cpu", seed=3).model
     ids = make_input_ids(512, 1, PROMPT, 4, "cpu")
@@ -203,6 +207,7 @@ class _GcProbe:
         return 0.01 * new_tokens, None
 
 
+@pytest.mark.slow
 def test_timed_runs_pause_the_garbage_collector_and_restore_it():
     sides = {"baseline": _GcProbe(), "cutile": _GcProbe()}
     assert gc.isenabled()

@@ -1,6 +1,7 @@
 """The two-sided path the GPU run takes (baseline + a twin sharing its weights), exercised on CPU
 with an unpatched twin: interleaved timing, teacher-forced correctness and a valid document."""
 
+import pytest
 import torch
 from tilegym_hf_bench.generation import Generator, make_input_ids
 from tilegym_hf_bench.metrics import assemble, throughput_block
@@ -54,6 +55,7 @@ def test_twin_shares_weights_but_not_its_config():
     )
 
 
+@pytest.mark.slow
 def test_interleaved_sides_and_correctness_make_a_valid_document():
     base = random_model("tiny-qwen3", "cpu", seed=0).model
     twin = twin_sharing_weights(base)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks/e2e/mask_host_cost.py"
 
 
@@ -16,6 +18,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_one_row_a_window_with_both_builders():
     done = _run("--windows", "0", "64", "--calls", "2", "--repeats", "2", "--warmup", "1")
     assert done.returncode == 0, done.stderr
@@ -24,6 +27,7 @@ def test_one_row_a_window_with_both_builders():
     assert all(float(a) > 0 and float(b) > 0 for _, a, b in rows)
 
 
+@pytest.mark.slow
 def test_bad_arguments_get_one_line():
     done = _run("--position", "5000")
     assert done.returncode == 2 and "--position must lie in" in done.stderr

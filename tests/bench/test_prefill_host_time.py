@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks/e2e/prefill_host_time.py"
 
 
@@ -21,6 +23,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_tiny_preset_on_the_cpu_prints_both_sides_and_every_run():
     done = _run("--model-key", "tiny-qwen3", "--device", "cpu", "--runs", "2", "--warmup", "1")
     assert done.returncode == 0, done.stderr
@@ -32,6 +35,7 @@ def test_tiny_preset_on_the_cpu_prints_both_sides_and_every_run():
     assert re.search(r"^\| 2 \| [\d.]+ / [\d.]+ \| [\d.]+ / [\d.]+ \|$", done.stdout, re.M)
 
 
+@pytest.mark.slow
 def test_bad_arguments_and_a_missing_gpu_get_one_line():
     done = _run("--runs", "0", "--device", "cpu")
     assert done.returncode == 2 and "--runs must be at least 1" in done.stderr

@@ -49,6 +49,7 @@ def test_events_fold_into_per_token_columns():
     assert table["eager launches"] == pytest.approx((40.0, 0.4))
 
 
+@pytest.mark.slow
 def test_without_a_gpu_it_says_so():
     import torch
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks/e2e/static_run_noise.py"
 
 
@@ -15,6 +17,7 @@ def _run(*args, timeout=600):
     )
 
 
+@pytest.mark.slow
 def test_tiny_preset_on_the_cpu_prints_every_block_and_run_of_both_cache_policies():
     done = _run("--model-key", "tiny-qwen3", "--device", "cpu", "--runs", "3", "--cache", "fresh",
                 "kept")  # fmt: skip
@@ -26,6 +29,7 @@ def test_tiny_preset_on_the_cpu_prints_every_block_and_run_of_both_cache_policie
     assert float(summary[2]) > 0 and summary[-1] == "0 |"  # a CPU records no CUDA graphs
 
 
+@pytest.mark.slow
 def test_bad_arguments_get_one_line():
     done = _run("--runs", "2", timeout=120)
     assert done.returncode == 2

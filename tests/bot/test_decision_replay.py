@@ -47,6 +47,7 @@ def test_low_noise_slowdown_always_discarded_and_neutral_always_kept(quiet):
     assert neutral.rate("discard").below(rp.TARGET_NEUTRAL_DISCARDED)
 
 
+@pytest.mark.slow
 def test_huge_noise_is_reported_not_hidden(loud):
     p = rp.prepare(loud)
     assert p.cv_statistic == pytest.approx(rp.cv(list(LOUD_CUTILE)))
@@ -118,6 +119,7 @@ def test_unreplayable_documents_say_why(make_metrics, kw, message):
         rp.prepare(make_metrics(interleaved=True, **kw))
 
 
+@pytest.mark.slow
 def test_seeded_and_runs_override(loud):
     p = rp.prepare(loud)
     assert rp.replay(p, 1.0, trials=200, seed=7) == rp.replay(p, 1.0, trials=200, seed=7)

@@ -12,7 +12,14 @@ from pathlib import Path
 import git
 import pytest
 from tilegym_bot.cli import main
-from tilegym_bot.model_init import PATCH_PY, PRESETS_PY, insert_dict_entry
+from tilegym_bot.model_init import (
+    PATCH_PY,
+    PRESETS_PY,
+    check_layers,
+    insert_dict_entry,
+    small_config,
+    tiny_config,
+)
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -210,3 +217,79 @@ def test_a_mixture_of_experts_scaffolds_with_few_small_experts(project, tmp_path
     namespace: dict = {}
     exec((root / "src/tilegym/transformers/qwen3_moe/modeling_qwen3_moe.py").read_text(), namespace)
     assert namespace["FAMILY"] == mp.FAMILIES["qwen3_moe"].description()
+
+
+def test_the_accept_message_states_the_checks_result(project, capsys):
+    root, _ = project
+    assert main(["-C", str(root), "model", "init", "granite"]) == 0
+    out = capsys.readouterr().out
+    assert "checked: the patched 2-layer model reproduces the upstream one" in out
+    assert "max |logit difference| " in out and "over 2 x 9 tokens" in out
+
+
+def test_smollm3s_nope_layer_is_checked_and_refused_by_module(project, capsys):
+    """SmolLM3 leaves RoPE out of every 4th layer (``no_rope_layers``): the check runs 4 layers
+    and names the layer that differs and its config entry; 2 layers never met that layer."""
+    root, repo = project
+    before = repo.head.commit.hexsha
+    assert main(["-C", str(root), "model", "init", "smollm3"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "the first module whose output differs is model.layers.3 (SmolLM3DecoderLayer" in err
+    assert "no_rope_layers[3] = 0" in err and "rope (RoPE)" in err
+    assert repo.head.commit.hexsha == before
+    assert not (root / "src/tilegym/transformers/smollm3").exists()
+
+
+def test_a_refusal_names_the_differing_module_not_a_guess(project, capsys):
+    """ERNIE 4.5 rotates interleaved pairs: the refusal names layer 0 and the rope patch."""
+    root, _ = project
+    assert main(["-C", str(root), "model", "init", "ernie4_5"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "model.layers.0 (Ernie4_5DecoderLayer" in err
+    assert "patched alone, these differ: rope (RoPE)" in err
+    assert "post-norms, scaled residuals" not in err
+
+
+def test_an_unknown_activation_is_named_by_its_config_field(project, capsys):
+    root, _ = project
+    assert main(["-C", str(root), "model", "init", "arcee"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "activation config.hidden_act = 'relu2': no kernel computes it" in err
+    assert "MLP projections: neither gate_proj/up_proj nor a packed gate_up_proj" in err
+
+
+@pytest.mark.parametrize(
+    ("config", "layers", "patterns"),
+    [
+        ({"num_hidden_layers": 32}, 2, []),
+        ({"num_hidden_layers": 36, "no_rope_layers": [1, 1, 1, 0] * 9}, 4, ["no_rope_layers (4)"]),
+        ({"num_hidden_layers": 26, "layer_types": (["s"] * 5 + ["f"]) * 4 + ["s", "s"]}, 6, None),
+        (
+            {"num_hidden_layers": 3, "layer_types": ["s", "s", "f"], "no_rope_layer_interval": 4},
+            3,
+            None,
+        ),
+        (
+            {"num_hidden_layers": 48, "layer_types": ["a", "b"] * 24, "decoder_sparse_step": 3},
+            6,
+            None,
+        ),
+        ({"num_hidden_layers": 28, "first_k_dense_replace": 3}, 4, None),
+        ({"num_hidden_layers": 28, "mlp_only_layers": [0, 4]}, 6, None),
+        ({"num_hidden_layers": 5, "layer_types": ["a", "b", "c", "d", "e"]}, 5, None),
+    ],
+)
+def test_check_layers_holds_a_full_period_of_every_per_layer_pattern(config, layers, patterns):
+    got, named = check_layers(config)
+    assert got == layers
+    if patterns is not None:
+        assert named == patterns
+
+
+def test_the_tiny_preset_keeps_every_layer_kind():
+    config = {"num_hidden_layers": 36, "hidden_size": 2048, "num_attention_heads": 16}
+    config["no_rope_layers"] = [1, 1, 1, 0] * 9
+    config["intermediate_size"] = 8192
+    tiny = tiny_config(config, "smollm3")
+    assert tiny["num_hidden_layers"] == 4 and tiny["no_rope_layers"] == [1, 1, 1, 0]
+    assert small_config(config)["num_hidden_layers"] == 4

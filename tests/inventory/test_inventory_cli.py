@@ -139,3 +139,21 @@ def test_codes_table(tmp_path):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("INV001  ") and len(lines) >= 50
     assert len({line.split()[0] for line in lines}) == len(lines)
+
+
+def test_compile_prints_one_progress_line_per_kernel_compiled_and_none_when_cached(tmp_path):
+    from test_inventory_compile import ENTRY, GOOD_KERNEL, HEADER, SIGNATURES
+
+    from tilegym.kernel_inventory.compile import toolchain_problem
+
+    if toolchain_problem() is not None:
+        pytest.skip(f"no cuTile compile toolchain: {toolchain_problem()}")
+    make_tree(tmp_path, kernel_source=HEADER + GOOD_KERNEL + ENTRY + SIGNATURES)
+    first = run_cli("compile", "--jobs", "1", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == ""
+    lines = first.stderr.splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"aot compile {i}/3" for i in (1, 2, 3)]
+    assert all(": ok in " in line and "mul_kernel for SM" in line for line in lines)
+    again = run_cli("compile", "--jobs", "1", cwd=tmp_path)
+    assert (again.returncode, again.stdout, again.stderr) == (0, "", "")

@@ -112,6 +112,7 @@ def test_the_checked_kernels_are_every_gemm_with_an_mma():
     assert sorted(_gemm_kernels()) == sorted(GEMM_KERNELS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", GEMM_KERNELS)
 def test_every_declared_signature_puts_its_mmas_on_tensor_cores_for_sm90(label):
     from tilegym.kernel_inventory.remarks import kernel_remarks

@@ -711,6 +711,7 @@ def test_aot_signatures_cover_the_new_head_dims():
                 assert sig.parameters[index].value == width, (kernel, d)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel_name", ["prefill", "decode_attention", "decode_reduce"])
 @pytest.mark.parametrize("model", sorted(NEW_HEADS))
 def test_aot_signatures_compile_for_sm90_at_new_head_dims(model, kernel_name):

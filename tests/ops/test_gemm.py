@@ -394,6 +394,7 @@ def test_split_factors_aim_at_one_or_two_waves():
     assert gemm_configs.split_factors(64, 128, 16, 128) == []  # one K tile: nothing to split
 
 
+@pytest.mark.slow
 def test_aot_signatures_compile_for_sm90():
     """The declared signatures cover both kernels and one of them compiles on the CPU."""
     from cuda.tile.compilation import export_kernel

@@ -275,6 +275,7 @@ def test_custom_ops_on_cpu_match_references(cpu_gen):
     torch.library.opcheck(torch.ops.tilegym.moe_route.default, (logits, 4, False))
 
 
+@pytest.mark.slow
 def test_custom_ops_compile_fullgraph_on_cpu(cpu_gen):
     from tilegym.ops import library
 
@@ -402,6 +403,7 @@ def test_aot_signature_match_rejects_other_launches():
     assert not _matches(sig, None, (i32, i32, i32.view(2, 2), 8, 128, 32))
 
 
+@pytest.mark.slow
 def test_aot_signatures_compile_for_sm90():
     """Every kernel of the module compiles on the CPU for Hopper with its declared signatures."""
     from tilegym.kernel_inventory.compile import compile_kernel, toolchain_problem

@@ -74,6 +74,7 @@ def test_the_patched_family_computes_the_upstream_model(model_type):
     assert torch.equal(_greedy(patched, ids, mask), _greedy(base, ids, mask))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_the_patched_family_compiles_with_a_static_cache(model_type):
     torch._dynamo.reset()

@@ -97,7 +97,11 @@ def test_the_norm_form_is_read_off_the_module():
     [
         ("gemma3_text", {"attn_logit_softcapping": 50.0}, r"attention logit soft-capping"),
         ("gemma2", {}, r"soft-capping \(Gemma 2\): config.attn_logit_softcapping = 50.0"),
-        ("llama", {"hidden_act": "relu"}, "activation 'relu': the MLP kernels are gated"),
+        (
+            "llama",
+            {"hidden_act": "relu"},
+            "activation config.hidden_act = 'relu': no kernel computes it",
+        ),
         ("granite", {"residual_multiplier": 0.22}, "scaled residual adds"),
     ],
 )
@@ -114,7 +118,7 @@ def test_config_problems_reads_plain_values():
     cfg.hidden_act = "gelu"
     assert [p.split(":")[0] for p in config_problems(cfg)] == [
         "attention logit soft-capping (Gemma 2)",
-        "activation 'gelu'",
+        "activation config.hidden_act = 'gelu'",
     ]
 
 

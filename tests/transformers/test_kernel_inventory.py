@@ -89,6 +89,7 @@ def compile_findings():
 
 
 # func_only: pytest's fixed per-test limit leaves out the shared fixture, which has its own.
+@pytest.mark.slow
 @pytest.mark.timeout(600, func_only=True)
 @pytest.mark.parametrize("path", SOLUTIONS, ids=_ids(SOLUTIONS))
 def test_solution_compiles_for_every_target(path, compile_findings):

@@ -264,6 +264,7 @@ print(len(ops), before, sum(op in lowering.lowerings for op in ops))
 """
 
 
+@pytest.mark.slow
 def test_the_patch_gives_inductor_every_ops_fallback_before_it_compiles():
     """torch 2.11 prints an op's whole IR argument tree before creating its implicit fallback
     (gemma-3-1b's decode step: over 300 s on the H200 host); applying the patch registers the

@@ -260,6 +260,7 @@ def test_a_block_with_a_shared_expert_is_refused_by_name():
         describe_structure(model)
 
 
+@pytest.mark.slow
 def test_static_cache_decode_step_compiles_once_with_fullgraph():
     from torch._dynamo.utils import counters
     from torch._inductor.utils import run_and_get_code

@@ -63,6 +63,7 @@ def _patched_pair(model_key: str):
     return base, patched, handle
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_key", FAMILIES)
 def test_static_generate_compiles_the_patched_decode_step_once_with_fullgraph(model_key):
     from torch._dynamo.utils import counters
@@ -107,6 +108,7 @@ def _gemma3():
     return AutoModelForCausalLM.from_config(cfg).eval()
 
 
+@pytest.mark.slow
 def test_gemma3_static_generate_compiles_like_the_unpatched_model():
     """Gemma 3 under a static cache: the global layer's cache is written in place by the cuTile
     op at the device position and read by the decode kernel, as for qwen3/llama. Its sliding
@@ -172,6 +174,7 @@ def _continued(model, ids, mask, steps):
     return first, second
 
 
+@pytest.mark.slow
 def test_gemma3_ring_window_survives_a_continuation_on_the_same_cache():
     """Several new tokens on a full ring window (a chat continuation) go through transformers'
     update on the window in token order (rotated before, back into ring order after): the
@@ -209,6 +212,7 @@ def _graph_symbols(model, ids, mask) -> tuple[set[str], str]:
     return set(re.findall(r"\bs\d+\b", code)), code
 
 
+@pytest.mark.slow
 def test_a_window_longer_than_the_static_cache_adds_no_symbolic_input():
     """Phi-3.5's 262144-token window makes every layer of a static cache a
     ``StaticSlidingWindowLayer``, which counts its fill in a host int. The patched decode step
@@ -231,6 +235,7 @@ def test_a_window_longer_than_the_static_cache_adds_no_symbolic_input():
     assert calls and not any(re.search(r"\bs\d+\b", line) for line in calls), calls
 
 
+@pytest.mark.slow
 def test_undo_and_an_unpatched_model_in_the_same_process_keep_working():
     torch._dynamo.reset()
     base, patched, handle = _patched_pair("qwen3")

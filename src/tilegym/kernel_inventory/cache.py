@@ -40,6 +40,14 @@ class JsonCache:
         except (OSError, Timeout):
             return None
 
+    def keys(self) -> set[str]:
+        """Every key stored now, read in one go (empty when the cache cannot be read)."""
+        try:
+            with self._lock:
+                return set(self._read())
+        except (OSError, Timeout):
+            return set()
+
     def put(self, key: str, value: Any) -> bool:
         """Store ``value``; False (never an exception) when the cache cannot be written."""
         try:

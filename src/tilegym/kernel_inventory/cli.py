@@ -135,7 +135,10 @@ def _run(args: argparse.Namespace) -> int:
         if jobs < 1:
             print("error: --jobs must be at least 1", file=sys.stderr)
             return USAGE_EXIT
-        return report(compile_paths(args.paths, repo_root, use_cache=not args.no_cache, jobs=jobs))
+        findings = compile_paths(
+            args.paths, repo_root, use_cache=not args.no_cache, jobs=jobs, progress=_progress
+        )
+        return report(findings)
 
     if args.command == "parity":
         import torch
@@ -158,6 +161,11 @@ def _run(args: argparse.Namespace) -> int:
         )
         return report(findings)
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _progress(line: str) -> None:
+    """One line per kernel compiled, on stderr (stdout holds only findings)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from tilegym.findings import Finding
 from tilegym.kernel_inventory import codes
 from tilegym.kernel_inventory.cache import JsonCache, cache_dir
 from tilegym.kernel_inventory.entry import FILE_MODULE_PREFIX, first_line, import_entry_module
-from tilegym.kernel_inventory.imports import local_dependencies
+from tilegym.kernel_inventory.imports import ImportGraph
 from tilegym.kernel_inventory.inventory import Loaded, load, shown_path
 from tilegym.kernel_inventory.jsonfile import finding
 from tilegym.kernel_inventory.models import Solution
@@ -110,7 +110,8 @@ def compile_paths(
     done ones stay cached).
     """
     problem = toolchain_problem()
-    selected = select_solutions(paths, repo_root)
+    graph = ImportGraph(repo_root / "src")  # one import scan for the whole run
+    selected = select_solutions(paths, repo_root, graph)
     if problem is not None:
         return [
             finding(shown_path(p, repo_root), 1, codes.COMPILE_NO_TOOLCHAIN, problem)
@@ -124,13 +125,14 @@ def compile_paths(
         if not isinstance(loaded.model, Solution):
             findings.extend(loaded.findings)
             continue
-        problems, solution_jobs = plan_solution(loaded, repo_root)
+        problems, solution_jobs = plan_solution(loaded, repo_root, graph)
         findings.extend(problems)
         planned.extend(solution_jobs)
 
+    done = cache.keys() if cache is not None else set()
     todo: dict[str, CompileJob] = {}
     for job in planned:
-        if job.key not in todo and not (cache is not None and cache.get(job.key)):
+        if job.key not in todo and job.key not in done:
             todo[job.key] = job
     record = _Recorder(todo, cache, progress, cutile_version())
     errors = _run_jobs(list(todo.values()), repo_root, jobs, record, stall_s)
@@ -256,7 +258,9 @@ def _compile_in_worker(
     return f"worker did not find {kernel_name} in {SIGNATURES_FUNCTION}()", 0.0
 
 
-def plan_solution(loaded: Loaded, repo_root: Path) -> tuple[list[Finding], list[CompileJob]]:
+def plan_solution(
+    loaded: Loaded, repo_root: Path, graph: ImportGraph | None = None
+) -> tuple[list[Finding], list[CompileJob]]:
     """Import the entry module and list what to compile, or the findings that stop it."""
     solution = loaded.model
     assert isinstance(solution, Solution)
@@ -308,10 +312,11 @@ def plan_solution(loaded: Loaded, repo_root: Path) -> tuple[list[Finding], list[
             )
 
     version = cutile_version()
+    graph = graph or ImportGraph(repo_root / "src")
     jobs: list[CompileJob] = []
     for kernel, signatures in declared.items():
         kernel_name = kernel_label(kernel)
-        code_hash = kernel_code_hash(kernel, repo_root)
+        code_hash = kernel_code_hash(kernel, repo_root, graph)
         for hardware, gpu_code in zip(
             solution.spec.target_hardware, solution.gpu_codes(), strict=True
         ):
@@ -416,7 +421,7 @@ def _file_hash(path: Path | None) -> str:
         return "unreadable"
 
 
-def kernel_code_hash(kernel: Any, repo_root: Path) -> str:
+def kernel_code_hash(kernel: Any, repo_root: Path, graph: ImportGraph | None = None) -> str:
     """Hash of the file defining ``kernel`` and every repository file it imports.
 
     Keyed on the kernel's own code rather than the Solution's, so Solutions that share a
@@ -425,7 +430,8 @@ def kernel_code_hash(kernel: Any, repo_root: Path) -> str:
     kernel_file = _kernel_file(kernel)
     if kernel_file is None:
         return "unknown"
-    files = {kernel_file.resolve(), *local_dependencies(kernel_file, repo_root / "src")}
+    graph = graph or ImportGraph(repo_root / "src")
+    files = {kernel_file.resolve(), *graph.dependencies(kernel_file)}
     digest = hashlib.sha256()
     for path in sorted(files):
         digest.update(_file_hash(path).encode())

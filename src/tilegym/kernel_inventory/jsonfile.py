@@ -94,7 +94,7 @@ def parse_json_text(raw: bytes, shown: str) -> JsonFile | Finding:
     try:
         data = json.loads(text, object_pairs_hook=no_duplicates, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
-        return finding(shown, exc.lineno, codes.JSON_MALFORMED, f"malformed JSON: {exc.msg}")
+        return finding(shown, exc.lineno, codes.JSON_MALFORMED, _decode_message(exc, text))
     except ValueError as exc:
         return finding(shown, 1, codes.JSON_MALFORMED, f"malformed JSON: {exc}")
     except RecursionError:
@@ -108,6 +108,13 @@ def parse_json_text(raw: bytes, shown: str) -> JsonFile | Finding:
         line = next((ln for p, ln in lines.items() if p and p[-1] == key), 1)
         return finding(shown, line, codes.JSON_DUPLICATE_KEY, f"duplicate key {key!r}")
     return JsonFile(shown, data, lines)
+
+
+def _decode_message(exc: json.JSONDecodeError, text: str) -> str:
+    """The decoder's message with its column (the line is the finding's), and whether the
+    text stopped there, which is what a truncated file looks like."""
+    ended = " (the file ends there: truncated?)" if not text[exc.pos :].strip() else ""
+    return f"malformed JSON at column {exc.colno}: {exc.msg}{ended}"
 
 
 def _reject_constant(name: str) -> Any:
