@@ -25,6 +25,8 @@ from tilegym_hf_bench.metrics_schema import validation_errors
 import tilegym
 
 SRC = Path(tilegym.__file__).resolve().parent
+pytestmark = pytest.mark.slow  # each case is a whole benchmark run (20-60 s on 2 cores)
+
 FAST = ["--input-length", "16", "--output-length", "4", "--timed-runs", "2", "--warmup-runs", "1"]
 
 #: Appended to the tree's ``monkey_patch`` (the patch entry the worker calls; the benchmark
