@@ -27,19 +27,21 @@ from tilegym_hf_bench.worker_wire import Reader, WireError, send, tensor_file
 BAD_START_EXIT = 3
 
 
-def _prepare() -> None:
+def _prepare(device: str) -> None:
     """What must exist before the hook: torch and transformers imported (their own start-up
-    loads libraries and probes the host), Inductor's CPU probe run once (it starts
-    ``python -c`` to test the vector ISA, cached per process), the profiler bound."""
+    loads libraries and probes the host) and, on a CPU, Inductor's vector-ISA probe run once
+    (it compiles test programs and starts ``python -c``; cached per process). A GPU run's
+    compiled step is CUDA code: it never probed in an H200 run with the audit recording, and
+    the probe costs 10-40 s of compiling."""
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    try:
-        from torch._inductor import cpu_vec_isa
-
+    if device == "cpu":
+        try:
+            from torch._inductor import cpu_vec_isa
+        except ImportError:
+            return
         cpu_vec_isa.valid_vec_isa_list()
-    except ImportError:
-        pass
 
 
 def _confine(config: dict) -> None:
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     except (IndexError, OSError, ValueError, KeyError, TypeError) as exc:
         print(f"error: model worker: bad start: {exc}", file=sys.stderr)
         return BAD_START_EXIT
-    _prepare()
+    _prepare(str(config.get("device", "cpu")))
     from tilegym_hf_bench.isolation.class_guard import ClassGuard
     from tilegym_hf_bench.profiling.guarded import GuardedProfiler
 

@@ -32,13 +32,13 @@ TOOLCHAIN_PROGRAMS = (
     "ptxas",
     "nvdisasm",
     "cuobjdump",
+    "nvcc",
+    "file",
     "gcc",
     "cc",
     "g++",
     "c++",
     "ldconfig",
-    "clang",
-    "clang++",
 )
 WORKER_CACHE_ROOT = Path("~/.cache/tilegym/worker").expanduser()
 CALL_TIMEOUT_S = 24 * 3600.0  # the supervisor's time limit is what ends a hung worker

@@ -263,10 +263,26 @@ def _make_hook(rules, roots, fd, record_only):  # noqa: C901 - one closure keeps
         if not record_only:
             exit_(REFUSED_EXIT)
 
+    def cheap_pass(event: str, args: tuple) -> bool:
+        """Events the policy always lets through, told without walking the stack: the common
+        ones while modules import (reads, rebinding on plain objects, generated code)."""
+        if event == "open":
+            flags = args[2] if isinstance_(args[2], int_) else 0
+            mode = args[1] if isinstance_(args[1], str_) else ""
+            return not (flags & write_flags or any(c in mode for c in "wax+"))
+        if event in ("object.__setattr__", "object.__delattr__"):
+            return not isinstance_(args[0], (type_, function_type))
+        if event in ("compile", "code.__new__"):
+            name = args[1]
+            return isinstance_(name, str_) and name[:1] == "<"
+        return False
+
     def hook(event: str, args: tuple) -> None:
         if event not in watched and not event.startswith("ctypes."):
             return
         if event == "object.__getattr__" and args[1] not in frame_attrs:
+            return
+        if cheap_pass(event, args):
             return
         tid = get_ident()
         if tid in busy:
