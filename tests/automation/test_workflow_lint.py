@@ -171,7 +171,8 @@ def test_dockerfile_passes_hadolint_and_pins_its_versions():
     text = (ROOT / "modeling/transformers/Dockerfile").read_text()
     assert re.search(r"^ARG CUDA_VERSION=13\.\d+\.\d+$", text, re.M)
     assert re.search(r"^ARG TORCH_VERSION=\d+\.\d+\.\d+$", text, re.M)
-    assert "FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04" in text
+    assert "ARG BASE_IMAGE=nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04" in text
+    assert "FROM ${BASE_IMAGE}" in text
     assert '"cuda-tile[tileiras]==${CUDA_TILE_VERSION}"' in text
     hadolint = tool("hadolint")
     if hadolint is None:
