@@ -16,6 +16,7 @@ through (compared after every request: ``isolation.class_guard``).
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -106,6 +107,8 @@ class Worker:
     def generate(self, msg: dict) -> dict:
         from tilegym_hf_bench.compile_guard import no_compile
 
+        if not msg.get("guard"):
+            gc.enable()
         ids, mask = self._ids(msg)
         gen = self._generator(msg["mode"], ids)
         gen.use_prompt(ids, mask)
@@ -123,14 +126,23 @@ class Worker:
                 str(tensor_file(self.scratch, name)),
             )
             return {"file": name}
-        if msg.get("guard"):
+        if msg.get("guard"):  # a timed run: no compile (the cyclic GC was paused by "gc")
             with no_compile(str(msg["guard"])):
                 out = gen.generate(tokens)
         else:
             out = gen.generate(tokens)
         return {"tokens": out[:, ids.shape[1] :].tolist()}
 
+    def pause_gc(self, msg: dict) -> dict:
+        """Collect now, then keep the cyclic collector off until an untimed request: asked for
+        by the caller before each timed round, outside its clock, as its own side does
+        (``throughput.gc_paused``)."""
+        gc.collect()
+        gc.disable()
+        return {}
+
     def profile(self, msg: dict) -> dict:
+        gc.enable()
         ids, mask = self._ids(msg)
         gen = self._generator(msg["mode"], ids)
         gen.use_prompt(ids, mask)
@@ -151,7 +163,12 @@ def serve(config: dict, reader: Reader, out_fd: int, scratch: Path, profiler, cl
     code runs: rebinding the wire module's names later changes nothing this loop does."""
     recv, reply = reader.recv, send
     worker = Worker(config, scratch, profiler, classes)
-    handlers = {"init": worker.init, "generate": worker.generate, "profile": worker.profile}
+    handlers = {
+        "init": worker.init,
+        "generate": worker.generate,
+        "profile": worker.profile,
+        "gc": worker.pause_gc,
+    }
     while True:
         msg = recv()
         op = msg.get("op")

@@ -195,6 +195,11 @@ class RemoteSide:
         self.mask: torch.Tensor | None = None
         self._files = 0
 
+    def pause_gc(self) -> None:
+        """Before a timed round, outside the clock: the worker collects and pauses its cyclic
+        GC, as this process does for its own side."""
+        self.worker.call({"op": "gc"})
+
     def use_prompt(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         self.prompt = ids.cpu()
         self.mask = None if mask is None else mask.cpu()

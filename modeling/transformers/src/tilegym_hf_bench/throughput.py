@@ -123,6 +123,9 @@ def measure(
         for name, gen in sides.items():
             label = f"timed run {i + 1}/{runs}, {name}"
             with guard(label), gc_paused():
+                pause_worker_gc = getattr(gen, "pause_gc", None)
+                if pause_worker_gc is not None:
+                    pause_worker_gc()
                 ttft_s, first = gen.timed(1, first_ids, label)
                 total_s, output = gen.timed(tokens, full_ids, label)
             s = out[name]
