@@ -457,7 +457,11 @@ def _check_provenance(
 
 
 def _description(pr: PullRequest, decision: Decision) -> str:
-    marker = f" [{decision.status}]" if decision.status in ("incorrect", "refused", "inconclusive") else ""
+    marker = (
+        f" [{decision.status}]"
+        if decision.status in ("incorrect", "refused", "inconclusive")
+        else ""
+    )
     return clip(pr.title, DESCRIPTION_LIMIT) + marker
 
 
