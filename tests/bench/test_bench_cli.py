@@ -21,7 +21,7 @@ STATIC_LINE = "mode: static (static KV cache, compiled decode step)"
 FAST = ["--input-length", "24", "--output-length", "6", "--timed-runs", "3", "--warmup-runs", "1"]
 
 
-def bench(*args, timeout=120):
+def bench(*args, timeout=400):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run(
         [sys.executable, "-m", "tilegym_hf_bench._cli", *args],
