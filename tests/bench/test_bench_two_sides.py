@@ -131,3 +131,15 @@ def test_a_crashed_run_carries_no_measurement():
     )  # fmt: skip
     assert validation_errors(doc) == []
     assert doc["baseline"] is None and doc["error"] == "CUDA error: out of memory"
+
+
+def test_without_a_cutile_side_nothing_is_judged_and_no_pass_is_printed(capsys):
+    """A run whose cuTile side did not run (``--skip-cutile``) checks the PyTorch side only, and
+    its log never prints a PASS for code that did not run."""
+    base = random_model("tiny-qwen3", "cpu", seed=0).model
+    ids = make_input_ids(512, WL.batch_size, WL.input_length, WL.seed, "cpu")
+    result = check_correctness(Generator(base, ids, "cpu"), None, WL)
+    out = capsys.readouterr().out
+    assert "correctness: PyTorch side only (no cuTile code ran): nothing was judged" in out
+    assert "correctness: PASS" not in out
+    assert result["logits_rel_err"] is None and result["timed_agreement"] is None
