@@ -13,7 +13,7 @@ import torch
 from tilegym_bot.policy import decide, differences
 from tilegym_hf_bench.compile_guard import graph_recordings, no_compile, recompile_reason
 from tilegym_hf_bench.errors import BenchError
-from tilegym_hf_bench.experiment_tree import measured_tree
+from tilegym_hf_bench.experiment_tree import ExperimentTree, measured_tree
 from tilegym_hf_bench.generation import Generator, cache_kwarg, make_input_ids
 from tilegym_hf_bench.metrics import assemble, throughput_block
 from tilegym_hf_bench.metrics_schema import (
@@ -88,12 +88,17 @@ def test_the_pinned_decode_compile_is_transformers_default():
     assert CompileConfig(**DECODE_STEP_COMPILE) == CompileConfig()
 
 
-def test_cutile_side_runs_in_both_modes_on_a_gpu():
+def test_cutile_side_runs_in_both_modes_wherever_the_tree_has_a_package(tmp_path):
+    """The worker runs the patched model on any device (on a CPU through the ops' references);
+    only --skip-cutile or a tree without a ``tilegym`` package leaves it out."""
     static = parse_options(["--model-key", "qwen3", "--mode", "static"])
     eager = parse_options(["--model-key", "qwen3"])
-    assert _cutile_unmeasured_reason(static, "cuda") is None
-    assert _cutile_unmeasured_reason(eager, "cuda") is None
-    assert "need a CUDA GPU" in _cutile_unmeasured_reason(static, "cpu")
+    skipped = parse_options(["--model-key", "qwen3", "--skip-cutile"])
+    tree = ExperimentTree(tmp_path / "src" / "tilegym", tmp_path)
+    assert _cutile_unmeasured_reason(static, tree) is None
+    assert _cutile_unmeasured_reason(eager, tree) is None
+    assert _cutile_unmeasured_reason(skipped, tree) == "--skip-cutile"
+    assert "no tilegym package" in _cutile_unmeasured_reason(eager, ExperimentTree(None, None))
 
 
 def test_generation_config_per_mode():
@@ -202,7 +207,7 @@ class _GcProbe:
     def __init__(self):
         self.gc_on: list[bool] = []
 
-    def timed(self, new_tokens):
+    def timed(self, new_tokens, ids=None, label=None):
         self.gc_on.append(gc.isenabled())
         return 0.01 * new_tokens, None
 
@@ -218,7 +223,7 @@ def test_timed_runs_pause_the_garbage_collector_and_restore_it():
 
 def test_a_failing_timed_run_still_restores_the_garbage_collector():
     class Broken(_GcProbe):
-        def timed(self, new_tokens):
+        def timed(self, new_tokens, ids=None, label=None):
             raise BenchError("boom")
 
     with pytest.raises(BenchError):
