@@ -227,9 +227,6 @@ class RemoteSide:
             )
         return torch.cat([self.prompt, new], dim=1)
 
-    def generate(self, new_tokens: int) -> torch.Tensor:
-        return self._sequences(self.worker.call(self._request(new_tokens)), new_tokens)
-
     def timed(self, new_tokens: int, ids=None, label: str | None = None):
         """(wall seconds, sequences) of one worker generate(), timed here: from sending the
         request that carries the prompt to reading the answer."""
@@ -250,8 +247,6 @@ class RemoteSide:
         if mode is not None:
             extra["mode"] = mode
         message = self._request(new_tokens, **extra)
-        if mode is not None:
-            message["mode"] = mode
         self.worker.call(message)
         tensors = read_tensors(self.worker.scratch, name)
         seq, logits = tensors.get("sequences"), tensors.get("logits")
