@@ -59,6 +59,7 @@ def assemble(
     env: dict[str, Any],
     workload: dict[str, Any],
     parts: dict[str, Any],
+    phases_s: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The whole document; ``parts`` holds the measured blocks (missing ones are null)."""
     complete = status == "ok"
@@ -72,6 +73,7 @@ def assemble(
         "commit": commit,
         "started_at": started_at,
         "wall_s": round(max(wall_s, 0.0), 3),
+        "phases_s": {k: round(max(float(v), 0.0), 3) for k, v in (phases_s or {}).items()},
         "env": env,
         "workload": workload,
         **{name: (parts.get(name) if complete else None) for name in MEASURED_PARTS},

@@ -65,10 +65,11 @@ def run(options: BenchOptions, progress: Progress) -> None:
     log(f"device: {device} ({where}); torch {env['torch']}, transformers {env['transformers']}")
 
     start = time.perf_counter()
-    if options.model_id:
-        loaded = pretrained_model(options.model_key, options.model_id, device)
-    else:
-        loaded = random_model(options.model_key, device, wl.seed)
+    with progress.phase("model"):
+        if options.model_id:
+            loaded = pretrained_model(options.model_key, options.model_id, device)
+        else:
+            loaded = random_model(options.model_key, device, wl.seed)
     progress.update(weights=loaded.weights, model_type=loaded.model_type)
     log(
         f"weights: {loaded.weights} ({loaded.source}; seed {wl.seed}); "
@@ -89,22 +90,23 @@ def run(options: BenchOptions, progress: Progress) -> None:
         try:
             remote = None
             if cutile_reason is None:
-                worker = ModelWorker(
-                    device=device,
-                    scratch=Path(scratch),
-                    src_root=tree.package_dir.parent,
-                    watched=[type(baseline).__module__],
-                    log=log,
-                )
-                reply = worker.call(
-                    {
-                        "op": "init",
-                        "model_key": options.model_key,
-                        "model_id": options.model_id,
-                        "seed": wl.seed,
-                        "flags": patch_table[loaded.model_type],
-                    }
-                )
+                with progress.phase("worker_start"):
+                    worker = ModelWorker(
+                        device=device,
+                        scratch=Path(scratch),
+                        src_root=tree.package_dir.parent,
+                        watched=[type(baseline).__module__],
+                        log=log,
+                    )
+                    reply = worker.call(
+                        {
+                            "op": "init",
+                            "model_key": options.model_key,
+                            "model_id": options.model_id,
+                            "seed": wl.seed,
+                            "flags": patch_table[loaded.model_type],
+                        }
+                    )
                 for line in reply.get("lines") or []:
                     log(f"[worker] {line}")
                 remote = RemoteSide(worker, wl.mode, ids)
@@ -115,6 +117,8 @@ def run(options: BenchOptions, progress: Progress) -> None:
         finally:
             if worker is not None:
                 worker.close()
+    spent = progress.data["phases_s"]
+    log("time spent: " + ", ".join(f"{name} {s:.1f} s" for name, s in spent.items()))
 
 
 def _measure(options, progress, device, baseline, remote, ids, vocab, unpatched, tree) -> None:
@@ -138,20 +142,23 @@ def _measure(options, progress, device, baseline, remote, ids, vocab, unpatched,
             f"{wl.output_length} out; warm-up >= {wl.warmup_runs}, timed {wl.timed_runs} a side"
         )
         log(mode_line(wl.mode))
-        warmups = warm_up_sides(sides, wl.output_length, wl.warmup_runs, log)
+        with progress.phase("warm_up"):
+            warmups = warm_up_sides(sides, wl.output_length, wl.warmup_runs, log)
         progress.update(warmup_runs=warmups.runs)
         seeds = timed_prompt_seeds(wl.timed_runs)
         log("timed prompt seeds (drawn for this run): " + " ".join(map(str, seeds)))
-        samples = measure(
-            sides,
-            wl.batch_size,
-            wl.output_length,
-            wl.timed_runs,
-            log,
-            prompt=lambda i: tuple(
-                make_input_ids(vocab, wl.batch_size, wl.input_length, s, "cpu") for s in seeds[i]
-            ),
-        )
+        with progress.phase("timed"):
+            samples = measure(
+                sides,
+                wl.batch_size,
+                wl.output_length,
+                wl.timed_runs,
+                log,
+                prompt=lambda i: tuple(
+                    make_input_ids(vocab, wl.batch_size, wl.input_length, s, "cpu")
+                    for s in seeds[i]
+                ),
+            )
         interleaved = len(sides) > 1
         for name, s in samples.items():
             timed_runs[name] = s.outputs
@@ -177,7 +184,8 @@ def _measure(options, progress, device, baseline, remote, ids, vocab, unpatched,
     # time goes, which is where a new family's first experiment starts
     coverage_reason = _coverage_unmeasured_reason(options, device, remote, unpatched)
     if coverage_reason is None:
-        block = _coverage(options, side(BASELINE) if unpatched else remote, device, wl, tree)
+        with progress.phase("coverage"):
+            block = _coverage(options, side(BASELINE) if unpatched else remote, device, wl, tree)
         progress.part("coverage", block)
     else:
         progress.not_measured("coverage", coverage_reason)
@@ -186,7 +194,8 @@ def _measure(options, progress, device, baseline, remote, ids, vocab, unpatched,
     if options.skip_correctness:
         progress.not_measured("correctness", "--skip-correctness")
     else:
-        result = check_correctness(side(BASELINE), remote, wl, timed_runs)
+        with progress.phase("correctness"):
+            result = check_correctness(side(BASELINE), remote, wl, timed_runs)
         progress.part("correctness", result)
 
 

@@ -201,6 +201,7 @@ def build_document(
         env=p.get("env") or fallback_env,
         workload=options.workload.as_metrics(),
         parts=p.get("parts") or {},
+        phases_s=p.get("phases_s") if isinstance(p.get("phases_s"), dict) else None,
     )
 
 
