@@ -32,8 +32,18 @@ def test_summarize_mean_std_ci():
     s = summarize([10.0, 12.0, 14.0, 16.0])
     assert s.mean == 13.0
     assert s.std == pytest.approx(math.sqrt(20 / 3))
-    half = t_critical(0.95, 3) * s.std / 2
-    assert s.ci95 == pytest.approx((13.0 - half, 13.0 + half))
+    half = t_critical(0.95, 3) * s.std / 13.0 / 2
+    assert s.ci95 == pytest.approx((13.0 * math.exp(-half), 13.0 * math.exp(half)))
+    mixed = summarize([-1.0, 1.0, 3.0])  # not all positive: the plain t interval
+    plain = t_critical(0.95, 2) * 2.0 / math.sqrt(3)
+    assert mixed.ci95 == pytest.approx((1.0 - plain, 1.0 + plain))
+
+
+def test_summarize_interval_of_two_noisy_runs_stays_positive():
+    """The printed interval of 82 and 53 tok/s was [-120, 254]: a throughput is never <= 0."""
+    s = summarize([82.09, 52.66])
+    assert 0 < s.ci95[0] < s.mean < s.ci95[1]
+    assert s.ci95[0] * s.ci95[1] == pytest.approx(s.mean**2)
 
 
 def test_summarize_small_samples():

@@ -39,9 +39,14 @@ class Progress:
         try:
             yield
         finally:
-            spent = round(time.perf_counter() - start, 3)
-            self.data["phases_s"][name] = self.data["phases_s"].get(name, 0.0) + spent
-            write_atomic(self.path, self.data)
+            self.add_phase(name, time.perf_counter() - start)
+
+    def add_phase(self, name: str, seconds: float) -> None:
+        """``seconds`` more of phase ``name`` (one that may overlap others: the worker's start
+        runs while this process compiles its own side)."""
+        phases = self.data["phases_s"]
+        phases[name] = round(phases.get(name, 0.0) + seconds, 3)
+        write_atomic(self.path, self.data)
 
     def not_measured(self, name: str, reason: str) -> None:
         self.data["parts"][name] = None

@@ -12,10 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -59,6 +62,23 @@ def tree_key(src_root: Path) -> str:
         except OSError:
             continue
     return digest.hexdigest()[:20]
+
+
+def _wait_stopped(pid: int, limit_s: float = 2.0) -> None:
+    """Return once ``pid`` is stopped (a signal is delivered asynchronously: the process may
+    run on for a moment after ``kill``); its state from /proc, where there is one."""
+    stat = Path(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            state = stat.read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            time.sleep(0.01)  # no /proc (or the process is gone): a delivery's worth of time
+            return
+        if state in ("T", "t", "Z", "X"):
+            return
+        time.sleep(0.0005)
+    raise BenchError(f"the model worker (pid {pid}) did not stop within {limit_s:.0f} s")
 
 
 def _exit_text(code: int) -> str:
@@ -120,6 +140,7 @@ class ModelWorker:
         self._reader = Reader(from_worker_r)
         self._relay = threading.Thread(target=self._relay_output, daemon=True)
         self._relay.start()
+        self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-worker")
         log(f"model worker: pid {self.proc.pid} (the only process that imports {src_root})")
 
     def _relay_output(self) -> None:
@@ -147,12 +168,37 @@ class ModelWorker:
             return WorkerRefused("the model worker was refused (its refusal log is empty)")
         return BenchError(f"the model worker {_exit_text(code)} ({why})")
 
+    def submit(self, message: dict) -> Future:
+        """Send ``message`` without waiting: its reply is the future's result, the requests
+        answered in order by one thread. The worker starts and compiles while this process
+        compiles its own side; each reply carries ``_elapsed_s``, the seconds from sending it
+        to reading its answer, measured here."""
+        return self._calls.submit(self._call, message, CALL_TIMEOUT_S)
+
     def call(self, message: dict, timeout_s: float = CALL_TIMEOUT_S) -> dict:
+        return self._calls.submit(self._call, message, timeout_s).result()
+
+    @contextmanager
+    def frozen(self):
+        """The worker stopped (SIGSTOP) for the body: while the PyTorch side is timed no thread
+        of the worker can launch GPU work or burn the CPU the clock shares; GPU work it queued
+        before is what ``gpu_activity`` looks for."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        try:
+            _wait_stopped(self.proc.pid)
+            yield
+        finally:
+            if self.proc.poll() is None:
+                os.kill(self.proc.pid, signal.SIGCONT)
+
+    def _call(self, message: dict, timeout_s: float) -> dict:
+        start = time.perf_counter()
         try:
             send(self._out, message)
             reply = self._reader.recv(timeout_s)
         except (WireError, BrokenPipeError) as exc:
             raise self._dead(str(exc)) from None
+        reply["_elapsed_s"] = time.perf_counter() - start
         refused = self.refusals()
         if refused:
             raise WorkerRefused(f"the model worker was refused: {refused[0]}")
@@ -176,6 +222,7 @@ class ModelWorker:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._calls.shutdown(wait=True, cancel_futures=True)
         os.close(self._out)
         os.close(self._reader.fd)
         self._relay.join(timeout=5)
@@ -188,16 +235,43 @@ def _rows(ids: torch.Tensor) -> list[list[int]]:
 class RemoteSide:
     """The interface ``throughput`` and the correctness check use, over a ``ModelWorker``."""
 
-    def __init__(self, worker: ModelWorker, mode: str, prompt: torch.Tensor):
+    def __init__(
+        self,
+        worker: ModelWorker,
+        mode: str,
+        prompt: torch.Tensor,
+        started: Future | None = None,
+        log=None,
+    ):
         self.worker = worker
         self.mode = mode
         self.prompt = prompt.cpu()
         self.mask: torch.Tensor | None = None
         self._files = 0
+        self._started = started
+        self._log = log
+        self.started_s: float | None = None  # seconds from sending init to its answer
+
+    def wait_started(self) -> None:
+        """Wait for the worker's ``init`` (sent before this process built its own side) and log
+        its lines once; its failure is raised here."""
+        if self._started is None:
+            return
+        started, self._started = self._started, None
+        reply = started.result()
+        self.started_s = reply["_elapsed_s"]
+        if self._log is not None:
+            for line in reply.get("lines") or []:
+                self._log(f"[worker] {line}")
+            self._log(f"model worker: started and patched in {reply['_elapsed_s']:.1f} s")
+
+    def frozen(self):
+        return self.worker.frozen()
 
     def pause_gc(self) -> None:
         """Before a timed round, outside the clock: the worker collects and pauses its cyclic
         GC, as this process does for its own side."""
+        self.wait_started()
         self.worker.call({"op": "gc"})
 
     def use_prompt(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> None:
@@ -230,6 +304,7 @@ class RemoteSide:
     def timed(self, new_tokens: int, ids=None, label: str | None = None):
         """(wall seconds, sequences) of one worker generate(), timed here: from sending the
         request that carries the prompt to reading the answer."""
+        self.wait_started()
         if ids is not None:
             self.use_prompt(ids)
         message = self._request(new_tokens, guard=label)
@@ -238,32 +313,48 @@ class RemoteSide:
         seconds = time.perf_counter() - start
         return seconds, self._sequences(reply, new_tokens)
 
+    def submit_generate(self, new_tokens: int) -> Future:
+        """An untimed generate() on the current prompt, sent without waiting (warm-up: the
+        worker compiles while this process compiles its own side)."""
+        return self.worker.submit(self._request(new_tokens))
+
     def generate_with_logits(self, new_tokens: int, mode: str | None = None):
-        """(sequences, fp32 logits [B, N, V]) of one generate() of the worker, read from the
-        file it wrote (safetensors: data only) and checked for shape."""
+        return self.start_logits(new_tokens, mode)()
+
+    def start_logits(self, new_tokens: int, mode: str | None = None):
+        """Ask for (sequences, fp32 logits [B, N, V]) of one generate() and return at once; the
+        returned function waits, reads the file the worker wrote (safetensors: data only) and
+        checks its shapes, so this process scores its own side meanwhile."""
+        self.wait_started()
         self._files += 1
         name = f"logits-{self._files}"
         extra = {"logits": True, "name": name}
         if mode is not None:
             extra["mode"] = mode
-        message = self._request(new_tokens, **extra)
-        self.worker.call(message)
-        tensors = read_tensors(self.worker.scratch, name)
-        seq, logits = tensors.get("sequences"), tensors.get("logits")
-        batch, length = self.prompt.shape
-        if (
-            seq is None
-            or logits is None
-            or tuple(seq.shape) != (batch, length + new_tokens)
-            or logits.ndim != 3
-            or tuple(logits.shape[:2]) != (batch, new_tokens)
-        ):
-            raise BenchError("cuTile side: the worker's logits file has the wrong shapes")
-        if not torch.equal(seq[:, :length].long(), self.prompt):
-            raise BenchError("cuTile side: the worker generated from another prompt")
-        return seq.long(), logits.float()
+        pending = self.worker.submit(self._request(new_tokens, **extra))
+        prompt = self.prompt
+
+        def finish():
+            pending.result()
+            tensors = read_tensors(self.worker.scratch, name)
+            seq, logits = tensors.get("sequences"), tensors.get("logits")
+            batch, length = prompt.shape
+            if (
+                seq is None
+                or logits is None
+                or tuple(seq.shape) != (batch, length + new_tokens)
+                or logits.ndim != 3
+                or tuple(logits.shape[:2]) != (batch, new_tokens)
+            ):
+                raise BenchError("cuTile side: the worker's logits file has the wrong shapes")
+            if not torch.equal(seq[:, :length].long(), prompt):
+                raise BenchError("cuTile side: the worker generated from another prompt")
+            return seq.long(), logits.float()
+
+        return finish
 
     def profile(self, new_tokens: int) -> dict:
+        self.wait_started()
         self._files += 1
         name = f"profile-{self._files}"
         message = self._request(new_tokens, name=name)

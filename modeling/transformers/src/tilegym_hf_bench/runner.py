@@ -4,9 +4,11 @@ profiling's classification and every score happen here."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -15,6 +17,7 @@ from tilegym_hf_bench.envinfo import gpu_env
 from tilegym_hf_bench.errors import BenchError
 from tilegym_hf_bench.experiment_tree import measured_tree
 from tilegym_hf_bench.generation import Generator, make_input_ids
+from tilegym_hf_bench.gpu_activity import Silence
 from tilegym_hf_bench.metrics import throughput_block
 from tilegym_hf_bench.model_factory import (
     fp32_reference,
@@ -32,7 +35,7 @@ from tilegym_hf_bench.profiling.attribution import (
     coverage_block,
 )
 from tilegym_hf_bench.progress import Progress
-from tilegym_hf_bench.remote_side import ModelWorker, RemoteSide
+from tilegym_hf_bench.remote_side import ModelWorker, RemoteSide, WorkerRefused
 from tilegym_hf_bench.report import coverage_table_lines
 from tilegym_hf_bench.scoring import (
     Case,
@@ -90,31 +93,30 @@ def run(options: BenchOptions, progress: Progress) -> None:
         try:
             remote = None
             if cutile_reason is None:
-                with progress.phase("worker_start"):
-                    worker = ModelWorker(
-                        device=device,
-                        scratch=Path(scratch),
-                        src_root=tree.package_dir.parent,
-                        watched=[type(baseline).__module__],
-                        log=log,
-                    )
-                    reply = worker.call(
-                        {
-                            "op": "init",
-                            "model_key": options.model_key,
-                            "model_id": options.model_id,
-                            "seed": wl.seed,
-                            "flags": patch_table[loaded.model_type],
-                        }
-                    )
-                for line in reply.get("lines") or []:
-                    log(f"[worker] {line}")
-                remote = RemoteSide(worker, wl.mode, ids)
+                worker = ModelWorker(
+                    device=device,
+                    scratch=Path(scratch),
+                    src_root=tree.package_dir.parent,
+                    watched=[type(baseline).__module__],
+                    log=log,
+                )
+                started = worker.submit(
+                    {
+                        "op": "init",
+                        "model_key": options.model_key,
+                        "model_id": options.model_id,
+                        "seed": wl.seed,
+                        "flags": patch_table[loaded.model_type],
+                    }
+                )
+                remote = RemoteSide(worker, wl.mode, ids, started=started, log=log)
             else:
                 progress.not_measured(CUTILE, cutile_reason)
                 log(f"cuTile: not measured ({cutile_reason})")
             _measure(options, progress, device, baseline, remote, ids, vocab, unpatched, tree)
         finally:
+            if remote is not None and remote.started_s is not None:
+                progress.add_phase("worker_start", remote.started_s)
             if worker is not None:
                 worker.close()
     spent = progress.data["phases_s"]
@@ -147,6 +149,14 @@ def _measure(options, progress, device, baseline, remote, ids, vocab, unpatched,
         progress.update(warmup_runs=warmups.runs)
         seeds = timed_prompt_seeds(wl.timed_runs)
         log("timed prompt seeds (drawn for this run): " + " ".join(map(str, seeds)))
+        silence = None
+        if remote is not None and BASELINE in sides:
+            silence = Silence(remote.frozen, device)
+
+        def quiet(name: str):
+            """The worker stopped while this process's side is timed."""
+            return silence.around() if silence is not None and name != CUTILE else nullcontext()
+
         with progress.phase("timed"):
             samples = measure(
                 sides,
@@ -158,7 +168,14 @@ def _measure(options, progress, device, baseline, remote, ids, vocab, unpatched,
                     make_input_ids(vocab, wl.batch_size, wl.input_length, s, "cpu")
                     for s in seeds[i]
                 ),
+                quiet=quiet,
             )
+        if silence is not None:
+            log(silence.summary())
+            if silence.problem and os.environ.get("TILEGYM_WORKER_AUDIT") == "record":
+                log(f"audit (record only): would refuse: {silence.problem}")
+            elif silence.problem:
+                raise WorkerRefused(silence.problem)
         interleaved = len(sides) > 1
         for name, s in samples.items():
             timed_runs[name] = s.outputs
@@ -230,21 +247,23 @@ def timed_prompt_seeds(runs: int) -> list[tuple[int, int]]:
     return [(secrets.randbits(31), secrets.randbits(31)) for _ in range(runs)]
 
 
-def _generate_case(gen, case: Case, ids, mask):
-    """(sequences, logits) of one side on one correctness case."""
-    if case.timed_path:
-        gen.use_prompt(ids.to(_device_of(gen)), None)
-        return gen.generate_with_logits(case.new_tokens)
+def _start_case(gen, case: Case, ids, mask):
+    """A function returning (sequences, logits) of one side on one correctness case; the
+    worker's side is asked at once and computes while this process scores its own."""
     if isinstance(gen, RemoteSide):
-        gen.use_prompt(ids, mask)
-        return gen.generate_with_logits(case.new_tokens, mode=EAGER)
+        gen.use_prompt(ids, None if case.timed_path else mask)
+        return gen.start_logits(case.new_tokens, mode=None if case.timed_path else EAGER)
+    return lambda: _generate_case(gen, case, ids, mask)
+
+
+def _generate_case(gen, case: Case, ids, mask):
+    """(sequences, logits) of one local side on one correctness case."""
+    if case.timed_path:
+        gen.use_prompt(ids.to(gen.device), None)
+        return gen.generate_with_logits(case.new_tokens)
     eager = Generator(gen.model, ids.to(gen.device), gen.device, EAGER)
     eager.use_prompt(ids.to(gen.device), None if mask is None else mask.to(gen.device))
     return eager.generate_with_logits(case.new_tokens)
-
-
-def _device_of(gen) -> str:
-    return "cpu" if isinstance(gen, RemoteSide) else gen.device
 
 
 def check_correctness(baseline: Generator, cutile, wl, timed_runs: dict | None = None) -> dict:
@@ -261,6 +280,7 @@ def check_correctness(baseline: Generator, cutile, wl, timed_runs: dict | None =
         if mask is not None:
             ids = ids.masked_fill(mask == 0, 0)
         gpu_mask = None if mask is None else mask.to(device)
+        kernel_side = None if cutile is None else _start_case(cutile, case, ids, mask)
         base_seq, base_logits = _generate_case(baseline, case, ids, mask)
         base_seq = base_seq.to(device)
         reference = reference_logits(ref_model, base_seq, case.input_length, gpu_mask)
@@ -269,8 +289,8 @@ def check_correctness(baseline: Generator, cutile, wl, timed_runs: dict | None =
         del base_logits
         kernel_err = top1 = None
         finite = True
-        if cutile is not None:
-            seq, kernel_logits = _generate_case(cutile, case, ids, mask)
+        if kernel_side is not None:
+            seq, kernel_logits = kernel_side()
             seq, kernel_logits = seq.to(device), kernel_logits.to(device)
             if not torch.equal(seq, base_seq):  # diverged: score it on its own sequence
                 reference = reference_logits(ref_model, seq, case.input_length, gpu_mask)

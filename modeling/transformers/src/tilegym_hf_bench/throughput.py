@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from tilegym_hf_bench.compile_guard import no_compile
@@ -70,17 +70,42 @@ def warm_up(sides: dict[str, Generator], tokens: int, min_runs: int, log: Callab
     return warm_up_sides(sides, tokens, min_runs, log).runs
 
 
+def first_runs(sides: dict[str, Generator], tokens: int) -> dict[str, float]:
+    """Each side's first, compiling generate() (full length, then one token so that the
+    prefill-only shapes of the TTFT runs compile too), in seconds of the full one. A side that
+    can take requests ahead (``submit_generate``: the model worker) gets both at once and
+    compiles while the sides of this process compile theirs: nothing here is timed."""
+    pending = {
+        name: (gen.submit_generate(tokens), gen.submit_generate(1))
+        for name, gen in sides.items()
+        if hasattr(gen, "submit_generate")
+    }
+    times = {}
+    for name, gen in sides.items():
+        if name not in pending:
+            times[name], _ = gen.timed(tokens)  # first: a kept cache is made at its full length
+            gen.timed(1)
+    for name, (full, one) in pending.items():
+        sides[name].wait_started()
+        times[name] = full.result()["_elapsed_s"]
+        one.result()
+    return {name: times[name] for name in sides}
+
+
 def warm_up_sides(sides: dict[str, Generator], tokens: int, min_runs: int, log: Callable) -> WarmUp:
-    """Full generate() runs of every side, interleaved, until each side's time settled."""
+    """Full generate() runs of every side, interleaved after the first, until each side's time
+    settled."""
     times: dict[str, list[float]] = {name: [] for name in sides}
     runs = 0
     limit = min_runs + EXTRA_WARMUP_RUNS if min_runs else 0
     while runs < limit and not all(settled(t, min_runs) for t in times.values()):
-        for name, gen in sides.items():
-            seconds, _ = gen.timed(tokens)  # first: a kept cache is made at its full length
-            if runs == 0:
-                gen.timed(1)  # the prefill-only shapes of the TTFT runs compile here too
-            times[name].append(seconds)
+        if runs == 0:
+            for name, seconds in first_runs(sides, tokens).items():
+                times[name].append(seconds)
+        else:
+            for name, gen in sides.items():
+                seconds, _ = gen.timed(tokens)
+                times[name].append(seconds)
         runs += 1
         log(
             "warm-up run {}: {}".format(
@@ -108,13 +133,15 @@ def measure(
     log: Callable,
     prompt: Callable[[int], object] | None = None,
     guard: Callable[[str], AbstractContextManager] = no_compile,
+    quiet: Callable[[str], AbstractContextManager] = lambda name: nullcontext(),
 ) -> dict[str, SideSamples]:
     """``runs`` rounds; each round times every side (in order) once: a 1-token generate (time to
     first token), then the full generate. tokens/s = batch*tokens / wall time of generate().
     ``prompt(i)``: the input ids of round i, the same for every side (default: each side's own),
     or a pair (first-token prompt, full prompt); they are handed to each side inside its timed
     window. ``guard(label)`` wraps each side's two timed calls: by default a compile there is an
-    error (a worker side gets the label and guards its own calls)."""
+    error (a worker side gets the label and guards its own calls). ``quiet(name)`` wraps the
+    side's timed calls too: the runner stops the model worker while its own side is timed."""
     out = {name: SideSamples() for name in sides}
     for i in range(runs):
         parts = []
@@ -126,8 +153,9 @@ def measure(
                 pause_worker_gc = getattr(gen, "pause_gc", None)
                 if pause_worker_gc is not None:
                     pause_worker_gc()
-                ttft_s, first = gen.timed(1, first_ids, label)
-                total_s, output = gen.timed(tokens, full_ids, label)
+                with quiet(name):
+                    ttft_s, first = gen.timed(1, first_ids, label)
+                    total_s, output = gen.timed(tokens, full_ids, label)
             s = out[name]
             s.tokens_per_s.append(batch * tokens / total_s)
             s.ttft_ms.append(1000.0 * ttft_s)
