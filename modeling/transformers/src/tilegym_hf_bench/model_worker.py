@@ -16,6 +16,8 @@ through (compared after every request: ``isolation.class_guard``).
 
 from __future__ import annotations
 
+import contextlib
+
 import gc
 import json
 import sys
@@ -40,9 +42,13 @@ def _prepare(device: str) -> None:
     if device == "cpu":
         try:
             from torch._inductor import cpu_vec_isa
+            from torch._inductor.exc import InvalidCxxCompiler
         except ImportError:
             return
-        cpu_vec_isa.valid_vec_isa_list()
+        # no C++ compiler (the CPU image): nothing for Inductor to probe; an eager run needs
+        # none, a static one fails at its compile
+        with contextlib.suppress(InvalidCxxCompiler):
+            cpu_vec_isa.valid_vec_isa_list()
 
 
 def _confine(config: dict) -> None:
