@@ -17,7 +17,6 @@ through (compared after every request: ``isolation.class_guard``).
 from __future__ import annotations
 
 import contextlib
-
 import gc
 import json
 import sys
