@@ -390,7 +390,7 @@ def test_the_real_bench_of_tiny_qwen3_in_the_image_writes_valid_metrics(client, 
     assert proc.returncode == 0, proc.stdout + proc.stderr + logs[-3000:]
     doc = json.loads(metrics.read_text())
     assert validation_errors(doc) == []
-    assert (doc["status"], doc["commit"], doc["model_key"]) == ("ok", sha, "qwen3")
+    assert (doc["status"], doc["commit"], doc["model_key"]) == ("ok", sha, "tiny-qwen3")
     assert doc["baseline"] is not None
     assert leftovers(client, sha) == []
 
