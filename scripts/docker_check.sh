@@ -6,8 +6,16 @@
 # runner promises, each against the engine. An engine this script started is stopped at the end
 # (TILEGYM_DOCKER_KEEP_ENGINE=1 leaves it running).
 #
-#   bash scripts/docker_check.sh [pytest args]
+#   bash scripts/docker_check.sh [--prepare-only | --tests-only] [pytest args]
+#
+# --prepare-only stops after the doctor (engine left running); --tests-only runs the tests on an
+# engine and image that are there (.ci/run prepares under a time limit, then tests).
 set -euo pipefail
+mode=all
+case "${1:-}" in
+  --prepare-only) mode=prepare; shift ;;
+  --tests-only) mode=tests; shift ;;
+esac
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 t0=$SECONDS
@@ -16,9 +24,15 @@ export TILEGYM_IMAGE=$image
 
 [ -x .venv/bin/python ] || bash scripts/setup.sh
 
+if [ "$mode" = tests ]; then
+  TILEGYM_DOCKER_REQUIRED=1 .venv/bin/python -m pytest -m docker -p no:cacheprovider \
+    tests/automation/test_docker_engine.py "$@"
+  echo "docker check: tests green in $((SECONDS - t0)) s"
+  exit 0
+fi
 started=$(bash scripts/docker_base.sh engine)
 pid=${started#STARTED }
-if [ -n "$started" ] && [ -z "${TILEGYM_DOCKER_KEEP_ENGINE:-}" ]; then
+if [ -n "$started" ] && [ -z "${TILEGYM_DOCKER_KEEP_ENGINE:-}" ] && [ "$mode" = all ]; then
   # shellcheck disable=SC2064  # expand now: the pid is known
   trap "bash scripts/docker_base.sh stop $pid" EXIT
 fi
@@ -28,6 +42,10 @@ echo "docker check: engine and image ready after $((SECONDS - t0)) s"
 
 skips=(--skip gpu --skip cuda-tile --skip toolchain --skip profilers --skip git)
 .venv/bin/tilegym-bot doctor --image "$image" "${skips[@]}"
+if [ "$mode" = prepare ]; then
+  echo "docker check: prepared in $((SECONDS - t0)) s${started:+ (engine $started left running)}"
+  exit 0
+fi
 
 TILEGYM_DOCKER_REQUIRED=1 .venv/bin/python -m pytest -m docker -p no:cacheprovider \
   tests/automation/test_docker_engine.py "$@"

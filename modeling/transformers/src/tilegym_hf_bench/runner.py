@@ -247,6 +247,15 @@ def timed_prompt_seeds(runs: int) -> list[tuple[int, int]]:
     return [(secrets.randbits(31), secrets.randbits(31)) for _ in range(runs)]
 
 
+def _case_inputs(case: Case, vocab: int):
+    """(prompt ids, attention mask or None) of one correctness case, drawn from the OS."""
+    ids = make_input_ids(vocab, case.batch, case.input_length, secrets.randbits(31), "cpu")
+    mask = left_pad_mask(case.batch, case.input_length) if case.padded else None
+    if mask is not None:
+        ids = ids.masked_fill(mask == 0, 0)
+    return ids, mask
+
+
 def _start_case(gen, case: Case, ids, mask):
     """A function returning (sequences, logits) of one side on one correctness case; the
     worker's side is asked at once and computes while this process scores its own."""
@@ -274,13 +283,15 @@ def check_correctness(baseline: Generator, cutile, wl, timed_runs: dict | None =
     vocab = baseline.model.config.get_text_config().vocab_size
     scores: list[CaseScore] = []
     case_list = cases(wl.batch_size, wl.input_length, wl.output_length)
-    for case in case_list:
-        ids = make_input_ids(vocab, case.batch, case.input_length, secrets.randbits(31), "cpu")
-        mask = left_pad_mask(case.batch, case.input_length) if case.padded else None
-        if mask is not None:
-            ids = ids.masked_fill(mask == 0, 0)
+    inputs = [_case_inputs(case, vocab) for case in case_list]
+    # the worker gets every case at once and works through them while this process runs its
+    # own side and the reference (its first eager runs of new shapes JIT-compile kernels)
+    kernel_sides = [
+        None if cutile is None else _start_case(cutile, case, ids, mask)
+        for case, (ids, mask) in zip(case_list, inputs, strict=True)
+    ]
+    for case, (ids, mask), kernel_side in zip(case_list, inputs, kernel_sides, strict=True):
         gpu_mask = None if mask is None else mask.to(device)
-        kernel_side = None if cutile is None else _start_case(cutile, case, ids, mask)
         base_seq, base_logits = _generate_case(baseline, case, ids, mask)
         base_seq = base_seq.to(device)
         reference = reference_logits(ref_model, base_seq, case.input_length, gpu_mask)
