@@ -1,8 +1,10 @@
 """``tilegym-bot model init``: scaffold a new model family from the ops that exist.
 
-The family is read off a tiny instance of the model (``tilegym.transformers.family_probe``)
-and checked by running it: the patched tiny model must reproduce the upstream model on the
-CPU, or nothing is written and the refusal names the uncovered feature. Then, on a new branch
+The family is read off a tiny instance of the model (``tilegym.transformers.family_probe``:
+its classes and projections, and config-driven fields such as Granite's
+``residual_multiplier`` and SmolLM3's per-layer RoPE switch ``use_rope``) and checked by
+running it: the patched tiny model must reproduce the upstream model on the CPU, or nothing
+is written and the refusal names the uncovered feature. Then, on a new branch
 ``model/<key>`` cut from main, one commit adds:
 
 - ``src/tilegym/transformers/<model_type>/`` (``modeling_<model_type>.py`` with the ``FAMILY``,

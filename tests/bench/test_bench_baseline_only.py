@@ -22,21 +22,18 @@ UNPATCHED = sorted(
 )
 
 
-# IBM Granite 3's layers (Llama's plus embedding, residual and attention multipliers and logits
-# scaling), shrunk: a model type no family patches, whatever tiny presets exist
-GRANITE = dict(
-    model_type="granite",
+# OLMo 1's layers (Llama's with LayerNorms without weights and clipped q/k/v), shrunk: a model
+# type no family patches, whatever tiny presets exist
+UNPATCHED_MODEL = dict(
+    model_type="olmo",
     hidden_size=64,
     intermediate_size=256,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
     vocab_size=512,
-    embedding_multiplier=12.0,
-    residual_multiplier=0.22,
-    attention_multiplier=0.0625,
-    logits_scaling=4.0,
-    tie_word_embeddings=True,
+    clip_qkv=8.0,
+    tie_word_embeddings=False,
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
@@ -46,13 +43,13 @@ GRANITE = dict(
 @pytest.fixture(scope="module")
 def unpatched(tmp_path_factory):
     """(model key, model type, checkpoint directory): a small random checkpoint on disk of a
-    model type this project has no patch for (Granite)."""
-    assert GRANITE["model_type"] not in MODEL_PATCH_KWARGS
-    config = AutoConfig.for_model(**GRANITE)
+    model type this project has no patch for (OLMo 1)."""
+    assert UNPATCHED_MODEL["model_type"] not in MODEL_PATCH_KWARGS
+    config = AutoConfig.for_model(**UNPATCHED_MODEL)
     torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("granite")
+    path = tmp_path_factory.mktemp("olmo")
     AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(path)
-    return "granite", "granite", path
+    return "olmo", "olmo", path
 
 
 def bench(*args, device="cpu", timeout=180):

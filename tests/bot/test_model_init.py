@@ -41,6 +41,24 @@ def project(tmp_path):
     return root, r
 
 
+def _without_family(root: Path, repo, model_type: str) -> None:
+    """The temporary project as it was before ``model_type`` had presets and patch flags
+    (committed): its ``PRESETS`` entries and its ``MODEL_PATCH_KWARGS`` line removed."""
+    presets = root / PRESETS_PY
+    source = presets.read_text()
+    lines = source.splitlines(True)
+    drop: set[int] = set()
+    for node in ast.parse(source).body:
+        targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+        if any(getattr(t, "id", None) == "PRESETS" for t in targets):
+            for value in node.value.values:
+                if ast.literal_eval(value.args[1]) == model_type:
+                    drop |= set(range(value.lineno - 1, value.end_lineno))
+    presets.write_text("".join(li for i, li in enumerate(lines) if i not in drop))
+    repo.index.add([PRESETS_PY])
+    _without_patch_flags(root, repo, model_type)
+
+
 def _literal_keys(source: str, name: str) -> set[str]:
     for node in ast.parse(source).body:
         targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
@@ -51,7 +69,8 @@ def _literal_keys(source: str, name: str) -> set[str]:
 
 def test_a_covered_family_is_scaffolded_and_committed_on_its_branch(project, tmp_path, capsys):
     root, repo = project
-    config = tmp_path / "config.json"  # Granite with unit multipliers is Llama's computation
+    _without_family(root, repo, "granite")
+    config = tmp_path / "config.json"  # Granite's class defaults: unit multipliers
     config.write_text(
         json.dumps({"model_type": "granite", "hidden_size": 2048, "vocab_size": 49152})
     )
@@ -75,14 +94,14 @@ def test_a_covered_family_is_scaffolded_and_committed_on_its_branch(project, tmp
 def test_an_uncovered_feature_is_refused_by_name_and_nothing_is_written(project, tmp_path, capsys):
     root, repo = project
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model_type": "granite", "residual_multiplier": 0.22}))
+    config.write_text(json.dumps({"model_type": "gemma2", "attn_logit_softcapping": 30.0}))
     before = repo.head.commit.hexsha
-    assert main(["-C", str(root), "model", "init", "granite", "--config", str(config)]) == 1
+    assert main(["-C", str(root), "model", "init", "gemma2", "--config", str(config)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: model init granite: not covered by the existing ops: ")
-    assert "scaled residual adds (Granite): config.residual_multiplier = 0.22" in err[-1]
+    assert err[-1].startswith("error: model init gemma2: not covered by the existing ops: ")
+    assert "soft-capping (Gemma 2): config.attn_logit_softcapping = 30.0" in err[-1]
     assert repo.active_branch.name == "main" and repo.head.commit.hexsha == before
-    assert not (root / "src/tilegym/transformers/granite").exists()
+    assert not (root / "src/tilegym/transformers/gemma2").exists()
 
 
 def test_bad_inputs_get_one_line(project, tmp_path, capsys):
@@ -220,24 +239,46 @@ def test_a_mixture_of_experts_scaffolds_with_few_small_experts(project, tmp_path
 
 
 def test_the_accept_message_states_the_checks_result(project, capsys):
-    root, _ = project
+    root, repo = project
+    _without_family(root, repo, "granite")
     assert main(["-C", str(root), "model", "init", "granite"]) == 0
     out = capsys.readouterr().out
     assert "checked: the patched 2-layer model reproduces the upstream one" in out
     assert "max |logit difference| " in out and "over 2 x 9 tokens" in out
 
 
-def test_smollm3s_nope_layer_is_checked_and_refused_by_module(project, capsys):
-    """SmolLM3 leaves RoPE out of every 4th layer (``no_rope_layers``): the check runs 4 layers
-    and names the layer that differs and its config entry; 2 layers never met that layer."""
+@pytest.mark.parametrize("model_type", ["granite", "smollm3"])
+def test_a_published_config_scaffolds_the_registered_description(
+    project, tmp_path, capsys, model_type
+):
+    """granite-3.3-2b-instruct (muP scales: residual_multiplier 0.22 read into the description)
+    and SmolLM3-3B (RoPE left out of every 4th layer: ``no_rope_layers``, checked on 4 layers,
+    the 4th without RoPE) as their presets have them: model init accepts each and reads off the
+    Family the repository registers by hand."""
+    from tilegym.transformers import monkey_patch as mp
+
     root, repo = project
-    before = repo.head.commit.hexsha
-    assert main(["-C", str(root), "model", "init", "smollm3"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "the first module whose output differs is model.layers.3 (SmolLM3DecoderLayer" in err
-    assert "no_rope_layers[3] = 0" in err and "rope (RoPE)" in err
-    assert repo.head.commit.hexsha == before
-    assert not (root / "src/tilegym/transformers/smollm3").exists()
+    _without_family(root, repo, model_type)
+    config = _preset_config(tmp_path, model_type)
+    args = ["-C", str(root), "model", "init", model_type, "--config", str(config)]
+    assert main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    namespace: dict = {}
+    folder = root / f"src/tilegym/transformers/{model_type}"
+    exec((folder / f"modeling_{model_type}.py").read_text(), namespace)
+    assert namespace["FAMILY"] == mp.FAMILIES[model_type].description()
+    tiny = json.loads(
+        (
+            root / f"modeling/transformers/src/tilegym_hf_bench/configs/tiny-{model_type}.json"
+        ).read_text()
+    )
+    if model_type == "smollm3":
+        assert "checked: the patched 4-layer model reproduces the upstream one" in out
+        assert "no_rope_layers (4)" in out
+        assert tiny["num_hidden_layers"] == 4 and tiny["no_rope_layers"] == [1, 1, 1, 0]
+    else:
+        assert "checked: the patched 2-layer model reproduces the upstream one" in out
+        assert tiny["residual_multiplier"] == 0.22 and tiny["embedding_multiplier"] == 12.0
 
 
 def test_a_refusal_names_the_differing_module_not_a_guess(project, capsys):

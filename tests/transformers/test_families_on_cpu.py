@@ -26,7 +26,12 @@ def _pair(model_type: str, dtype: torch.dtype = torch.float32, **flags):
     path = Path(tilegym.transformers.__file__).parent / model_type / "small_config.json"
     d = json.loads(path.read_text())
     heads = d["num_attention_heads"] // d["num_key_value_heads"]
-    d.update(hidden_size=128, intermediate_size=192, num_hidden_layers=2, vocab_size=256)
+    n = d["num_hidden_layers"]  # kept where per-layer lists need it (SmolLM3's 4th is NoPE)
+    per_layer = any(
+        isinstance(v, list) and len(v) == n for k, v in d.items() if k != "architectures"
+    )
+    layers = n if per_layer else 2
+    d.update(hidden_size=128, intermediate_size=192, num_hidden_layers=layers, vocab_size=256)
     d.update(num_key_value_heads=2, num_attention_heads=2 * heads, head_dim=64)
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_config(AutoConfig.for_model(**d)).eval().to(dtype)

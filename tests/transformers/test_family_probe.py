@@ -40,8 +40,19 @@ def _tiny(model_type: str, **extra):
 
 
 #: per model type, what makes the tiny model show its features to the numeric check (Gemma 3:
-#: a sliding-window layer, its window shorter than the probe's prompts, then a global layer)
-FEATURES = {"gemma3_text": dict(sliding_window_pattern=2, sliding_window=4)}
+#: a sliding-window layer, its window shorter than the probe's prompts, then a global layer;
+#: Granite: every muP scale off its default; SmolLM3: 4 layers, the 4th without RoPE and, with
+#: the window on, a sliding-window layer)
+FEATURES = {
+    "gemma3_text": dict(sliding_window_pattern=2, sliding_window=4),
+    "granite": dict(
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.1,
+        logits_scaling=8.0,
+    ),
+    "smollm3": dict(num_hidden_layers=4, use_sliding_window=True, sliding_window=4),
+}
 
 
 def _apply(description):
@@ -102,7 +113,6 @@ def test_the_norm_form_is_read_off_the_module():
             {"hidden_act": "relu"},
             "activation config.hidden_act = 'relu': no kernel computes it",
         ),
-        ("granite", {"residual_multiplier": 0.22}, "scaled residual adds"),
     ],
 )
 def test_uncovered_features_are_refused_by_name(model_type, extra, match):
@@ -120,6 +130,49 @@ def test_config_problems_reads_plain_values():
         "attention logit soft-capping (Gemma 2)",
         "activation config.hidden_act = 'gelu'",
     ]
+
+
+def test_the_probe_reads_the_residual_multiplier_and_the_nope_switch():
+    granite = describe_structure(_tiny("granite", **FEATURES["granite"]))
+    assert granite.family.residual_multiplier and granite.family.rope_switch is None
+    assert any("residual_multiplier" in note for note in granite.notes)
+    smollm3 = describe_structure(_tiny("smollm3", **FEATURES["smollm3"]))
+    assert smollm3.family.rope_switch == "use_rope"
+    assert not smollm3.family.residual_multiplier
+    assert not describe_structure(_tiny("llama")).family.residual_multiplier
+
+
+@pytest.mark.parametrize("scale", ["residual_multiplier", "attention_multiplier"])
+def test_each_granite_scale_is_needed_by_the_numbers(scale):
+    """With one scale at a non-default value and the rest at theirs, the registered Granite
+    reproduces upstream; a description without the residual field, or an attention that
+    ignored the module's scaling, would not (the first is checked here)."""
+    defaults = dict(
+        embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0,
+        attention_multiplier=SMALL["head_dim"] ** -0.5,
+    )  # fmt: skip
+    model = _tiny("granite", **{**defaults, scale: FEATURES["granite"][scale]})
+    family = mp.FAMILIES["granite"].description()
+    assert verify(model, family, _apply(family)) <= 1e-4
+    if scale == "residual_multiplier":
+        wrong = dataclasses.replace(family, residual_multiplier=False)
+        with pytest.raises(FamilyRefused, match=r"model.layers.0 \(GraniteDecoderLayer"):
+            verify(model, wrong, _apply(wrong))
+
+
+def test_smollm3_without_its_nope_switch_is_refused_at_the_nope_layer():
+    """SmolLM3 leaves RoPE out of every 4th layer (``no_rope_layers``): described without the
+    switch, the first layer that differs is the 4th, named with its config entry and the one
+    patch flag that alone makes it differ."""
+    from tilegym.transformers.family_probe import check_family
+
+    model = _tiny("smollm3", num_hidden_layers=4)
+    wrong = dataclasses.replace(mp.FAMILIES["smollm3"].description(), rope_switch=None)
+    with pytest.raises(FamilyRefused) as refused:
+        check_family(model, wrong, lambda m, **f: mp.apply_family(m, wrong, **f))
+    message = str(refused.value)
+    assert "the first module whose output differs is model.layers.3 (SmolLM3DecoderLayer" in message
+    assert "no_rope_layers[3] = 0" in message and "these differ: rope (RoPE)" in message
 
 
 def test_features_outside_the_patched_modules_are_reproduced():

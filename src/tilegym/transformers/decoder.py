@@ -76,9 +76,21 @@ def unbiased(module: torch.nn.Module, names: tuple[str, ...]) -> bool:
     return all(getattr(module, n).bias is None for n in names)
 
 
+def residual_scale(module: torch.nn.Module, family: Family) -> float | None:
+    """What ``module`` (an attention or MLP) scales its output by before the residual add:
+    ``config.residual_multiplier`` where the family has one (Granite), else None."""
+    return module.config.residual_multiplier if family.residual_multiplier else None
+
+
+def add_scaled(residual: torch.Tensor, out: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """``residual + out``, or ``residual + out * scale`` as the upstream layer writes it."""
+    return residual + out if scale is None else residual + out * scale
+
+
 def make_mlp_forward(routes: Routes, fused: FusedWeights, gemm, family: Family) -> Callable:
     """``XMLP.forward``: gate/up (fused GEMM + activation-and-mul epilogue, or the act-and-mul
-    kernel: SiLU, or GELU-tanh by ``routes.act``), down(+residual)."""
+    kernel: SiLU, or GELU-tanh by ``routes.act``), down(+residual). A residual multiplier
+    (Granite) is folded into the down_proj weight the residual GEMM reads."""
     names = family.gate_up
     act_and_mul, gated_gemm = _ACT_KERNELS[routes.act]
 
@@ -95,10 +107,11 @@ def make_mlp_forward(routes: Routes, fused: FusedWeights, gemm, family: Family) 
             act = act_and_mul(gate, up) if routes.swiglu else getattr(self, family.act)(gate) * up
         if routes.linear and self.down_proj.bias is None:
             if residual is not None:
-                return gemm.linear_residual(act, self.down_proj.weight, residual)
+                w = fused.scaled(self, "down_proj", residual_scale(self, family))
+                return gemm.linear_residual(act, w, residual)
             return gemm.linear(act, self.down_proj.weight)
         out = self.down_proj(act)
-        return out if residual is None else residual + out
+        return out if residual is None else add_scaled(residual, out, residual_scale(self, family))
 
     return forward
 
@@ -118,7 +131,10 @@ def make_attention_forward(
     takes_kwargs,
     family: Family,
 ) -> Callable:
-    """``XAttention.forward``: fused QKV GEMM, (q/k norm +) RoPE kernel, o_proj(+residual)."""
+    """``XAttention.forward``: fused QKV GEMM, (q/k norm +) RoPE kernel, o_proj(+residual).
+    A layer whose ``family.rope_switch`` attribute is false skips RoPE (SmolLM3's NoPE layers);
+    a residual multiplier (Granite) is folded into the o_proj weight the residual GEMM reads.
+    The softmax scale is the module's ``scaling`` (Granite: ``config.attention_multiplier``)."""
     names = family.qkv
     torch_rope = upstream_rope(family)
 
@@ -152,19 +168,20 @@ def make_attention_forward(
             q, k, v = q.view(bsz, seq, hq, d), k.view(bsz, seq, hk, d), v.view(bsz, seq, hk, d)
         cos, sin = position_embeddings
         per_head = family.qk_norm and not family.qk_norm_whole
+        rope = family.rope_switch is None or bool(getattr(self, family.rope_switch))
         if family.qk_norm and family.qk_norm_whole:
             q = self.q_norm(q.reshape(bsz, seq, hq * d)).view(bsz, seq, hq, d)
             k = self.k_norm(k.reshape(bsz, seq, hk * d)).view(bsz, seq, hk, d)
-        if per_head and routes.rope and routes.rms_norm:
+        if per_head and rope and routes.rope and routes.rms_norm:
             qw, kw, eps = self.q_norm.weight, self.k_norm.weight, norm_eps(self.q_norm)
             q, k = qk_norm_rope(q, k, qw, kw, eps, cos, sin, family.norm_unit_offset)
         else:
             if per_head:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = q.transpose(1, 2), k.transpose(1, 2)
-            if routes.rope:
+            if rope and routes.rope:
                 q, k = apply_rope(q, k, cos, sin)
-            else:
+            elif rope:
                 q, k = torch_rope(q, k, cos, sin)
         v = v.transpose(1, 2)
         if cache is not None:
@@ -191,10 +208,13 @@ def make_attention_forward(
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         if routes.linear and self.o_proj.bias is None:
             if residual is not None:
-                return gemm.linear_residual(attn_output, self.o_proj.weight, residual), attn_weights
+                w = fused.scaled(self, "o_proj", residual_scale(self, family))
+                return gemm.linear_residual(attn_output, w, residual), attn_weights
             return gemm.linear(attn_output, self.o_proj.weight), attn_weights
         out = self.o_proj(attn_output)
-        return (out if residual is None else residual + out), attn_weights
+        if residual is None:
+            return out, attn_weights
+        return add_scaled(residual, out, residual_scale(self, family)), attn_weights
 
     return forward
 
@@ -211,8 +231,10 @@ def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
     """``XDecoderLayer.forward``: the attention residual add is folded into the o_proj GEMM
     (``linear``) or into the fused add+RMSNorm kernel (``rms_norm``); the MLP residual add into
     the down_proj GEMM (``linear``), else it stays a PyTorch add: a standalone cuTile add never
-    beat PyTorch's on the H200, so the library has none. Post-norm (OLMo 2) and sandwich-norm
-    (Gemma 3) families have their own layer forwards below."""
+    beat PyTorch's on the H200, so the library has none. A residual multiplier (Granite's
+    ``residual + out * m``) rides in the o_proj/down_proj weights the residual GEMMs read; the
+    add+RMSNorm kernel has no scale, so there (``linear`` off) the scaling is PyTorch's multiply.
+    Post-norm (OLMo 2) and sandwich-norm (Gemma 3) families have their own layer forwards below."""
     offset = family.norm_unit_offset
 
     def forward(
@@ -239,11 +261,13 @@ def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
             hidden_states = attn_out
             normed = norm(hidden_states)
         elif routes.rms_norm:
+            scale = residual_scale(self.self_attn, family)
+            branch = attn_out if scale is None else attn_out * scale
             hidden_states, normed = add_rms_norm(
-                attn_out, residual, norm.weight, norm_eps(norm), offset
+                branch, residual, norm.weight, norm_eps(norm), offset
             )
         else:
-            hidden_states = residual + attn_out
+            hidden_states = add_scaled(residual, attn_out, residual_scale(self.self_attn, family))
             normed = norm(hidden_states)
         return self.mlp(normed, residual=hidden_states)
 

@@ -3,12 +3,12 @@
 ``model init`` scaffolds a new family from this. The description is read off an instance
 (its classes, projections, norms, activation) and the config (features the ops do not
 cover); what the structure cannot show (a norm applied after a sub-block instead of before,
-a scaled residual, a different RMSNorm formula) is caught by running the model: the patched
-tiny model on the CPU (the ops' PyTorch implementations) must reproduce every module's output,
-the logits and the greedy tokens of the upstream model, or the family is refused, naming the
-first module whose output differs. The tiny model holds every per-layer pattern of the config
-(``model init`` picks its layer count), so a layer kind that occurs every k-th layer is run too.
-Never a silently wrong model.
+a residual scaled by a factor the glue does not read, a different RMSNorm formula) is caught
+by running the model: the patched tiny model on the CPU (the ops' PyTorch implementations)
+must reproduce every module's output, the logits and the greedy tokens of the upstream model,
+or the family is refused, naming the first module whose output differs. The tiny model holds
+every per-layer pattern of the config (``model init`` picks its layer count), so a layer kind
+that occurs every k-th layer is run too. Never a silently wrong model.
 """
 
 from __future__ import annotations
@@ -31,11 +31,15 @@ from tilegym.transformers.family import (
 #: that look alike are reproduced because they live outside the patched modules or in the
 #: module's own attributes the glue reads (Granite's embedding multiplier and logits scaling in
 #: the model and head forwards, its attention multiplier in ``self.scaling``; Gemma's
-#: query_pre_attn_scalar likewise); the numeric check covers what this list does not name.
+#: query_pre_attn_scalar likewise) or are a ``Family`` field (Granite's residual multiplier);
+#: the numeric check covers what this list does not name.
 UNSUPPORTED_CONFIG = {
-    "residual_multiplier": "scaled residual adds (Granite)",
     "attn_logit_softcapping": "attention logit soft-capping (Gemma 2)",
 }
+#: attention attributes that are false on a layer without RoPE (``Family.rope_switch``)
+ROPE_SWITCHES = ("use_rope",)
+#: config fields upstream's model and CausalLM forwards apply outside the patched modules
+OUTSIDE_SCALES = ("embedding_multiplier", "logits_scaling")
 #: decoder-layer children of the three layer forwards the shared glue has: norms before the
 #: attention and the MLP (Llama), after each (OLMo 2), or on both sides of each (Gemma 3)
 PRE_NORM_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
@@ -183,6 +187,20 @@ def describe_structure(model) -> Probe:
         notes.append("norms before and after attention and the MLP (sandwich)")
     if offset:
         notes.append("RMSNorms scaled by (1 + weight) in fp32")
+    residual = getattr(model.config, "residual_multiplier", None) is not None
+    if residual:
+        notes.append(
+            "residual + out * config.residual_multiplier after attention and after the MLP "
+            "(folded into the o_proj and down_proj weights of the residual GEMMs)"
+        )
+        if post_norm or sandwich:
+            problems.append("a residual multiplier in a layer with norms after its sub-blocks")
+    outside = [f for f in OUTSIDE_SCALES if getattr(model.config, f, None) is not None]
+    if outside:
+        notes.append(f"{' and '.join(outside)} left to the upstream model and head forwards")
+    rope_switch = next((a for a in ROPE_SWITCHES if hasattr(attn, a)), None)
+    if rope_switch:
+        notes.append(f"layers without RoPE where the attention's {rope_switch} is 0 (NoPE)")
     gated_act = GATED_ACTS.get(config_activation(model.config))  # None: a problem above
     if gated_act == "gelu_tanh":
         notes.append("GeGLU MLP (tanh GELU)")
@@ -207,6 +225,8 @@ def describe_structure(model) -> Probe:
         sandwich_norm=sandwich,
         gated_act=gated_act,
         moe_block=moe_block,
+        residual_multiplier=residual,
+        rope_switch=rope_switch,
     )
     return Probe(family, tuple(notes))
 

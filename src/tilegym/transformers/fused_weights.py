@@ -1,4 +1,5 @@
-"""Concatenated projection weights (QKV, gate+up) for the fused GEMMs, shared by every family."""
+"""Concatenated projection weights (QKV, gate+up) for the fused GEMMs, and projection weights
+with a residual multiplier folded in (Granite), shared by every family."""
 
 from __future__ import annotations
 
@@ -46,6 +47,22 @@ class FusedWeights:
 
     def build(self, module: torch.nn.Module, names: tuple[str, ...]) -> None:
         self.get(module, names)
+
+    def scaled(self, module: torch.nn.Module, name: str, factor: float | None) -> torch.Tensor:
+        """The projection ``name``'s weight times ``factor``, built once: a residual multiplier
+        (Granite's ``residual + out * m``) folded into the GEMM that adds the residual. The
+        weight itself for no factor or a factor of 1 (no copy)."""
+        weight = getattr(module, name).weight
+        if factor is None or factor == 1:
+            return weight
+        attr = f"_tilegym_scaled_{name}"
+        cached = getattr(module, attr, None)
+        if cached is None:
+            cached = weight.detach() * factor
+            torch._dynamo.mark_static_address(cached)
+            setattr(module, attr, cached)
+            self._owners.append((weakref.ref(module), attr))
+        return cached
 
     def __len__(self) -> int:
         """How many repacked weights this holds (each on its module)."""

@@ -301,6 +301,17 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
     return handle
 
 
+#: the projection whose GEMM adds the residual, per part: where a residual multiplier is folded
+_SCALED = {"Attention": "o_proj", "MLP": "down_proj"}
+
+
+def _scaled_here(module, part: str) -> bool:
+    """True when ``module``'s residual GEMM (unbiased o_proj/down_proj) reads a scaled weight,
+    which is built at patch time, before anything is compiled."""
+    proj = getattr(module, _SCALED.get(part, ""), None)
+    return isinstance(proj, torch.nn.Linear) and proj.bias is None
+
+
 def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc) -> None:
     unbiased = importlib.import_module(SHARED_GLUE).unbiased
     for module in model.modules():
@@ -311,6 +322,8 @@ def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc
                     fused.build(module, desc.qkv)
                 if routes.linear and part == "MLP" and unbiased(module, desc.gate_up):
                     fused.build(module, desc.gate_up)
+                if routes.linear and desc.residual_multiplier and _scaled_here(module, part):
+                    fused.scaled(module, _SCALED[part], module.config.residual_multiplier)
                 break
     if routes.rope:  # the decode step's RoPE tables, computed without a host read
         for module in model.modules():

@@ -52,6 +52,17 @@ PRESETS: dict[str, Preset] = {
     "tiny-qwen3_moe": Preset(
         "tiny-qwen3_moe", "qwen3_moe", "Qwen3-30B-A3B, 2 small layers", "tiny-qwen3_moe.json", True
     ),
+    "granite": Preset(
+        "granite", "granite", "ibm-granite/granite-3.3-2b-instruct", "granite.json", False
+    ),
+    "smollm3": Preset("smollm3", "smollm3", "HuggingFaceTB/SmolLM3-3B", "smollm3.json", False),
+    "tiny-granite": Preset(
+        "tiny-granite", "granite", "Granite 3.3 2B, 2 small layers", "tiny-granite.json", True
+    ),
+    # 4 layers: one whole NoPE period (the 4th layer has no RoPE)
+    "tiny-smollm3": Preset(
+        "tiny-smollm3", "smollm3", "SmolLM3-3B, 4 small layers", "tiny-smollm3.json", True
+    ),
 }
 
 

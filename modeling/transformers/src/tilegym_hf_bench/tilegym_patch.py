@@ -19,6 +19,8 @@ MODEL_PATCH_KWARGS = {
     "olmo2": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "gemma3_text": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "qwen3_moe": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "granite": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "smollm3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
 }
 
 

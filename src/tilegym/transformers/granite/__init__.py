@@ -1,0 +1,2 @@
+"""Granite (ibm-granite/granite-3.3-2b-instruct architecture): cuTile forwards, model-local
+kernels, inventory."""

@@ -1,0 +1,130 @@
+"""Granite's muP scales and SmolLM3's NoPE layers and sliding window, patched against upstream on
+the CPU (fp32): every Granite multiplier off its default (a missing fold or scale fails), the
+residual multiplier folded into scaled o_proj/down_proj weights built at patch time and freed by
+``undo()``, and SmolLM3 on 4 layers (the 4th without RoPE) with its window on and off."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig
+
+from tilegym.transformers import monkey_patch as mp
+
+SMALL = dict(
+    hidden_size=128,
+    intermediate_size=192,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,  # a head size the attention kernels take: attention is patched too
+    vocab_size=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+GRANITE = dict(
+    num_hidden_layers=2,
+    embedding_multiplier=12.0,
+    residual_multiplier=0.22,
+    attention_multiplier=0.03,  # not 1/sqrt(64)
+    logits_scaling=8.0,
+)
+SMOLLM3 = dict(num_hidden_layers=4)  # no_rope_layers [1, 1, 1, 0] from the interval 4
+WINDOWED = dict(SMOLLM3, use_sliding_window=True, sliding_window=4)  # the NoPE layer slides
+
+
+def _pair(model_type: str, **extra):
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **{**SMALL, **extra})
+    base = AutoModelForCausalLM.from_config(config).eval().float()
+    patched = copy.deepcopy(base)
+    return base, patched, mp.apply_tilegym_kernel(patched)
+
+
+def _batch():
+    ids = torch.randint(1, 256, (3, 11), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    mask[2, :9] = 0
+    return ids, mask
+
+
+def _greedy(model, ids, mask, **kw):
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=5,
+            min_new_tokens=5,
+            do_sample=False,
+            pad_token_id=0,
+            **kw,
+        )
+    return out[:, ids.shape[1] :]
+
+
+def _same(base, patched):
+    ids, mask = _batch()
+    with torch.no_grad():
+        want = base(input_ids=ids, attention_mask=mask).logits
+        got = patched(input_ids=ids, attention_mask=mask).logits
+    valid = mask.bool()
+    torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-4)
+    assert torch.equal(_greedy(patched, ids, mask), _greedy(base, ids, mask))
+
+
+CASES = [("granite", GRANITE), ("smollm3", SMOLLM3), ("smollm3", WINDOWED)]
+
+
+@pytest.mark.parametrize(("model_type", "extra"), CASES)
+def test_the_patched_model_computes_the_upstream_one(model_type, extra):
+    base, patched, handle = _pair(model_type, **extra)
+    assert handle.applied == list(mp.FLAGS), handle.not_applied
+    _same(base, patched)
+
+
+@pytest.mark.parametrize("scale", sorted(set(GRANITE) - {"num_hidden_layers"}))
+def test_each_granite_multiplier_alone_is_reproduced(scale):
+    """One multiplier off its default at a time (the others at their class defaults)."""
+    base, patched, _ = _pair("granite", num_hidden_layers=2, **{scale: GRANITE[scale]})
+    _same(base, patched)
+
+
+def test_the_residual_multiplier_rides_in_scaled_weights_freed_by_undo():
+    base, patched, handle = _pair("granite", **GRANITE)
+    for layer in patched.model.layers:
+        for module, name in ((layer.self_attn, "o_proj"), (layer.mlp, "down_proj")):
+            weight = getattr(module, name).weight
+            scaled = module.__dict__[f"_tilegym_scaled_{name}"]
+            assert torch.equal(scaled, weight.detach() * 0.22)
+    handle.undo()
+    assert not any("_tilegym_scaled_" in k for m in patched.modules() for k in vars(m))
+
+
+def test_the_nope_layer_skips_rope_and_the_others_rotate():
+    """Layer 3's attention has ``use_rope`` 0: the patched model reproduces upstream, and a
+    description that rotated it too would not (its layer 3 output differs)."""
+    import dataclasses
+
+    from tilegym.transformers.family_probe import FamilyRefused, verify
+
+    base, _, _ = _pair("smollm3", **SMOLLM3)
+    assert [layer.self_attn.use_rope for layer in base.model.layers] == [1, 1, 1, 0]
+    family = mp.FAMILIES["smollm3"].description()
+    wrong = dataclasses.replace(family, rope_switch=None)
+    with pytest.raises(FamilyRefused, match=r"model\.layers\.3 \(SmolLM3DecoderLayer"):
+        verify(base, wrong, lambda m: mp.apply_family(m, wrong))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model_type", "extra"), CASES)
+def test_the_patched_model_compiles_with_a_static_cache(model_type, extra):
+    torch._dynamo.reset()
+    base, patched, _ = _pair(model_type, **extra)
+    ids, mask = _batch()
+    cfg = CompileConfig(fullgraph=True, backend="aot_eager")
+    cfg._compile_all_devices = True
+    got = _greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
+    assert torch.equal(got, _greedy(base, ids, mask))
