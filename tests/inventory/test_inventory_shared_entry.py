@@ -196,3 +196,21 @@ def test_the_repository_inventory_shares_entry_points():
         if p.name != "__init__.py"
     )
     assert kernel_files == local  # no wrapper left that no Solution names
+
+
+@pytest.mark.skipif(toolchain_problem() is not None, reason="no cuTile compile toolchain")
+def test_worker_processes_get_the_definition_and_entry_kwargs():
+    """A compile worker re-imports the shared module and asks it again with the same
+    Definition and entry_kwargs (here: a kernel name it does not declare, so nothing compiles)."""
+    from tilegym.kernel_inventory.compile import _compile_in_worker
+
+    root = Path(__file__).resolve().parents[2]
+    entry = root / "src/tilegym/ops/entry/qk_norm_rope.py"
+    definition = (
+        root / "src/tilegym/transformers/gemma3/kernel_definitions/gemma3_qk_norm_rope.json"
+    )
+    kwargs = {"eps": 1e-6, "unit_offset": True}
+    error, _ = _compile_in_worker(str(entry), str(root), "nope", "sm_90", str(definition), kwargs)
+    assert error == "worker did not find nope in aot_signatures()"
+    error, _ = _compile_in_worker(str(entry), str(root), "nope", "sm_90", None, kwargs)
+    assert "could not re-import" in error and "needs the Solution's Definition" in error
