@@ -9,6 +9,7 @@ TILEGYM_PATCH = f"{HF_BENCH_DIR}/tilegym_patch.py"
 PREFIXES_YAML = f"{HF_BENCH_DIR}/kernel_filters/tilegym_kernel_prefixes.yaml"
 BENCH_SCRIPT = "modeling/transformers/scripts/benchmark_hf_model.sh"
 KERNEL_SOURCE_ROOT = "src/tilegym"
+SHARED_ENTRY_DIR = "src/tilegym/ops/entry"  # entry points every family's Solutions may name
 SANDBOX_DIR = "sandbox"
 SANDBOX_KEPT = frozenset({"sandbox/README.md", "sandbox/.gitignore"})
 

@@ -23,6 +23,7 @@ from tilegym_hooks.paths import (
     MAX_PARSED_BYTES,
     MONKEY_PATCH,
     PREFIXES_YAML,
+    SHARED_ENTRY_DIR,
     TILEGYM_PATCH,
     TRANSFORMERS_DIR,
 )
@@ -89,6 +90,14 @@ def is_shared_glue(path: str) -> bool:
     ``Family`` type, attention, cache and MoE glue): every family runs it, so an experiment for
     one model that changed it could change them all while measuring only its own."""
     return PurePosixPath(path).parent == PurePosixPath(TRANSFORMERS_DIR)
+
+
+def is_shared_entry(path: str) -> bool:
+    """True for a shared kernel entry point (``src/tilegym/ops/entry/``): other families'
+    Solutions name it, so an experiment that changed it would change their kernels too. An
+    experiment reuses one by naming it in its own Solution (its ``kernel_solutions/`` is its
+    own) or writes its own variant in its ``kernels/`` folder."""
+    return PurePosixPath(SHARED_ENTRY_DIR) in PurePosixPath(path).parents
 
 
 def first_changed_line(base: bytes | None, head: bytes | None) -> int:
@@ -360,6 +369,10 @@ def change_findings(model_key: str, change: Change) -> list[Finding]:
             if is_shared_glue(change.path):
                 message = f"shared by every family, {message} (wire a kernel in through "
                 message += f"Family.forwards in modeling_{model_key}.py)"
+            elif is_shared_entry(change.path):
+                message = f"a kernel entry point shared by every family, {message} (name it in "
+                message += f"{model_key}'s Solution, or write {model_key}'s own variant in "
+                message += f"{TRANSFORMERS_DIR}/{model_key}/kernels/)"
             return [Finding(change.path, line, "SCOPE001", message)]
         finding = rule(model_key, change)
         if finding is not None:

@@ -42,3 +42,38 @@ def test_no_familys_experiment_may_change_a_shared_module(name):
             f"{change.path}:{line}: SCOPE001 shared by every family, outside the scope of a "
             f"{key!r} experiment (wire a kernel in through Family.forwards in modeling_{key}.py)"
         ]
+
+
+ENTRY_ROOT = ROOT.parent / "ops" / "entry"
+SHARED_ENTRIES = sorted(p.name for p in ENTRY_ROOT.glob("*.py"))
+
+
+@pytest.mark.parametrize("name", SHARED_ENTRIES)
+def test_no_familys_experiment_may_change_a_shared_entry_point(name):
+    """Other families' Solutions name these (issue 44): an experiment reuses one from its own
+    Solution or writes its own variant in its kernels/ folder."""
+    text = (ENTRY_ROOT / name).read_bytes()
+    path = f"src/tilegym/ops/entry/{name}"
+    change = Change(path, text, text + b"\nEXTRA = 1\n")
+    line = len(text.splitlines()) + 1
+    for key in FAMILIES:
+        assert [str(f) for f in scope_findings(key, [change])] == [
+            f"{path}:{line}: SCOPE001 a kernel entry point shared by every family, outside the "
+            f"scope of a {key!r} experiment (name it in {key}'s Solution, or write {key}'s own "
+            f"variant in src/tilegym/transformers/{key}/kernels/)"
+        ]
+
+
+def test_a_familys_experiment_may_point_its_solution_at_a_shared_entry_point_or_its_own():
+    """Its Solutions and its kernels/ folder are its own; a new file there passes the scope
+    rule (the code rules still apply to it)."""
+    solution = "src/tilegym/transformers/qwen3/kernel_solutions/qwen3_rms_norm.json"
+    text = (ROOT / "qwen3" / "kernel_solutions" / "qwen3_rms_norm.json").read_bytes()
+    own = "src/tilegym/transformers/qwen3/kernels/rms_norm.py"
+    kernel = b"from tilegym.ops.entry import rms_norm as _shared\n\nrms_norm = _shared.rms_norm\n"
+    changes = [
+        Change(solution, text, text.replace(b"ops/entry/rms_norm.py", b"transformers/qwen3/k.py")),
+        Change(own, None, kernel),
+    ]
+    assert [str(f) for f in scope_findings("qwen3", changes)] == []
+    assert len(SHARED_ENTRIES) >= 10 and "__init__.py" in SHARED_ENTRIES

@@ -86,7 +86,8 @@ def test_scalar_inputs_have_no_shape_axes(tmp_path):
     definition = _definition()
     definition["inputs"]["eps"] = {"shape": None, "dtype": "float32"}
     definition["reference"] = f"# Source: {PERMALINK}\ndef run(gate, up, eps):\n    return gate\n"
-    assert _run_check(tmp_path, definition) == []
+    kernel = "def silu_and_mul(gate, up, eps):\n    return gate\n"  # takes the scalar too
+    assert _run_check(tmp_path, definition, kernel_source=kernel) == []
 
 
 def test_solution_rules(tmp_path):

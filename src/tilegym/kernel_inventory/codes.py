@@ -38,6 +38,8 @@ INV043  entry point function is not defined at the top level of its file
 INV044  ``target_hardware`` entry is not ``SM<NN>``
 INV045  ``entry_point`` is not ``path/to/file.py::function``
 INV046  duplicate Solution source path
+INV047  entry point's positional parameters do not take the Definition's inputs (and outputs)
+INV048  ``entry_kwargs`` and the entry point's keyword-only parameters disagree
 INV050  cited source could not be fetched (network or clone problem)
 INV051  cited commit does not exist
 INV052  cited file does not exist at that commit
@@ -101,6 +103,8 @@ ENTRY_FUNCTION_MISSING = "INV043"
 HARDWARE_INVALID = "INV044"
 ENTRY_POINT_FORMAT = "INV045"
 SOURCE_DUPLICATE = "INV046"
+ENTRY_SIGNATURE = "INV047"
+ENTRY_KWARGS = "INV048"
 CITE_UNREACHABLE = "INV050"
 CITE_NO_COMMIT = "INV051"
 CITE_NO_FILE = "INV052"

@@ -2,7 +2,10 @@
 
 Convention for kernel authors: the entry-point module defines ``aot_signatures()`` returning
 ``{kernel: [KernelSignature, ...]}`` for each ``@ct.kernel`` it launches (its own or imported
-from ``tilegym.ops``). Each kernel is compiled to a cubin in memory with
+from ``tilegym.ops``). A shared entry module (``src/tilegym/ops/entry/``), whose entry points
+serve every family's Definition of an op, defines ``aot_signatures(definition, **entry_kwargs)``
+instead: the gate passes the Solution's Definition (its ``const`` axes give the shapes) and the
+Solution's ``spec.entry_kwargs``. Each kernel is compiled to a cubin in memory with
 ``cuda.tile.compilation.export_kernel(..., output_format="cubin", gpu_code="sm_NN")``; no GPU is
 needed. Successful compiles are cached on disk keyed by (hash of the kernel's file and every
 repository file it imports, kernel, signatures, architecture, cuTile version), so an unchanged
@@ -38,9 +41,9 @@ from tilegym.kernel_inventory import codes
 from tilegym.kernel_inventory.cache import JsonCache, cache_dir
 from tilegym.kernel_inventory.entry import FILE_MODULE_PREFIX, first_line, import_entry_module
 from tilegym.kernel_inventory.imports import ImportGraph
-from tilegym.kernel_inventory.inventory import Loaded, load, shown_path
+from tilegym.kernel_inventory.inventory import Loaded, load, pair_of, shown_path
 from tilegym.kernel_inventory.jsonfile import finding
-from tilegym.kernel_inventory.models import Solution
+from tilegym.kernel_inventory.models import Definition, Solution
 from tilegym.kernel_inventory.selection import select_solutions
 
 SIGNATURES_FUNCTION = "aot_signatures"
@@ -86,6 +89,8 @@ class CompileJob:
     entry_path: Path
     kernel: Any = field(compare=False, repr=False)
     signatures: tuple = field(compare=False, repr=False)
+    definition_path: Path | None = field(default=None, compare=False, repr=False)
+    entry_kwargs: tuple = field(default=(), compare=False, repr=False)
 
 
 def default_jobs() -> int:
@@ -206,6 +211,8 @@ def _run_jobs(
                 str(repo_root),
                 job.kernel_name,
                 job.gpu_code,
+                str(job.definition_path) if job.definition_path is not None else None,
+                dict(job.entry_kwargs),
             ): job
             for job in jobs
         }
@@ -243,19 +250,58 @@ def _stalled(stall_s: float | None, undone: int, total: int) -> str:
 
 
 def _compile_in_worker(
-    entry_path: str, repo_root: str, kernel_name: str, gpu_code: str
+    entry_path: str,
+    repo_root: str,
+    kernel_name: str,
+    gpu_code: str,
+    definition_path: str | None = None,
+    entry_kwargs: dict | None = None,
 ) -> tuple[str | None, float]:
     """Worker side: re-import the entry module, find the kernel by name, compile it; (error or
     None, seconds the compile took)."""
     try:
         module = import_entry_module(Path(entry_path), Path(repo_root))
-        declared = getattr(module, SIGNATURES_FUNCTION)()
+        definition = None
+        if definition_path is not None:
+            definition = load(Path(definition_path), Path(repo_root)).model
+        declared = call_signatures(
+            getattr(module, SIGNATURES_FUNCTION), definition, entry_kwargs or {}
+        )
     except BaseException as exc:
         return f"worker could not re-import the entry module: {first_line(exc)}", 0.0
     for kernel, signatures in declared.items():
         if kernel_label(kernel) == kernel_name:
             return _timed_compile(kernel, signatures, gpu_code)
     return f"worker did not find {kernel_name} in {SIGNATURES_FUNCTION}()", 0.0
+
+
+def takes_definition(declare: Callable) -> bool:
+    """Whether ``aot_signatures`` is a shared entry module's, which takes the Definition."""
+    try:
+        parameters = inspect.signature(declare).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return any(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters)
+
+
+def call_signatures(declare: Callable, definition: Definition | None, entry_kwargs: dict) -> dict:
+    """``aot_signatures()`` of a family's own module, or ``aot_signatures(definition,
+    **entry_kwargs)`` of a shared one."""
+    if not takes_definition(declare):
+        return declare()
+    if not isinstance(definition, Definition):
+        raise ValueError("needs the Solution's Definition, which does not load")
+    return declare(definition, **entry_kwargs)
+
+
+def solution_definition(loaded: Loaded, repo_root: Path) -> tuple[Path | None, Definition | None]:
+    """The Solution's Definition by the pair layout: its path and, when valid, its model."""
+    path = pair_of(loaded.path)
+    if path is None or not path.is_file():
+        return None, None
+    model = load(path, repo_root).model
+    return path, model if isinstance(model, Definition) else None
 
 
 def plan_solution(
@@ -287,8 +333,9 @@ def plan_solution(
             "returning {kernel: [KernelSignature, ...]}"
         )
         return [at(entry_line, codes.COMPILE_NO_SIGNATURES, message)], []
+    definition_path, definition = solution_definition(loaded, repo_root)
     try:
-        declared = declare()
+        declared = call_signatures(declare, definition, solution.spec.entry_kwargs)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -331,6 +378,8 @@ def plan_solution(
                     entry_path=entry_path,
                     kernel=kernel,
                     signatures=tuple(signatures),
+                    definition_path=definition_path,
+                    entry_kwargs=tuple(solution.spec.entry_kwargs.items()),
                 )
             )
     return findings, jobs

@@ -16,7 +16,11 @@ from tilegym.kernel_inventory import codes
 from tilegym.kernel_inventory.jsonfile import JsonFile, finding, load_json_file
 from tilegym.kernel_inventory.models import Definition, Solution
 from tilegym.kernel_inventory.schema import schema_findings
-from tilegym.kernel_inventory.semantics import definition_findings, solution_findings
+from tilegym.kernel_inventory.semantics import (
+    definition_findings,
+    entry_signature_findings,
+    solution_findings,
+)
 
 DEFINITIONS_DIR = "kernel_definitions"
 SOLUTIONS_DIR = "kernel_solutions"
@@ -187,6 +191,11 @@ def check_files(paths: Iterable[Path], repo_root: Path) -> tuple[list[Loaded], l
     for loaded in loaded_files:
         findings.extend(loaded.findings)
         findings.extend(pairing_findings(loaded))
+    for solution, definition in solutions_and_definitions(loaded_files):
+        if definition is not None and solution.doc is not None:
+            findings.extend(
+                entry_signature_findings(solution.doc, solution.model, definition.model, repo_root)
+            )
     return loaded_files, findings
 
 

@@ -85,6 +85,9 @@ class BuildSpec:
     entry_point: str
     dependencies: tuple[str, ...] = ()
     destination_passing_style: bool = True  # FlashInfer-Bench's default
+    # Keyword arguments bound to the entry point: the constants (eps, softmax scale, ...) that make
+    # a shared entry point (``src/tilegym/ops/entry/``) this family's kernel. A project extension.
+    entry_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def entry_file(self) -> str:
@@ -118,6 +121,7 @@ class Solution:
                 entry_point=spec["entry_point"],
                 dependencies=tuple(spec.get("dependencies", ())),
                 destination_passing_style=spec.get("destination_passing_style", True),
+                entry_kwargs=dict(spec.get("entry_kwargs", {})),
             ),
             sources=tuple(source["path"] for source in data["sources"]),
             description=data.get("description"),

@@ -14,6 +14,7 @@ The logic is device-agnostic: on the CPU it is exercised with plain torch functi
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping
@@ -396,10 +397,14 @@ def compare_output(name: str, out, ref, dtype_name: str, shape, tolerances) -> P
 
 
 def load_entry_function(solution: Solution, repo_root: Path) -> Callable:
+    """The entry point with the Solution's ``entry_kwargs`` bound (a shared entry point's
+    constants for this family: eps, softmax scale, ...)."""
     module = import_entry_module(repo_root / solution.spec.entry_file, repo_root)
     function = getattr(module, solution.spec.entry_function, None)
     if not callable(function):
         raise AttributeError(f"{solution.spec.entry_point} is not a callable")
+    if solution.spec.entry_kwargs:
+        return functools.partial(function, **solution.spec.entry_kwargs)
     return function
 
 

@@ -233,6 +233,12 @@ def _inside(repo_root: Path, relative: str) -> Path | None:
 
 def top_level_function_problem(file: Path, function: str) -> str | None:
     """Why ``file`` does not define ``function`` at module level (parsed, not imported)."""
+    found = top_level_function(file, function)
+    return found if isinstance(found, str) else None
+
+
+def top_level_function(file: Path, function: str) -> ast.FunctionDef | ast.AsyncFunctionDef | str:
+    """The module-level ``def function`` of ``file`` (parsed, not imported), or why not."""
     try:
         if file.stat().st_size > _MAX_SOURCE_BYTES:
             return "entry file is too large to parse"
@@ -241,7 +247,72 @@ def top_level_function_problem(file: Path, function: str) -> str | None:
         return f"entry file line {exc.lineno}: syntax error: {exc.msg}"
     except (OSError, ValueError, RecursionError, MemoryError) as exc:
         return f"entry file cannot be read or parsed: {exc}"
+    found = None
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == function:
-            return None
-    return f"no top-level 'def {function}' in {file.name}"
+            found = node  # the last definition is the one the module binds
+    return found if found is not None else f"no top-level 'def {function}' in {file.name}"
+
+
+def entry_signature_findings(
+    doc: JsonFile, solution: Solution, definition: Definition, repo_root: Path
+) -> list[Finding]:
+    """The entry point takes the Definition's tensors positionally (inputs, then outputs with
+    destination passing), in the Definition's order but under any names, so one shared entry
+    point serves every family's Definition of the op; and ``entry_kwargs`` binds exactly its
+    keyword-only parameters (every one without a default, none it lacks). Parsed, not imported;
+    an entry point that is missing is reported by ``solution_findings`` instead."""
+    entry_file = _inside(repo_root, solution.spec.entry_file)
+    if entry_file is None or not entry_file.is_file():
+        return []
+    node = top_level_function(entry_file, solution.spec.entry_function)
+    if isinstance(node, str):
+        return []
+    found: list[Finding] = []
+    entry = solution.spec.entry_point
+
+    def add(json_path: tuple, code: str, message: str) -> None:
+        found.append(finding(doc.path, doc.line_of(json_path), code, message))
+
+    args = node.args
+    positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+    required = len(positional) - len(args.defaults)
+    tensors = list(definition.inputs)
+    if solution.spec.destination_passing_style:
+        tensors += list(definition.outputs)
+    takes = required <= len(tensors) and (
+        args.vararg is not None or len(tensors) <= len(positional)
+    )
+    if not takes:
+        shown = ", ".join(positional) + (f", *{args.vararg.arg}" if args.vararg else "")
+        add(
+            ("spec", "entry_point"),
+            codes.ENTRY_SIGNATURE,
+            f"entry point {entry!r} takes ({shown}) positionally, which cannot be called with "
+            f"{definition.name}'s {len(tensors)} tensor(s) ({', '.join(tensors)})",
+        )
+    keyword_only = {a.arg for a in args.kwonlyargs}
+    needed = [
+        a.arg
+        for a, default in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+        if default is None
+    ]
+    given = solution.spec.entry_kwargs
+    missing = [name for name in needed if name not in given]
+    if missing:
+        add(
+            ("spec", "entry_point"),
+            codes.ENTRY_KWARGS,
+            f"entry point {entry!r} needs keyword argument(s) {', '.join(missing)}: give them "
+            "in spec.entry_kwargs",
+        )
+    if args.kwarg is None:
+        unknown = [name for name in given if name not in keyword_only]
+        if unknown:
+            add(
+                ("spec", "entry_kwargs"),
+                codes.ENTRY_KWARGS,
+                f"spec.entry_kwargs {', '.join(unknown)}: not a keyword-only parameter of "
+                f"{entry!r}",
+            )
+    return found

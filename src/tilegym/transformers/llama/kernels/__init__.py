@@ -1,1 +1,0 @@
-"""Llama kernel entry points named by the Solution JSON files (thin wrappers over tilegym.ops)."""

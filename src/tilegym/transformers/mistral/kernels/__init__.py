@@ -1,1 +1,0 @@
-"""Mistral kernel entry points named by the Solution JSON files (thin wrappers over tilegym.ops)."""

@@ -1,1 +1,0 @@
-"""Qwen2 kernel entry points named by the Solution JSON files (thin wrappers over tilegym.ops)."""

@@ -1,1 +1,0 @@
-"""Qwen3 kernel entry points named by the Solution JSON files (thin wrappers over tilegym.ops)."""
