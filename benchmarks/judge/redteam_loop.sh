@@ -75,12 +75,13 @@ PY
     ;;
   neutral)
     "${bot[@]}" experiment start --model-key qwen3 --name neutral
-    printf '\n# (a comment: the same code)\n' >> "$kernels/rms_norm.py"
+    printf '\n# (a comment: the same code)\n' >> "$repo/src/tilegym/transformers/qwen3/modeling_qwen3.py"
     git -C "$repo" commit -qam "qwen3: comment only"
     run neutral "neutral: the same code twice" --fresh-base -- "$@"
     ;;
   triton)
     "${bot[@]}" experiment start --model-key qwen3 --name triton-rmsnorm
+    mkdir -p "$kernels"
     cat > "$kernels/fused_rmsnorm.py" <<'PY'
 import triton
 import triton.language as tl
