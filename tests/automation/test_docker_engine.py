@@ -246,21 +246,34 @@ def test_the_memory_limit_kills_a_hog(client, standin, tmp_path):
     assert "ran out of memory (limit 256m)" in doc["error"]
 
 
+def lifetime_s(client, sha: str, since: int) -> float:
+    """Seconds from the container's start to its death, from the engine's events: making and
+    removing a container's root filesystem (a full copy with vfs storage, a minute and more on a
+    busy host) is not part of how fast a limit acts."""
+    events = client.events(
+        since=since, until=int(time.time()) + 1, decode=True,
+        filters={"label": f"tilegym.commit={sha}", "type": "container"},
+    )  # fmt: skip
+    when = {e["Action"]: e["timeNano"] / 1e9 for e in events if e["Action"] in ("start", "die")}
+    return when["die"] - when["start"]
+
+
 def test_a_flood_of_the_output_folder_is_killed(client, standin, tmp_path):
-    result, doc, elapsed = bench(client, tmp_path, standin, "flood", out_bytes=4 * 1024 * 1024)
+    since = int(time.time()) - 1
+    result, doc, _ = bench(client, tmp_path, standin, "flood", out_bytes=4 * 1024 * 1024)
     assert "FLOOD done" not in stdout_of(result)
     assert result.status == "crash"
     assert "more than 4194304 bytes into its output folder" in doc["error"]
-    assert elapsed < 60
+    assert lifetime_s(client, standin[1], since) < 30  # the flood ran for 120 s unchecked
     assert not list((tmp_path / "logs").glob("docker-out-*"))
 
 
 def test_a_run_past_its_limit_is_stopped_killed_removed_and_a_timeout(client, standin, tmp_path):
     since = int(time.time()) - 1
-    result, doc, elapsed = bench(client, tmp_path, standin, "sleep", timeout=3.0)
+    result, doc, _ = bench(client, tmp_path, standin, "sleep", timeout=3.0)
     assert (result.status, doc["status"]) == ("timeout", "timeout")
     assert "SLEEP started" in stdout_of(result) and "SLEEP done" not in stdout_of(result)
-    assert elapsed < 60
+    assert lifetime_s(client, standin[1], since) < 3.0 + 1.0 + 10  # limit, grace, slack
     assert leftovers(client, standin[1]) == []
     events = client.events(
         since=since, until=int(time.time()) + 1, decode=True,
