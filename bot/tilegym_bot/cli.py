@@ -62,7 +62,8 @@ def _summary_text(decision) -> str:
 
     ci = tp["ratio_ci95"]
     lines = [
-        f"verdict: {d['status']} (ledger: {d['ledger_status']})",
+        f"verdict: {d['status']} (ledger: {d['ledger_status']})"
+        + (f", kept by the {d['kept_by']} rule" if d["kept_by"] else ""),
         *[f"  - {r}" for r in d["reasons"]],
         f"coverage: {num(cov['base'], pct)} → {num(cov['head'], pct)} "
         f"(Δ {num(cov['delta_pp'], '{:+.2f} pp')})",

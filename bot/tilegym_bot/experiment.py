@@ -230,9 +230,7 @@ def _copy_drafts(forge: LocalForge, model_key: str, slug: str, base: str, head: 
 def _row_description(record: dict[str, Any]) -> str:
     if record["baseline"]:
         return "baseline"
-    status = record["decision"]["status"]
-    extra = f" [{status}]" if status in ("incorrect", "refused", "inconclusive") else ""
-    return f"{record['description']}{extra}"
+    return f"{record['description']}{Decision.from_json(record['decision']).ledger_marker}"
 
 
 def merge_message(record: dict[str, Any]) -> str:
