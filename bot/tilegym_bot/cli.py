@@ -171,7 +171,12 @@ def _cmd_run(args) -> int:
         description=args.description,
         base_metrics=args.base_metrics,
         head_metrics=args.head_metrics,
-        bench=BenchConfig([*(args.bench_arg or []), *args.bench_args], args.timeout, args.gpu_uuid),
+        bench=BenchConfig(
+            [*(args.bench_arg or []), *args.bench_args],
+            args.timeout,
+            args.gpu_uuid,
+            args.sampling_budget,
+        ),
         margin=args.margin,
         reuse_base=not args.fresh_base,
     )
@@ -408,6 +413,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--fresh-base",
         action="store_true",
         help="benchmark main even when a stored run of its tree can be reused",
+    )
+    p.add_argument(
+        "--sampling-budget",
+        type=float,
+        default=900.0,
+        metavar="S",
+        help="seconds the sequential sampling may spend on base/head pairs (default 900; "
+        "0: the fixed scheme, one pair and a rerun with twice the runs when in doubt)",
     )
     p.add_argument(
         "bench_args",

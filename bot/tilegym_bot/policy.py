@@ -92,6 +92,8 @@ class Decision:
     non_cutile_ms_head: float | None = None
     rerun_useful: bool = False  # more samples could settle it (throughput doubt only)
     kept_by: str | None = None  # a keep: the rule 8 path that kept it ("coverage" | "speed")
+    # how the loop's sequential sampling gathered the throughput samples (None: one round)
+    sampling: dict[str, Any] | None = None
 
     @property
     def ledger_status(self) -> str:
@@ -137,6 +139,7 @@ class Decision:
             },
             "rerun": self.rerun_useful,
             "kept_by": self.kept_by,
+            "sampling": self.sampling,
         }
 
     @classmethod
@@ -150,6 +153,7 @@ class Decision:
             non_cutile_ms_head=gpu.get("non_cutile_head"),
             rerun_useful=bool(doc.get("rerun", False)),
             kept_by=doc.get("kept_by"),
+            sampling=doc.get("sampling"),
             status=doc["status"],
             reasons=tuple(doc["reasons"]),
             coverage_base=doc["coverage"]["base"],
@@ -493,12 +497,76 @@ def decide(
     gpu_margin: float = DEFAULT_GPU_TIME_MARGIN,
     base_kernels: frozenset[str] | None = None,
     head_kernels: frozenset[str] | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> Decision:
     """Decide on head (the experiment) against base (main); both are parsed metrics documents.
 
     ``base_kernels`` / ``head_kernels``: the ``@ct.kernel`` names of each measured tree (read
     from the commits by the caller); None classifies every demangled cuTile symbol as cuTile.
+    ``sampling``: how the loop's sequential sampling gathered the throughput samples
+    (``sequential.sampling_record``), carried into the decision and its last reason.
     """
+    decision = _decide(
+        base,
+        head,
+        margin=margin,
+        rerun=rerun,
+        gpu_margin=gpu_margin,
+        base_kernels=base_kernels,
+        head_kernels=head_kernels,
+        sampling=sampling,
+        gate_only=False,
+    )
+    assert decision is not None
+    return decision
+
+
+def gate(
+    base: Any,
+    head: Any,
+    *,
+    base_kernels: frozenset[str] | None = None,
+    head_kernels: frozenset[str] | None = None,
+) -> Decision | None:
+    """Rules 1-6 alone (schema, status, comparable, correctness, a GPU, coverage recount): the
+    decision when one of them decides, else None. For the sequential sampler's later pairs,
+    whose throughput samples join the first pair's: a crash, a failed correctness check or an
+    incomparable run there decides as it would have on the first pair."""
+    return _decide(
+        base,
+        head,
+        margin=DEFAULT_MARGIN,
+        rerun=False,
+        gpu_margin=DEFAULT_GPU_TIME_MARGIN,
+        base_kernels=base_kernels,
+        head_kernels=head_kernels,
+        sampling=None,
+        gate_only=True,
+    )
+
+
+def _sampling_reason(sampling: dict[str, Any]) -> str:
+    runs = sampling.get("runs") or {}
+    return (
+        f"sampling: {sampling.get('pairs')} base/head pair(s), {runs.get('base')} base and "
+        f"{runs.get('head')} head runs pooled, {sampling.get('seconds')} s of a "
+        f"{sampling.get('budget_s')} s budget; stopped: {sampling.get('stopped')} "
+        f"({sampling.get('why')})"
+    )
+
+
+def _decide(
+    base: Any,
+    head: Any,
+    *,
+    margin: float,
+    rerun: bool,
+    gpu_margin: float,
+    base_kernels: frozenset[str] | None,
+    head_kernels: frozenset[str] | None,
+    sampling: dict[str, Any] | None,
+    gate_only: bool,
+) -> Decision | None:
     for name, value in (("margin", margin), ("gpu_margin", gpu_margin)):
         if not math.isfinite(value) or not (0.0 <= value < 1.0):
             raise ValueError(f"{name} must be in [0, 1), got {value}")
@@ -508,8 +576,15 @@ def decide(
     def verdict(
         status: str, *reasons: str, rerun_useful: bool = False, kept_by: str | None = None
     ) -> Decision:
+        if sampling is not None:
+            reasons = (*reasons, _sampling_reason(sampling))
         return Decision(
-            status, tuple(reasons), **summary, rerun_useful=rerun_useful, kept_by=kept_by
+            status,
+            tuple(reasons),
+            **summary,
+            rerun_useful=rerun_useful,
+            kept_by=kept_by,
+            sampling=sampling,
         )
 
     if reasons := _schema_reasons("head", head):
@@ -572,6 +647,8 @@ def decide(
             f"no cuTile coverage measured on {' and '.join(missing)}: "
             "the benchmark ran with --skip-coverage or its profiler failed; see its log",
         )
+    if gate_only:
+        return None
 
     gpu_b, gpu_h = summary["gpu_ms_base"], summary["gpu_ms_head"]
     gpu_reason = None
@@ -621,8 +698,13 @@ def decide(
             return verdict(
                 "discard",
                 path_reason,
-                f"{tp_text}: below {floor:.2f} and still not significant after the rerun with "
-                "twice the samples: recorded as discard",
+                f"{tp_text}: below {floor:.2f} and still not significant after "
+                + (
+                    "the sequential sampling stopped"
+                    if sampling is not None
+                    else "the rerun with twice the samples"
+                )
+                + ": recorded as discard",
             )
         return verdict(
             "inconclusive",

@@ -243,6 +243,7 @@ def test_decision_rules(make_metrics, base_kw, head_kw, edits, rerun, status, re
         "gpu_time_ms_per_token",
         "rerun",
         "kept_by",
+        "sampling",
     }
     assert doc["kept_by"] == ("coverage" if status == "keep" else None)
     as_discard = ("incorrect", "refused", "inconclusive")
