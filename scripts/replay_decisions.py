@@ -84,6 +84,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--runs", type=_positive_int, default=None, help="runs a side to draw (default: measured)"
     )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds of the sequential sampler's budget an experiment (default "
+        f"{rp.sequential.BUDGET_S:g}); with --sequential",
+    )
+    p.add_argument(
+        "--sequential",
+        action="store_true",
+        help="also replay the sequential paired sampling (the loop's default) against the "
+        "fixed scheme: rates, pairs and modelled experiment time",
+    )
     p.add_argument("--check", action="store_true", help="exit 1 when a target fails")
     return p
 
@@ -97,6 +110,15 @@ def _rate(rate: rp.Rate) -> str:
     return f"{_pct(rate.rate)} [{_pct(lo)}, {_pct(hi)}]"
 
 
+def _failures(slow, neutral) -> list[str]:
+    out = []
+    if not slow.rate("keep").below(rp.TARGET_SLOWDOWN_KEPT):
+        out.append("slowdown kept")
+    if not neutral.rate("discard").below(rp.TARGET_NEUTRAL_DISCARDED):
+        out.append("neutral discarded")
+    return out
+
+
 @dataclass(frozen=True)
 class _Row:
     path: Path
@@ -104,15 +126,87 @@ class _Row:
     margin: float
     slow: rp.ReplayResult
     neutral: rp.ReplayResult
+    seq_slow: rp.SequentialResult | None = None
+    seq_neutral: rp.SequentialResult | None = None
 
     @property
     def failures(self) -> list[str]:
-        out = []
-        if not self.slow.rate("keep").below(rp.TARGET_SLOWDOWN_KEPT):
-            out.append("slowdown kept")
-        if not self.neutral.rate("discard").below(rp.TARGET_NEUTRAL_DISCARDED):
-            out.append("neutral discarded")
+        out = _failures(self.slow, self.neutral)
+        if self.seq_slow is not None and self.seq_neutral is not None:
+            out += [f"sequential: {f}" for f in _failures(self.seq_slow, self.seq_neutral)]
         return out
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def _fixed_lists(result: rp.ReplayResult, cost) -> tuple[list[float], list[float]]:
+    """Pairs and modelled seconds per trial of today's fixed scheme (one pair, a rerun pair of
+    twice the runs on a first ``inconclusive``)."""
+    no, yes = result.trials - result.reruns, result.reruns
+    pairs = [1.0] * no + [2.0] * yes
+    seconds = [rp.fixed_seconds(cost, result.runs, False)] * no + [
+        rp.fixed_seconds(cost, result.runs, True)
+    ] * yes
+    return pairs, seconds
+
+
+def _stops(result: rp.SequentialResult) -> str:
+    return ", ".join(f"{k} {_pct(v / result.trials, 0)}" for k, v in sorted(result.stopped.items()))
+
+
+def _sequential_table(rows: list[_Row], args: argparse.Namespace) -> list[str]:
+    head = (
+        "| file | first pair: runs a side | benchmark s (fixed + per run) | "
+        f"{args.slowdown:g}x kept [95% CI] | {args.neutral:g}x discarded [95% CI] | "
+        f"median pairs {args.slowdown:g}x / {args.neutral:g}x (fixed scheme) | "
+        f"median min {args.slowdown:g}x / {args.neutral:g}x (fixed scheme) | "
+        f"{args.slowdown:g}x stopped | {args.neutral:g}x stopped | targets |"
+    )
+    lines = [head, "|" + "---|" * 10]
+    for r in rows:
+        ss, sn = r.seq_slow, r.seq_neutral
+        if ss is None or sn is None:
+            continue
+        fp_s, fs_s = _fixed_lists(r.slow, ss.cost)
+        fp_n, fs_n = _fixed_lists(r.neutral, sn.cost)
+        failures = _failures(ss, sn)
+        lines.append(
+            f"| `{r.path}` | {ss.runs} | {ss.cost.fixed_s:.0f} + {ss.cost.per_run_s:.2f} | "
+            f"{_rate(ss.rate('keep'))} | {_rate(sn.rate('discard'))} | "
+            f"{_median(list(ss.pairs)):g} / {_median(list(sn.pairs)):g} "
+            f"({_median(fp_s):g} / {_median(fp_n):g}) | "
+            f"{_median(list(ss.seconds)) / 60:.1f} / {_median(list(sn.seconds)) / 60:.1f} "
+            f"({_median(fs_s) / 60:.1f} / {_median(fs_n) / 60:.1f}) | "
+            f"{_stops(ss)} | {_stops(sn)} | "
+            f"{'pass' if not failures else 'FAIL: ' + ', '.join(failures)} |"
+        )
+    return lines
+
+
+def _sequential_section(rows: list[_Row], args: argparse.Namespace) -> list[str]:
+    budget = args.budget if args.budget is not None else rp.sequential.BUDGET_S
+    return [
+        "",
+        "## Sequential paired sampling (the loop's default)",
+        "",
+        f"Each trial starts with one base/head pair of the same runs a side as above, then, "
+        f"while the pooled paired ratio's 95% CI straddles 1 − margin, adds pairs of "
+        f"{rp.sequential.GROWTH}x the previous pair's runs a side (trimmed to what fits) until "
+        f"the CI is decisive or the next pair would pass the {budget:g} s budget "
+        f"(`tilegym_bot.sequential.next_step`); every pair's runs are drawn from the file like "
+        f"the first's, and the final verdict is `policy.decide` on the pooled sides. Time is "
+        f"modelled, not measured: a benchmark takes the file's `wall_s` less its timed runs "
+        f"(the fixed part), plus, a run, the file's mean PyTorch + cuTile `generate()` time; "
+        f"a pair is two benchmarks (a reused base is not modelled, on either scheme). The "
+        f"fixed scheme is the table above: one pair, and a pair of twice the runs after a "
+        f"first `inconclusive`. Same seed and trials.",
+        "",
+        *_sequential_table(rows, args),
+    ]
 
 
 def _load(path: Path) -> rp.Prepared:
@@ -220,6 +314,7 @@ def report(rows: list[_Row], args: argparse.Namespace, argv: list[str]) -> str:
         f"notes.",
         "",
         *_table(rows, args),
+        *(_sequential_section(rows, args) if args.sequential else []),
         "",
         f"Reruns: the share of trials whose first round was `inconclusive` and went through the "
         f"rerun. {_target_cv_sentence()}",
@@ -252,7 +347,19 @@ def main(argv: list[str] | None = None) -> int:
             kw = {"trials": args.trials, "seed": args.seed, "margin": margin, "runs": args.runs}
             slow = rp.replay(p, args.slowdown, **kw)
             neutral = rp.replay(p, args.neutral, **kw)
-            rows.append(_Row(path, p, margin, slow, neutral))
+            seq: dict = {}
+            if args.sequential:
+                if args.budget is not None:
+                    kw["budget_s"] = args.budget
+                try:
+                    seq = {
+                        "seq_slow": rp.replay_sequential(p, args.slowdown, **kw),
+                        "seq_neutral": rp.replay_sequential(p, args.neutral, **kw),
+                    }
+                except rp.ReplayError as exc:
+                    print(f"error: {path}: {exc}", file=sys.stderr)
+                    return 2
+            rows.append(_Row(path, p, margin, slow, neutral, **seq))
     sys.stdout.write(report(rows, args, argv))
     return 1 if args.check and any(r.failures for r in rows) else 0
 

@@ -31,6 +31,9 @@ class BenchConfig:
     bench_args: list[str] = field(default_factory=list)
     timeout_s: float = 900.0
     gpu_uuid: str | None = None
+    # the sequential sampler's time budget an experiment (sequential.BUDGET_S); 0: the fixed
+    # scheme (one pair, a rerun with twice the runs when in doubt)
+    sampling_budget_s: float = 900.0
 
 
 def timed_runs(*docs: Any) -> int | None:

@@ -62,7 +62,8 @@ def _summary_text(decision) -> str:
 
     ci = tp["ratio_ci95"]
     lines = [
-        f"verdict: {d['status']} (ledger: {d['ledger_status']})",
+        f"verdict: {d['status']} (ledger: {d['ledger_status']})"
+        + (f", kept by the {d['kept_by']} rule" if d["kept_by"] else ""),
         *[f"  - {r}" for r in d["reasons"]],
         f"coverage: {num(cov['base'], pct)} → {num(cov['head'], pct)} "
         f"(Δ {num(cov['delta_pp'], '{:+.2f} pp')})",
@@ -170,7 +171,12 @@ def _cmd_run(args) -> int:
         description=args.description,
         base_metrics=args.base_metrics,
         head_metrics=args.head_metrics,
-        bench=BenchConfig([*(args.bench_arg or []), *args.bench_args], args.timeout, args.gpu_uuid),
+        bench=BenchConfig(
+            [*(args.bench_arg or []), *args.bench_args],
+            args.timeout,
+            args.gpu_uuid,
+            args.sampling_budget,
+        ),
         margin=args.margin,
         reuse_base=not args.fresh_base,
     )
@@ -407,6 +413,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--fresh-base",
         action="store_true",
         help="benchmark main even when a stored run of its tree can be reused",
+    )
+    p.add_argument(
+        "--sampling-budget",
+        type=float,
+        default=900.0,
+        metavar="S",
+        help="seconds the sequential sampling may spend on base/head pairs (default 900; "
+        "0: the fixed scheme, one pair and a rerun with twice the runs when in doubt)",
     )
     p.add_argument(
         "bench_args",

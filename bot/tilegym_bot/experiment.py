@@ -15,18 +15,27 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 import unicodedata
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tilegym_bot import ledger
+from tilegym_bot import ledger, sequential
 from tilegym_bot.bench import BenchConfig, bench_commit, loop_bench_args, runs_dir, timed_runs
 from tilegym_bot.errors import BotError
 from tilegym_bot.forge.local import MAIN, LocalForge, MainMoved, now_iso
 from tilegym_bot.ledger import LedgerError, LedgerRow
 from tilegym_bot.metrics_file import load_metrics
-from tilegym_bot.policy import DEFAULT_MARGIN, Decision, decide, decide_baseline, dig
+from tilegym_bot.policy import (
+    DEFAULT_MARGIN,
+    Decision,
+    decide,
+    decide_baseline,
+    dig,
+    gate,
+    throughput_ratio,
+)
 from tilegym_bot.report import build_record, render_comment
 from tilegym_bot.reuse import RunIndex, find_reusable
 from tilegym_bot.trusted_tree import kernel_names_at, scope_refusals
@@ -230,9 +239,7 @@ def _copy_drafts(forge: LocalForge, model_key: str, slug: str, base: str, head: 
 def _row_description(record: dict[str, Any]) -> str:
     if record["baseline"]:
         return "baseline"
-    status = record["decision"]["status"]
-    extra = f" [{status}]" if status in ("incorrect", "refused", "inconclusive") else ""
-    return f"{record['description']}{extra}"
+    return f"{record['description']}{Decision.from_json(record['decision']).ledger_marker}"
 
 
 def merge_message(record: dict[str, Any]) -> str:
@@ -426,8 +433,11 @@ def _measure_and_decide(
 
     index = RunIndex(forge.state_dir / "runs.json", runs_dir(forge))
 
+    walls: list[tuple[Any, float]] = []  # (metrics, wall seconds) of each benchmark measured
+
     def measure(sha: str, label: str, runs: int | None = None) -> Any:
         name = run_name(sha, label)
+        started = time.monotonic()
         doc = bench_commit(
             forge,
             cfg,
@@ -436,7 +446,9 @@ def _measure_and_decide(
             sha=sha,
             runs=runs,
             harness_sha=plan.main_sha,
+            label=label.replace("-", " "),
         )
+        walls.append((doc, time.monotonic() - started))
         index.record(runs_dir(forge) / name / "metrics.json")
         return doc
 
@@ -454,6 +466,7 @@ def _measure_and_decide(
         base = measure(plan.main_sha, "base-rerun", runs)
         head = measure(plan.head_sha, "head-rerun", runs)
     else:
+        started = time.monotonic()
         head = measure(plan.head_sha, "head")
         base = None
         if not plan.baseline_only:
@@ -474,15 +487,115 @@ def _measure_and_decide(
     head_kernels = kernel_names_at(forge.root, plan.head_sha)
     if plan.baseline_only:
         return _Measured(None, head, decide_baseline(head, kernels=head_kernels), False)
+    base_kernels = kernel_names_at(forge.root, plan.main_sha)
     decision = decide(
         base,
         head,
         margin=margin,
         rerun=plan.rerun,
-        base_kernels=kernel_names_at(forge.root, plan.main_sha),
+        base_kernels=base_kernels,
         head_kernels=head_kernels,
     )
-    return _Measured(base, head, decision, plan.rerun, reused)
+    if files or plan.rerun or cfg.sampling_budget_s <= 0:  # the fixed scheme: rerun once
+        return _Measured(base, head, decision, plan.rerun, reused)
+    kernels = (base_kernels, head_kernels)
+    return _sample_sequentially(
+        plan, base, head, decision, measure, walls, started, cfg, margin, kernels, reused
+    )
+
+
+_RULE9 = "throughput ratio head/base"
+
+
+def _sample_sequentially(
+    plan: _Plan,
+    base: Any,
+    head: Any,
+    first: Decision,
+    measure: Any,
+    walls: list[tuple[Any, float]],
+    started: float,
+    cfg: BenchConfig,
+    margin: float,
+    kernels: tuple[frozenset[str], frozenset[str]],
+    reused: str | None,
+) -> _Measured:
+    """Sequential paired sampling (``sequential``): more base/head pairs until the pooled
+    throughput ratio's 95% CI is decisive against the margin or the budget is spent; the
+    decision on the pooled samples, with how many pairs and why it stopped. A first pair that
+    another rule decides (crash, incorrect, GPU time, coverage/speed) stops at once."""
+    budget = cfg.sampling_budget_s
+    first_runs = timed_runs(head, base) or 1
+    bases, heads = [base], [head]
+    last_runs = first_runs
+    gpu_fell = (
+        first.gpu_ms_base is not None
+        and first.gpu_ms_head is not None
+        and first.gpu_ms_head < first.gpu_ms_base
+    )
+    if not any(r.startswith(_RULE9) for r in first.reasons):
+        step = sequential.Step(True, sequential.DECIDED, f"decided by another rule: {first.status}")
+    else:
+        while True:
+            estimate = throughput_ratio(sequential.pool(bases), sequential.pool(heads)).estimate
+            step = sequential.next_step(
+                estimate,
+                margin=margin,
+                pairs=len(heads),
+                last_runs=last_runs,
+                first_runs=first_runs,
+                elapsed_s=time.monotonic() - started,
+                cost=sequential.cost_of(walls),
+                budget_s=budget,
+                gpu_fell=gpu_fell,
+            )
+            print(f"tilegym-bot: sampling: {step.why}", file=sys.stderr, flush=True)
+            if step.stop:
+                break
+            k, last_runs = len(heads) + 1, step.runs
+            # head first in odd pairs, base first in even ones: a drift falls on both sides
+            order = ("head", "base") if k % 2 else ("base", "head")
+            got = {
+                side: measure(
+                    plan.head_sha if side == "head" else plan.main_sha, f"{side}-{k}", last_runs
+                )
+                for side in order
+            }
+            bases.append(got["base"])
+            heads.append(got["head"])
+            if stop := gate(
+                got["base"], got["head"], base_kernels=kernels[0], head_kernels=kernels[1]
+            ):
+                record = _sampling(bases, heads, "pair-rejected", stop.reasons[0], started, budget)
+                return _Measured(
+                    got["base"], got["head"], replace(stop, sampling=record), False, reused
+                )
+    pooled_base, pooled_head = sequential.pool(bases), sequential.pool(heads)
+    record = _sampling(bases, heads, step.stopped or "", step.why, started, budget)
+    decision = decide(
+        pooled_base,
+        pooled_head,
+        margin=margin,
+        rerun=step.stopped != sequential.DECIDED,  # no more samples will come
+        base_kernels=kernels[0],
+        head_kernels=kernels[1],
+        sampling=record,
+    )
+    return _Measured(pooled_base, pooled_head, decision, False, reused)
+
+
+def _sampling(bases, heads, stopped: str, why: str, started: float, budget: float) -> dict:
+    def runs(docs):
+        return sum(timed_runs(d) or 0 for d in docs)
+
+    return sequential.sampling_record(
+        pairs=len(heads),
+        runs=(runs(bases), runs(heads)),
+        stopped=stopped,
+        why=why,
+        seconds=time.monotonic() - started,
+        budget_s=budget,
+    )
 
 
 def _save_record(forge: LocalForge, plan: _Plan, m: _Measured, description: str) -> dict[str, Any]:

@@ -18,16 +18,20 @@ Rules, in order (the first that applies decides):
 5. either side measured without a CUDA GPU → ``inconclusive`` (nothing to rerun);
 6. stored coverage disagrees with the recomputed one → ``inconclusive`` (refused);
 7. GPU kernel time per generated token above base by more than ``gpu_margin`` → ``discard``;
-8. coverage not above base by more than 0.01 percentage points, or above it while the
-   non-cuTile GPU time per token did not fall (the gain came from slower cuTile kernels)
-   → ``discard``;
+8. the change must earn its keep by one of two rules, else ``discard``:
+   - *coverage*: coverage above base by more than 0.01 percentage points while the non-cuTile
+     GPU time per token fell (work moved to cuTile, not slower cuTile kernels);
+   - *speed*: GPU kernel time per token below base by more than the noise margin
+     (``gpu_margin``, the same measured spread as rule 7) while the non-cuTile GPU time per
+     token did not rise by more than that margin (no work moved back to PyTorch); coverage
+     may fall (a faster cuTile kernel is a smaller share);
 9. throughput ratio r (paired speedups when both files have interleaved baseline samples, else
    mean cuTile throughputs) with its 95% CI (``stats.ratio_of_means``): whole CI below
    1 − margin → ``discard`` (on a first round whose GPU kernel time per token fell,
    ``inconclusive`` and a rerun first: the slowdown is then the host's work or the host's
    speed); r ≥ 1 − margin → pass; otherwise ``inconclusive``, and on the rerun with twice the
    samples (``rerun=True``) ``discard``;
-10. ``keep``.
+10. ``keep``, naming the rule of 8 that kept it (``Decision.kept_by``).
 
 Only rule 9's statistical doubt asks for a rerun (``Decision.rerun_useful``) and is turned into
 ``discard`` by ``rerun``: a rejected file or an incomparable pair says nothing about the
@@ -87,10 +91,22 @@ class Decision:
     non_cutile_ms_base: float | None = None  # ... of the kernels that are not cuTile
     non_cutile_ms_head: float | None = None
     rerun_useful: bool = False  # more samples could settle it (throughput doubt only)
+    kept_by: str | None = None  # a keep: the rule 8 path that kept it ("coverage" | "speed")
+    # how the loop's sequential sampling gathered the throughput samples (None: one round)
+    sampling: dict[str, Any] | None = None
 
     @property
     def ledger_status(self) -> str:
         return LEDGER_STATUS[self.status]
+
+    @property
+    def ledger_marker(self) -> str:
+        """What the ledger row appends to the description: the verdict recorded as a discard
+        (`` [incorrect]``...), or `` [speed]`` for a keep by the speed rule (a keep without a
+        marker was kept by the coverage rule)."""
+        if self.status in ("incorrect", "refused", "inconclusive"):
+            return f" [{self.status}]"
+        return " [speed]" if self.status == "keep" and self.kept_by == "speed" else ""
 
     @property
     def coverage_delta_pp(self) -> float | None:
@@ -122,6 +138,8 @@ class Decision:
                 "non_cutile_head": self.non_cutile_ms_head,
             },
             "rerun": self.rerun_useful,
+            "kept_by": self.kept_by,
+            "sampling": self.sampling,
         }
 
     @classmethod
@@ -134,6 +152,8 @@ class Decision:
             non_cutile_ms_base=gpu.get("non_cutile_base"),
             non_cutile_ms_head=gpu.get("non_cutile_head"),
             rerun_useful=bool(doc.get("rerun", False)),
+            kept_by=doc.get("kept_by"),
+            sampling=doc.get("sampling"),
             status=doc["status"],
             reasons=tuple(doc["reasons"]),
             coverage_base=doc["coverage"]["base"],
@@ -414,6 +434,60 @@ def _gpu_name(doc: Any) -> str | None:
     return dig(doc, "env", "gpu_name")
 
 
+def _keep_path(summary: dict[str, Any], noise: float) -> tuple[str | None, str, tuple[str, ...]]:
+    """Rule 8: (``"coverage"`` | ``"speed"``, what earned it, ()) or (None, "", why neither).
+
+    coverage: up by more than ``COVERAGE_MIN_GAIN_PP`` while the non-cuTile GPU time per token
+    fell. speed: the GPU kernel time per token fell by more than ``noise`` (the GPU-time
+    tolerance, the measured spread of profiled runs of the same code) while the non-cuTile GPU
+    time per token did not rise by more than ``noise`` of itself: a faster kernel, not work
+    handed back to PyTorch. Coverage may fall on the speed path."""
+    cov_b, cov_h = summary["coverage_base"], summary["coverage_head"]
+    gpu_b, gpu_h = summary["gpu_ms_base"], summary["gpu_ms_head"]
+    other_b, other_h = summary["non_cutile_ms_base"], summary["non_cutile_ms_head"]
+    delta = cov_h - cov_b
+    cov_text = f"coverage {_pct(cov_b)} → {_pct(cov_h)}"
+    other_known = other_b is not None and other_h is not None
+    if delta > COVERAGE_MIN_GAIN_PP and not (other_known and not other_h < other_b):
+        return "coverage", f"{cov_text}: +{delta:.2f} pp", ()
+    if delta > COVERAGE_MIN_GAIN_PP:
+        why = (
+            f"{cov_text}, but the non-cuTile GPU time per token did not fall ({other_b:.4f} → "
+            f"{other_h:.4f} ms): the gain comes from cuTile kernels taking longer, not from "
+            "moving work to cuTile"
+        )
+    else:
+        why = (
+            f"{cov_text}: no gain (needs more than +{COVERAGE_MIN_GAIN_PP} pp); "
+            "kernelize one of the largest uncovered kernels"
+        )
+    if not (gpu_b and gpu_h is not None and other_known):
+        return None, "", (why, "no GPU time per token on a side: the speed rule cannot apply")
+    fall = 1.0 - gpu_h / gpu_b
+    speed_text = (
+        f"GPU kernel time per token {gpu_b:.4f} → {gpu_h:.4f} ms ({-fall:+.2%}, the speed rule "
+        f"needs more than −{noise:.1%}, the measured noise margin)"
+    )
+    if not fall > noise:
+        return None, "", (why, f"not a speedup either: {speed_text}")
+    other_rise = other_h / other_b - 1.0 if other_b > 0 else (math.inf if other_h > 0 else 0.0)
+    other_text = (
+        f"non-cuTile GPU time per token {other_b:.4f} → {other_h:.4f} ms ({other_rise:+.2%}, "
+        f"allowed +{noise:.1%})"
+    )
+    if other_rise > noise:
+        return (
+            None,
+            "",
+            (
+                f"{speed_text}, but the {other_text}: the speedup moves work back to PyTorch; "
+                "make the cuTile kernel faster instead",
+                why,
+            ),
+        )
+    return "speed", f"{speed_text}; {other_text}; {cov_text} ({delta:+.2f} pp)", ()
+
+
 def decide(
     base: Any,
     head: Any,
@@ -423,20 +497,95 @@ def decide(
     gpu_margin: float = DEFAULT_GPU_TIME_MARGIN,
     base_kernels: frozenset[str] | None = None,
     head_kernels: frozenset[str] | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> Decision:
     """Decide on head (the experiment) against base (main); both are parsed metrics documents.
 
     ``base_kernels`` / ``head_kernels``: the ``@ct.kernel`` names of each measured tree (read
     from the commits by the caller); None classifies every demangled cuTile symbol as cuTile.
+    ``sampling``: how the loop's sequential sampling gathered the throughput samples
+    (``sequential.sampling_record``), carried into the decision and its last reason.
     """
+    decision = _decide(
+        base,
+        head,
+        margin=margin,
+        rerun=rerun,
+        gpu_margin=gpu_margin,
+        base_kernels=base_kernels,
+        head_kernels=head_kernels,
+        sampling=sampling,
+        gate_only=False,
+    )
+    assert decision is not None
+    return decision
+
+
+def gate(
+    base: Any,
+    head: Any,
+    *,
+    base_kernels: frozenset[str] | None = None,
+    head_kernels: frozenset[str] | None = None,
+) -> Decision | None:
+    """Rules 1-6 alone (schema, status, comparable, correctness, a GPU, coverage recount): the
+    decision when one of them decides, else None. For the sequential sampler's later pairs,
+    whose throughput samples join the first pair's: a crash, a failed correctness check or an
+    incomparable run there decides as it would have on the first pair."""
+    return _decide(
+        base,
+        head,
+        margin=DEFAULT_MARGIN,
+        rerun=False,
+        gpu_margin=DEFAULT_GPU_TIME_MARGIN,
+        base_kernels=base_kernels,
+        head_kernels=head_kernels,
+        sampling=None,
+        gate_only=True,
+    )
+
+
+def _sampling_reason(sampling: dict[str, Any]) -> str:
+    runs = sampling.get("runs") or {}
+    return (
+        f"sampling: {sampling.get('pairs')} base/head pair(s), {runs.get('base')} base and "
+        f"{runs.get('head')} head runs pooled, {sampling.get('seconds')} s of a "
+        f"{sampling.get('budget_s')} s budget; stopped: {sampling.get('stopped')} "
+        f"({sampling.get('why')})"
+    )
+
+
+def _decide(
+    base: Any,
+    head: Any,
+    *,
+    margin: float,
+    rerun: bool,
+    gpu_margin: float,
+    base_kernels: frozenset[str] | None,
+    head_kernels: frozenset[str] | None,
+    sampling: dict[str, Any] | None,
+    gate_only: bool,
+) -> Decision | None:
     for name, value in (("margin", margin), ("gpu_margin", gpu_margin)):
         if not math.isfinite(value) or not (0.0 <= value < 1.0):
             raise ValueError(f"{name} must be in [0, 1), got {value}")
     base_cov, head_cov = recount_coverage(base, base_kernels), recount_coverage(head, head_kernels)
     summary = _summary(base, head, base_cov, head_cov)
 
-    def verdict(status: str, *reasons: str, rerun_useful: bool = False) -> Decision:
-        return Decision(status, tuple(reasons), **summary, rerun_useful=rerun_useful)
+    def verdict(
+        status: str, *reasons: str, rerun_useful: bool = False, kept_by: str | None = None
+    ) -> Decision:
+        if sampling is not None:
+            reasons = (*reasons, _sampling_reason(sampling))
+        return Decision(
+            status,
+            tuple(reasons),
+            **summary,
+            rerun_useful=rerun_useful,
+            kept_by=kept_by,
+            sampling=sampling,
+        )
 
     if reasons := _schema_reasons("head", head):
         return verdict("inconclusive", *reasons)
@@ -498,6 +647,8 @@ def decide(
             f"no cuTile coverage measured on {' and '.join(missing)}: "
             "the benchmark ran with --skip-coverage or its profiler failed; see its log",
         )
+    if gate_only:
+        return None
 
     gpu_b, gpu_h = summary["gpu_ms_base"], summary["gpu_ms_head"]
     gpu_reason = None
@@ -515,34 +666,20 @@ def decide(
             )
         gpu_reason = gpu_text
 
-    delta = cov_h - cov_b
-    cov_text = f"coverage {_pct(cov_b)} → {_pct(cov_h)}"
-    if not delta > COVERAGE_MIN_GAIN_PP:
-        return verdict(
-            "discard",
-            f"{cov_text}: no gain (needs more than +{COVERAGE_MIN_GAIN_PP} pp); "
-            "kernelize one of the largest uncovered kernels",
-        )
-    other_b, other_h = summary["non_cutile_ms_base"], summary["non_cutile_ms_head"]
-    if other_b is not None and other_h is not None and not other_h < other_b:
-        return verdict(
-            "discard",
-            f"{cov_text}, but the non-cuTile GPU time per token did not fall ({other_b:.4f} → "
-            f"{other_h:.4f} ms): the gain comes from cuTile kernels taking longer, not from "
-            "moving work to cuTile",
-        )
-    cov_reason = f"{cov_text}: +{delta:.2f} pp"
+    path, path_reason, why_not = _keep_path(summary, gpu_margin)
+    if path is None:
+        return verdict("discard", *why_not)
 
     ratio = throughput_ratio(base, head)
     if ratio.estimate is None:
-        return verdict("inconclusive", cov_reason, str(ratio.problem))
+        return verdict("inconclusive", path_reason, str(ratio.problem))
     est, floor = ratio.estimate, 1.0 - margin
     tp_text = f"throughput ratio head/base {_fmt_ratio(est)}, {ratio.method}"
     gpu_fell = gpu_b is not None and gpu_h is not None and gpu_h < gpu_b
     if est.ci95 is not None and est.ci95[1] < floor and gpu_fell and not rerun:
         return verdict(
             "inconclusive",
-            cov_reason,
+            path_reason,
             f"{tp_text}: the whole interval lies below {floor:.2f}, but the GPU kernel time per "
             f"token fell ({gpu_b:.4f} → {gpu_h:.4f} ms): the slowdown is not in the kernels, so "
             "either the head's host work grew or the host ran the two benchmarks at different "
@@ -552,7 +689,7 @@ def decide(
     if est.ci95 is not None and est.ci95[1] < floor:
         return verdict(
             "discard",
-            cov_reason,
+            path_reason,
             f"{tp_text}: the whole interval lies below {floor:.2f}, a significant slowdown; "
             "make the kernel faster than the PyTorch code it replaces",
         )
@@ -560,24 +697,30 @@ def decide(
         if rerun:
             return verdict(
                 "discard",
-                cov_reason,
-                f"{tp_text}: below {floor:.2f} and still not significant after the rerun with "
-                "twice the samples: recorded as discard",
+                path_reason,
+                f"{tp_text}: below {floor:.2f} and still not significant after "
+                + (
+                    "the sequential sampling stopped"
+                    if sampling is not None
+                    else "the rerun with twice the samples"
+                )
+                + ": recorded as discard",
             )
         return verdict(
             "inconclusive",
-            cov_reason,
+            path_reason,
             f"{tp_text}: below {floor:.2f} but the drop is not significant; "
             "rerun both sides with twice the samples",
             rerun_useful=True,
         )
     return verdict(
         "keep",
-        cov_reason,
+        f"kept by the {path} rule: {path_reason}",
         *([gpu_reason] if gpu_reason else []),
         f"{tp_text}: not below {floor:.2f}, no significant drop",
         "correctness passed (logits relative error "
         f"{correctness['logits_rel_err']} within the recomputed tolerance)",
+        kept_by=path,
     )
 
 

@@ -43,7 +43,7 @@ from tilegym_hf_bench.metrics_schema import validation_errors
 from tilegym_hf_bench.profiling.attribution import recount
 from tilegym_hf_bench.tolerance import verdict as tolerance_verdict
 
-from tilegym_bot import policy
+from tilegym_bot import policy, sequential
 from tilegym_bot.stats import mean, positive_mean_ci95
 
 NEUTRAL = 1.0
@@ -399,3 +399,105 @@ def runs_needed(cv_statistic: float) -> int:
     """Fewest runs a side for which ``margin_window`` is not empty at this spread."""
     se_max = math.log(NEUTRAL / SLOWDOWN) / (_Z90_ONE_SIDED + _Z95_ONE_SIDED)
     return max(2, math.ceil(2.0 * (cv_statistic / se_max) ** 2))
+
+
+@dataclass(frozen=True)
+class SequentialResult:
+    """``trials`` experiments through the sequential sampler (``sequential.next_step``)."""
+
+    factor: float
+    margin: float
+    trials: int
+    runs: int  # runs a side of the first pair
+    budget_s: float
+    cost: sequential.PairCost
+    final: dict[str, int]
+    stopped: dict[str, int]
+    pairs: tuple[int, ...]  # per trial
+    seconds: tuple[float, ...]  # per trial, by the time model
+
+    def rate(self, status: str) -> Rate:
+        return Rate(self.final.get(status, 0), self.trials)
+
+
+def cost_model(prepared: Prepared) -> sequential.PairCost:
+    """The time model of one benchmark of this file: its ``wall_s`` less its timed runs (the
+    fixed part), and the time of a timed run from its throughput samples."""
+    wall = policy._finite(prepared.base.get("wall_s"))
+    cost = sequential.cost_of([(prepared.base, wall)]) if wall else None
+    if cost is None:
+        raise ReplayError("no wall_s in the file: the experiment time cannot be modelled")
+    return cost
+
+
+def fixed_seconds(cost: sequential.PairCost, runs: int, rerun: bool) -> float:
+    """Today's fixed scheme: one pair of ``runs`` a side, a second of twice that on a rerun."""
+    return cost.pair_s(runs) + (cost.pair_s(2 * runs) if rerun else 0.0)
+
+
+def replay_sequential(
+    prepared: Prepared,
+    factor: float,
+    *,
+    trials: int = 2000,
+    seed: int = 0,
+    margin: float = policy.DEFAULT_MARGIN,
+    runs: int | None = None,
+    budget_s: float = sequential.BUDGET_S,
+) -> SequentialResult:
+    """``trials`` bootstrap experiments under sequential paired sampling: each pair draws its
+    runs a side (``next_step``'s count) from the measured runs for base and head alike, the
+    samples pool, and the stopping rule sees the pooled ratio and the modelled elapsed time;
+    the final verdict is ``policy.decide`` on the pooled sides (no rerun round: ``rerun``)."""
+    if trials < 1:
+        raise ValueError(f"trials must be at least 1, got {trials}")
+    measured = prepared.runs
+    first_runs = measured if runs is None else runs
+    cost = cost_model(prepared)
+    rng = random.Random(seed)
+
+    def draw(k: int) -> tuple[int, ...]:
+        return tuple(rng.randrange(measured) for _ in range(k))
+
+    final: Counter[str] = Counter()
+    stopped: Counter[str] = Counter()
+    pairs_seen, seconds_seen = [], []
+    for _ in range(trials):
+        base_idx, head_idx = draw(first_runs), draw(first_runs)
+        pairs, last, elapsed = 1, first_runs, cost.pair_s(first_runs)
+        while True:
+            base = _side(prepared.base, base_idx, measured, 1.0)
+            head = _side(prepared.head, head_idx, measured, factor)
+            step = sequential.next_step(
+                policy.throughput_ratio(base, head).estimate,
+                margin=margin,
+                pairs=pairs,
+                last_runs=last,
+                first_runs=first_runs,
+                elapsed_s=elapsed,
+                cost=cost,
+                budget_s=budget_s,
+            )
+            if step.stop:
+                break
+            assert step.runs is not None
+            base_idx += draw(step.runs)
+            head_idx += draw(step.runs)
+            pairs, last, elapsed = pairs + 1, step.runs, elapsed + cost.pair_s(step.runs)
+        decision = policy.decide(base, head, margin=margin, rerun=True)
+        final[decision.status] += 1
+        stopped[step.stopped or ""] += 1
+        pairs_seen.append(pairs)
+        seconds_seen.append(elapsed)
+    return SequentialResult(
+        factor,
+        margin,
+        trials,
+        first_runs,
+        budget_s,
+        cost,
+        dict(final),
+        dict(stopped),
+        tuple(pairs_seen),
+        tuple(seconds_seen),
+    )

@@ -355,6 +355,8 @@ def test_runner_benchmarks_worktrees_and_reruns_with_twice_the_samples(repo, mak
         "slow",
         "--timeout",
         "60",
+        "--sampling-budget",
+        "0",
         "--",
         "--device",
         "cpu",
@@ -366,6 +368,7 @@ def test_runner_benchmarks_worktrees_and_reruns_with_twice_the_samples(repo, mak
     decision = json.loads(out.out)
     assert decision["status"] == "discard"
     assert "after the rerun with twice the samples" in decision["reasons"][-1]
+    assert decision["sampling"] is None  # the fixed scheme
     (record,) = _records(r)
     assert record["metrics"]["head"]["workload"]["timed_runs"] == 6
     assert record["metrics"]["base"]["commit"] == main_sha
@@ -385,6 +388,36 @@ def test_runner_benchmarks_worktrees_and_reruns_with_twice_the_samples(repo, mak
     assert _ledger(r)[-1] == LedgerRow(head_sha, 55.0, 48.0, "discard", "slow")
 
 
+def test_sequential_sampling_adds_pairs_until_it_stops(repo, make_metrics, capsys):
+    """The default: no rerun round, but more base/head pairs (alternating order, twice the runs
+    each time, trimmed to the budget) until the pooled ratio's CI is decisive or the budget or
+    the pair limit ends it; the decision says how many pairs and why it stopped."""
+    r = repo
+    _with_bench(r, make_metrics(cutile=(40.0, 60.0, 50.0)))
+    main_sha = r.git.rev_parse("main")
+    _cli(r, "experiment", "start", "--model-key", "qwen3", "--name", "slow")
+    head_doc = make_metrics(coverage=55.0, cutile=(38.0, 58.0, 48.0))
+    head_sha = _commit(r, {BENCH_TEMPLATE: json.dumps(head_doc)}, "slower kernel")
+    capsys.readouterr()
+    code = _cli(r, "experiment", "run", "--description", "slow", "--timeout", "60")
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    decision = json.loads(out.out)
+    sampling = decision["sampling"]
+    assert sampling["pairs"] >= 2, sampling
+    assert sampling["stopped"] in ("decisive-slower", "budget", "max-pairs"), sampling
+    assert sampling["runs"]["base"] == sampling["runs"]["head"] > 2
+    assert decision["status"] == "discard"  # r = 0.96 < 0.98, settled without a rerun round
+    assert decision["reasons"][-1].startswith(f"sampling: {sampling['pairs']} base/head pair(s)")
+    assert "tilegym-bot: sampling: after 1 pair(s)" in out.err
+    (record,) = _records(r)
+    assert [h["decision"]["status"] for h in record["history"]] == ["discard"]
+    assert record["metrics"]["head"]["workload"]["timed_runs"] == sampling["runs"]["head"]
+    names = {p.name for p in (Path(r.working_tree_dir) / "sandbox" / "runs").iterdir()}
+    assert {f"qwen3-slow-{main_sha[:8]}-base-2", f"qwen3-slow-{head_sha[:8]}-head-2"} <= names
+    assert _ledger(r)[-1].status == "discard"
+
+
 def test_an_interrupted_rerun_is_on_record_and_resumes(repo, make_metrics, tmp_path, capsys):
     """The inconclusive first round is saved before the rerun starts: killing `experiment run`
     during the rerun leaves an open record awaiting it, and the next run does only the rerun,
@@ -397,7 +430,8 @@ def test_an_interrupted_rerun_is_on_record_and_resumes(repo, make_metrics, tmp_p
     pid_file = tmp_path / "bench.pid"
     env = {**os.environ, "HANG_AT_RUNS": "6", "HANG_PID_FILE": str(pid_file)}
     cmd = [sys.executable, "-m", "tilegym_bot", "-C", r.working_tree_dir, "experiment", "run"]
-    cmd += ["--description", "slow", "--", "--device", "cpu", "--timed-runs", "3"]
+    cmd += ["--description", "slow", "--sampling-budget", "0"]
+    cmd += ["--", "--device", "cpu", "--timed-runs", "3"]
     bot = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60

@@ -9,7 +9,7 @@ import pytest
 from conftest import cutile_symbol
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tilegym_bot.policy import decide, decide_baseline
+from tilegym_bot.policy import Decision, decide, decide_baseline
 from tilegym_bot.stats import ratio_of_means
 
 BASE_SHA = "a" * 40
@@ -242,7 +242,10 @@ def test_decision_rules(make_metrics, base_kw, head_kw, edits, rerun, status, re
         "throughput",
         "gpu_time_ms_per_token",
         "rerun",
+        "kept_by",
+        "sampling",
     }
+    assert doc["kept_by"] == ("coverage" if status == "keep" else None)
     as_discard = ("incorrect", "refused", "inconclusive")
     expected_ledger = "discard" if status in as_discard else status
     assert doc["ledger_status"] == expected_ledger
@@ -567,3 +570,104 @@ def test_an_inductor_kernel_named_after_a_mangled_custom_op_is_no_coverage(make_
         )
         assert decision.status != "keep", decision.reasons
         assert decision.gpu_ms_head == pytest.approx(decision.gpu_ms_base)
+
+
+# Rule 8's speed path (issue 48): after coverage, a faster kernel keeps.
+
+
+def _faster(kernels, *, cutile_factor=1.0, other_factor=1.0):
+    return [
+        dict(k, gpu_ms=k["gpu_ms"] * (cutile_factor if k["cutile"] else other_factor))
+        for k in kernels
+    ]
+
+
+def test_a_pure_speedup_keeps_though_coverage_falls(make_metrics):
+    """The cuTile kernels 10% faster, everything else as it was: coverage falls (a faster
+    kernel is a smaller share), which the coverage rule would discard; the speed rule keeps."""
+    base = make_metrics(commit=BASE_SHA)
+    head = _with_kernels(make_metrics(), _faster(base["coverage"]["kernels"], cutile_factor=0.9))
+    decision = decide(base, head)
+    assert decision.status == "keep", decision.reasons
+    assert decision.kept_by == "speed"
+    assert decision.coverage_head < decision.coverage_base
+    assert decision.reasons[0].startswith("kept by the speed rule: GPU kernel time per token")
+    assert decision.to_json()["kept_by"] == "speed"
+    assert decision.ledger_marker == " [speed]"
+
+
+def test_a_speedup_that_moves_work_back_to_pytorch_is_a_discard(make_metrics):
+    """Less GPU time in all, but the non-cuTile time rose: a cuTile kernel dropped for a
+    faster fused PyTorch/Inductor one (the "drop RoPE" rounds) is no speed keep."""
+    base = make_metrics(commit=BASE_SHA)
+    kernels = [dict(k) for k in base["coverage"]["kernels"]]
+    rms = next(k for k in kernels if k["cutile"])
+    rms["gpu_ms"] -= 100.0  # part of the cuTile work gone ...
+    kernels[0]["gpu_ms"] += 40.0  # ... done faster by a PyTorch kernel
+    head = _with_kernels(make_metrics(), kernels)
+    decision = decide(base, head)
+    assert decision.gpu_ms_head < decision.gpu_ms_base * 0.95
+    assert decision.status == "discard", decision.reasons
+    assert decision.kept_by is None
+    assert "moves work back to PyTorch" in decision.reasons[0]
+    assert "non-cuTile GPU time per token" in decision.reasons[0]
+
+
+def test_a_coverage_gain_at_equal_time_keeps_by_the_coverage_rule(make_metrics):
+    base = make_metrics(commit=BASE_SHA)
+    kernels = [dict(k) for k in base["coverage"]["kernels"]]
+    kernels[0]["gpu_ms"] -= 50.0
+    next(k for k in kernels if k["cutile"])["gpu_ms"] += 50.0
+    head = _with_kernels(make_metrics(), kernels)
+    decision = decide(base, head)
+    assert decision.status == "keep", decision.reasons
+    assert decision.kept_by == "coverage"
+    assert decision.gpu_ms_head == pytest.approx(decision.gpu_ms_base)
+    assert decision.reasons[0].startswith("kept by the coverage rule: coverage 50.00% → 55.00%")
+    assert decision.ledger_marker == ""
+
+
+@pytest.mark.parametrize("factor", [0.9969, 0.996])  # the largest measured spread; 0.8% of the
+def test_a_speedup_within_the_noise_margin_does_not_keep(make_metrics, factor):  # cuTile half
+    """GPU time per token down by no more than the noise margin (0.5%): not shown to be faster,
+    and no coverage gain: discard."""
+    base = make_metrics(commit=BASE_SHA)
+    head = _with_kernels(make_metrics(), _faster(base["coverage"]["kernels"], cutile_factor=factor))
+    decision = decide(base, head)
+    assert decision.status == "discard", decision.reasons
+    assert "no gain" in decision.reasons[0]
+    assert decision.reasons[1].startswith("not a speedup either: GPU kernel time per token")
+    # the same change at a looser noise margin would be one
+    assert decide(base, head, gpu_margin=0.001).kept_by == "speed"
+
+
+def test_an_incorrect_speedup_is_incorrect(make_metrics):
+    base = make_metrics(commit=BASE_SHA)
+    head = _with_kernels(
+        make_metrics(passed=False), _faster(base["coverage"]["kernels"], cutile_factor=0.5)
+    )
+    decision = decide(base, head)
+    assert decision.status == "incorrect", decision.reasons
+    assert decision.kept_by is None and decision.ledger_marker == " [incorrect]"
+
+
+def test_a_speedup_must_not_drop_throughput(make_metrics):
+    """Faster kernels with a significantly slower generate(): the throughput rule still holds."""
+    base = make_metrics(commit=BASE_SHA, interleaved=True)
+    head = _with_kernels(
+        make_metrics(cutile=(40.0, 40.5, 39.5, 40.2, 39.8), interleaved=True),
+        _faster(base["coverage"]["kernels"], cutile_factor=0.9),
+    )
+    decision = decide(base, head, rerun=True)
+    assert decision.status == "discard", decision.reasons
+    assert decision.reasons[0].startswith("GPU kernel time per token")  # the speed path's text
+    assert "significant slowdown" in decision.reasons[1]
+
+
+def test_kept_by_round_trips_and_old_records_read(make_metrics):
+    base = make_metrics(commit=BASE_SHA)
+    head = _with_kernels(make_metrics(), _faster(base["coverage"]["kernels"], cutile_factor=0.9))
+    doc = decide(base, head).to_json()
+    assert Decision.from_json(doc).kept_by == "speed"
+    del doc["kept_by"]  # a record written before the speed rule
+    assert Decision.from_json(doc).kept_by is None

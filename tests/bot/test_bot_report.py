@@ -40,7 +40,7 @@ def test_comment_layout_and_record_roundtrip(make_metrics):
     body = render_comment(decision, base, head, record)
     lines = body.splitlines()
     assert lines[0] == MARKER and lines[1] == "## tilegym-bot verdict: **keep**"
-    assert lines[5].startswith("- coverage 50.00% → 61.20%")
+    assert lines[5].startswith("- kept by the coverage rule: coverage 50.00% → 61.20%")
     assert "| cuTile coverage, GPU time | 50.00% | 61.20% |" in lines
     assert "| cuTile coverage, launches | 55.00% | 66.20% |" in lines
     assert any(x.startswith("| cuTile throughput (tokens/s) | 50.00 (95% CI 49.") for x in lines)

@@ -194,3 +194,26 @@ def test_cli_refuses_a_file_it_cannot_replay(tmp_path, make_metrics, save_metric
     assert capsys.readouterr().err == f"error: {path}: measured without a CUDA GPU: " + (
         "the decision cannot reach its rule 9\n"
     )
+
+
+def test_sequential_replay_quiet_stops_after_one_pair(quiet):
+    """Quiet runs: every CI is decisive on the first pair, in the modelled time of one pair."""
+    p = rp.prepare(quiet)
+    slow = rp.replay_sequential(p, 0.95, trials=40)
+    neutral = rp.replay_sequential(p, 1.0, trials=40)
+    assert slow.final == {"discard": 40} and set(slow.pairs) == {1}
+    assert neutral.final == {"keep": 40} and neutral.stopped == {"decisive-not-slower": 40}
+    assert set(neutral.seconds) == {slow.cost.pair_s(5)}
+    assert slow.cost.job_s(5) == pytest.approx(120.0)  # the file's wall_s at its 5 runs
+
+
+def test_sequential_replay_noisy_adds_pairs_within_the_budget(make_metrics):
+    noisy = make_metrics(
+        cutile=(48.0, 52.5, 49.0, 51.5, 50.0), baseline=QUIET_BASELINE, interleaved=True
+    )
+    noisy["wall_s"] = 60.0
+    p = rp.prepare(noisy)
+    result = rp.replay_sequential(p, 1.0, trials=30, seed=1, budget_s=900.0)
+    assert max(result.pairs) > 1
+    assert all(s <= 900.0 for s in result.seconds)
+    assert sum(result.final.values()) == 30

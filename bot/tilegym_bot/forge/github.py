@@ -457,12 +457,7 @@ def _check_provenance(
 
 
 def _description(pr: PullRequest, decision: Decision) -> str:
-    marker = (
-        f" [{decision.status}]"
-        if decision.status in ("incorrect", "refused", "inconclusive")
-        else ""
-    )
-    return clip(pr.title, DESCRIPTION_LIMIT) + marker
+    return clip(pr.title, DESCRIPTION_LIMIT) + decision.ledger_marker
 
 
 def _decided_at(old: dict | None, head_sha: str, status: str) -> str:

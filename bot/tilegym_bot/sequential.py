@@ -1,0 +1,246 @@
+"""Sequential paired sampling of base and head throughput (docs/DESIGN.md, "Decision", rule 9).
+
+The fixed scheme measured one head and one base benchmark and, when the throughput ratio was
+in doubt, both again once with twice the runs. On hosts whose own speed swings 20-28%
+(``docs/results/h200-2026-12-02-host-noise/``) that leaves a 5% slowdown kept in 7-36% of
+replayed trials. Here the loop keeps adding *pairs*, one head and one base benchmark back to
+back (their order alternating, head first in odd pairs, so a linear drift of the host falls on
+both sides alike), pools every pair's runs of a side, and stops when the 95% interval of the
+paired ratio r (``policy.throughput_ratio``: mean cuTile/PyTorch speedup of the head's runs
+over the base's) is decisive against the margin, or when the next pair would not fit in the
+time budget (the method's 15 minutes an experiment).
+
+Decisive: the whole interval at or above ``1 - margin`` (not slower) or below it (slower). One
+exception mirrors rule 9's rerun: a significant slowdown on the first pair while the GPU kernel
+time per token fell is measured once more, since the kernels cannot explain it.
+
+A pair is whole benchmarks (``tilegym-hf-bench`` processes): the harness is not changed, and a
+benchmark's own timed runs are already interleaved PyTorch/cuTile pairs. Its fixed cost (model
+build, compile and capture, correctness, the profiled run) is most of its time, so each new
+pair asks for twice the previous pair's runs a side (the fixed scheme's rerun asked for twice
+the first round's), trimmed to what the remaining budget still holds.
+
+Everything here is pure: ``next_step`` decides from the samples so far, ``pool`` merges the
+metrics documents of several benchmarks of one commit, ``PairCost`` is the time model. The loop
+that benchmarks is ``experiment._measure_sequential``; ``replay.replay_sequential`` runs the
+same rule on measured runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tilegym_bot.stats import RatioEstimate, mean, positive_mean_ci95
+
+BUDGET_S = 900.0  # the method's 15 minutes an experiment (the runner's --timeout default too)
+MAX_PAIRS = 8  # a bound of its own, whatever the time model says
+GROWTH = 2  # each new pair has this many times the previous pair's runs a side
+
+# why the sampling stopped (``Step.stopped``, ``sampling.stopped`` in the decision)
+NOT_SLOWER = "decisive-not-slower"
+SLOWER = "decisive-slower"
+BUDGET = "budget"
+MAX = "max-pairs"
+NO_INTERVAL = "no-interval"
+DECIDED = "decided-before-throughput"
+
+
+@dataclass(frozen=True)
+class PairCost:
+    """Seconds of one benchmark: ``fixed_s`` + ``per_run_s`` a timed run (both sides of it)."""
+
+    fixed_s: float
+    per_run_s: float
+
+    def job_s(self, runs: int) -> float:
+        return self.fixed_s + runs * self.per_run_s
+
+    def pair_s(self, runs: int) -> float:
+        return 2.0 * self.job_s(runs)
+
+
+def per_run_seconds(doc: Any) -> float | None:
+    """The time of one timed run of a benchmark (its PyTorch and its cuTile ``generate()``),
+    from the throughput samples: tokens / tok/s for each side. None when not computable."""
+    from tilegym_bot.policy import _usable, dig
+
+    tokens = (dig(doc, "workload", "batch_size") or 0) * (
+        dig(doc, "workload", "output_length") or 0
+    )
+    if not isinstance(tokens, int) or tokens <= 0:
+        return None
+    total = 0.0
+    for side in ("baseline", "cutile"):
+        samples = _usable(dig(doc, side, "throughput", "samples"))
+        if samples:
+            total += tokens / mean(samples)
+    return total or None
+
+
+def cost_of(jobs: list[tuple[Any, float]]) -> PairCost | None:
+    """The time model from benchmarks done so far: (metrics document, wall seconds) each. The
+    per-run time comes from the samples, the fixed part is the largest wall time left over
+    (the pessimistic one: the budget is a limit)."""
+    fixed, per_run = [], []
+    for doc, wall in jobs:
+        if not (isinstance(wall, (int, float)) and math.isfinite(wall) and wall > 0):
+            continue
+        runs = _runs(doc)
+        one = per_run_seconds(doc)
+        if one is None or runs is None:
+            fixed.append(float(wall))
+            continue
+        per_run.append(one)
+        fixed.append(max(float(wall) - runs * one, 0.0))
+    if not fixed:
+        return None
+    return PairCost(max(fixed), max(per_run) if per_run else 0.0)
+
+
+def _runs(doc: Any) -> int | None:
+    from tilegym_bot.policy import dig
+
+    n = dig(doc, "workload", "timed_runs")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+@dataclass(frozen=True)
+class Step:
+    """What to do after ``pairs`` pairs: stop (and why), or measure a pair of ``runs`` a side."""
+
+    stop: bool
+    stopped: str | None  # one of the constants above when stopping
+    why: str
+    runs: int | None = None  # runs a side of the next pair when continuing
+
+
+def decisive(estimate: RatioEstimate, margin: float) -> str | None:
+    """``NOT_SLOWER`` / ``SLOWER`` when the 95% interval lies on one side of ``1 - margin``."""
+    if estimate.ci95 is None:
+        return None
+    lo, hi = estimate.ci95
+    floor = 1.0 - margin
+    if lo >= floor:
+        return NOT_SLOWER
+    if hi < floor:
+        return SLOWER
+    return None
+
+
+def _fmt(estimate: RatioEstimate) -> str:
+    if estimate.ci95 is None:
+        return f"r = {estimate.ratio:.3f} (no interval)"
+    return f"r = {estimate.ratio:.3f} (95% CI {estimate.ci95[0]:.3f}–{estimate.ci95[1]:.3f})"
+
+
+def next_step(
+    estimate: RatioEstimate | None,
+    *,
+    margin: float,
+    pairs: int,
+    last_runs: int,
+    first_runs: int,
+    elapsed_s: float,
+    cost: PairCost | None,
+    budget_s: float = BUDGET_S,
+    gpu_fell: bool = False,
+    max_pairs: int = MAX_PAIRS,
+) -> Step:
+    """After ``pairs`` pairs (the last with ``last_runs`` runs a side, the first with
+    ``first_runs``) taking ``elapsed_s`` so far: stop, or the runs a side of the next pair.
+
+    ``estimate``: the pooled paired ratio head/base and its 95% CI (None: not computable, which
+    more samples do not fix). ``cost``: the time model (None: unknown, so no second pair)."""
+    if pairs < 1:
+        raise ValueError(f"decide after at least one pair, got {pairs}")
+    if estimate is None:
+        return Step(True, NO_INTERVAL, "the throughput ratio is not computable")
+    floor = 1.0 - margin
+    verdict = decisive(estimate, margin)
+    text = f"after {pairs} pair(s): {_fmt(estimate)} against {floor:.2f}"
+    if verdict == NOT_SLOWER:
+        return Step(True, NOT_SLOWER, f"{text}: the whole interval at or above it")
+    if verdict == SLOWER and not (gpu_fell and pairs == 1):
+        return Step(True, SLOWER, f"{text}: the whole interval below it")
+    if verdict is None and estimate.ci95 is None and first_runs < 2:
+        return Step(True, NO_INTERVAL, f"{text}: one run a side gives no interval")
+    if pairs >= max_pairs:
+        return Step(True, MAX, f"{text}: not decisive after the most pairs ({max_pairs})")
+    if cost is None:
+        return Step(True, BUDGET, f"{text}: not decisive, and no time model for another pair")
+    left = budget_s - elapsed_s
+    runs = max(first_runs, last_runs * GROWTH)
+    while runs > first_runs and cost.pair_s(runs) > left:
+        runs = max(first_runs, runs // 2)
+    if cost.pair_s(runs) > left:
+        return Step(
+            True,
+            BUDGET,
+            f"{text}: not decisive, and another pair ({cost.pair_s(runs):.0f} s) does not fit "
+            f"in the {left:.0f} s left of the {budget_s:.0f} s budget",
+        )
+    why = f"{text}: not decisive; next pair {runs} runs a side"
+    if verdict == SLOWER:
+        why = (
+            f"{text}: below it while the GPU kernel time per token fell, so the slowdown is the "
+            f"host's or the head's host work; next pair {runs} runs a side"
+        )
+    return Step(False, None, why, runs)
+
+
+def pool(docs: list[Any]) -> Any:
+    """One metrics document for several benchmarks of one commit: the first one's everything
+    (its profile, correctness, environment), every benchmark's throughput samples a side in
+    order, ``workload.timed_runs`` their count. Blocks are interleaved only when all were;
+    sub-blocks (TTFT, decode tok/s) stay the first's. ``docs[0]`` alone is returned as is."""
+    if not docs:
+        raise ValueError("nothing to pool")
+    if len(docs) == 1:
+        return docs[0]
+    out = copy.deepcopy(docs[0])
+    total = 0
+    for side in ("baseline", "cutile"):
+        blocks = [d.get(side) if isinstance(d, dict) else None for d in docs]
+        if not all(isinstance(b, dict) and isinstance(b.get("throughput"), dict) for b in blocks):
+            continue
+        samples: list[float] = []
+        for b in blocks:
+            got = b["throughput"].get("samples")
+            samples += got if isinstance(got, list) else []
+        tp = dict(out[side]["throughput"])
+        finite = [v for v in samples if isinstance(v, (int, float)) and math.isfinite(v)]
+        tp["samples"] = samples
+        tp["mean"] = mean(finite) if finite and len(finite) == len(samples) else tp.get("mean")
+        ci = positive_mean_ci95(finite) if len(finite) == len(samples) else None
+        tp["ci95"] = list(ci) if ci else None
+        tp["std"] = None
+        if "interleaved" in tp:
+            tp["interleaved"] = all(b["throughput"].get("interleaved") is True for b in blocks)
+        out[side]["throughput"] = tp
+        total = max(total, len(samples))
+    if total and isinstance(out.get("workload"), dict):
+        out["workload"]["timed_runs"] = total
+    return out
+
+
+def sampling_record(
+    *,
+    pairs: int,
+    runs: tuple[int, int],
+    stopped: str,
+    why: str,
+    seconds: float,
+    budget_s: float,
+) -> dict[str, Any]:
+    """The decision's ``sampling`` object."""
+    return {
+        "pairs": pairs,
+        "runs": {"base": runs[0], "head": runs[1]},
+        "stopped": stopped,
+        "why": why,
+        "seconds": round(seconds, 1),
+        "budget_s": budget_s,
+    }
