@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cpu_generate import greedy, left_padded_batch
 from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig
 
 import tilegym.transformers
@@ -44,39 +45,17 @@ def _pair(model_type: str, dtype: torch.dtype = torch.float32, **flags):
     return base, patched, handle
 
 
-def _batch():
-    ids = torch.randint(1, 256, (3, 11))
-    mask = torch.ones_like(ids)
-    mask[1, :4] = 0
-    mask[2, :10] = 0
-    return ids, mask
-
-
-def _greedy(model, ids, mask, **kw):
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=5,
-            min_new_tokens=5,
-            do_sample=False,
-            pad_token_id=0,
-            **kw,
-        )
-    return out[:, ids.shape[1] :]
-
-
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_the_patched_family_computes_the_upstream_model(model_type):
     base, patched, handle = _pair(model_type)
     assert handle.applied == list(mp.FLAGS), handle.not_applied
-    ids, mask = _batch()
+    ids, mask = left_padded_batch()
     with torch.no_grad():
         want = base(input_ids=ids, attention_mask=mask).logits
         got = patched(input_ids=ids, attention_mask=mask).logits
     valid = mask.bool()
     torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-4)
-    assert torch.equal(_greedy(patched, ids, mask), _greedy(base, ids, mask))
+    assert torch.equal(greedy(patched, ids, mask), greedy(base, ids, mask))
 
 
 @pytest.mark.slow
@@ -84,11 +63,11 @@ def test_the_patched_family_computes_the_upstream_model(model_type):
 def test_the_patched_family_compiles_with_a_static_cache(model_type):
     torch._dynamo.reset()
     base, patched, _ = _pair(model_type)
-    ids, mask = _batch()
+    ids, mask = left_padded_batch()
     cfg = CompileConfig(fullgraph=True, backend="aot_eager")
     cfg._compile_all_devices = True
-    got = _greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
-    assert torch.equal(got, _greedy(base, ids, mask))
+    got = greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
+    assert torch.equal(got, greedy(base, ids, mask))
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
@@ -97,9 +76,9 @@ def test_rope_left_to_pytorch_keeps_the_model_dtype_for_a_static_cache(model_typ
     (OLMo 2's rotary module hands out fp32 cos/sin), so the static cache takes the keys."""
     base, patched, handle = _pair(model_type, torch.bfloat16, rope=False)
     assert "rope" in handle.not_applied
-    ids, mask = _batch()
-    got = _greedy(patched, ids, mask, cache_implementation="static")
-    want = _greedy(base, ids, mask, cache_implementation="static")
+    ids, mask = left_padded_batch()
+    got = greedy(patched, ids, mask, cache_implementation="static")
+    want = greedy(base, ids, mask, cache_implementation="static")
     assert got.shape == want.shape
     with torch.no_grad():
         logits = patched(input_ids=ids, attention_mask=mask).logits

@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from cpu_generate import greedy, left_padded_batch
 from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig
 
 from tilegym.transformers import monkey_patch as mp
@@ -43,36 +44,14 @@ def _pair(model_type: str, **extra):
     return base, patched, mp.apply_tilegym_kernel(patched)
 
 
-def _batch():
-    ids = torch.randint(1, 256, (3, 11), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[1, :4] = 0
-    mask[2, :9] = 0
-    return ids, mask
-
-
-def _greedy(model, ids, mask, **kw):
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=5,
-            min_new_tokens=5,
-            do_sample=False,
-            pad_token_id=0,
-            **kw,
-        )
-    return out[:, ids.shape[1] :]
-
-
 def _same(base, patched):
-    ids, mask = _batch()
+    ids, mask = left_padded_batch((0, 4, 9), seed=1)
     with torch.no_grad():
         want = base(input_ids=ids, attention_mask=mask).logits
         got = patched(input_ids=ids, attention_mask=mask).logits
     valid = mask.bool()
     torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-4)
-    assert torch.equal(_greedy(patched, ids, mask), _greedy(base, ids, mask))
+    assert torch.equal(greedy(patched, ids, mask), greedy(base, ids, mask))
 
 
 CASES = [("granite", GRANITE), ("smollm3", SMOLLM3), ("smollm3", WINDOWED)]
@@ -123,8 +102,8 @@ def test_the_nope_layer_skips_rope_and_the_others_rotate():
 def test_the_patched_model_compiles_with_a_static_cache(model_type, extra):
     torch._dynamo.reset()
     base, patched, _ = _pair(model_type, **extra)
-    ids, mask = _batch()
+    ids, mask = left_padded_batch((0, 4, 9), seed=1)
     cfg = CompileConfig(fullgraph=True, backend="aot_eager")
     cfg._compile_all_devices = True
-    got = _greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
-    assert torch.equal(got, _greedy(base, ids, mask))
+    got = greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
+    assert torch.equal(got, greedy(base, ids, mask))
