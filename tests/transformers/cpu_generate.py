@@ -5,24 +5,26 @@ from __future__ import annotations
 import torch
 
 
-def left_padded_batch(pads: tuple[int, ...] = (0, 4, 10), seed: int | None = None):
-    """(ids, mask) of ``len(pads)`` rows of 11 tokens; row r has its first ``pads[r]`` masked."""
+def left_padded_batch(pads: tuple[int, ...] = (0, 4, 10), seed: int | None = None, low: int = 1):
+    """(ids, mask) of ``len(pads)`` rows of 11 tokens in [low, 256); row r has its first
+    ``pads[r]`` masked."""
     generator = None if seed is None else torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, 256, (len(pads), 11), generator=generator)
+    ids = torch.randint(low, 256, (len(pads), 11), generator=generator)
     mask = torch.ones_like(ids)
     for row, pad in enumerate(pads):
         mask[row, :pad] = 0
     return ids, mask
 
 
-def greedy(model, ids, mask, **kw):
-    """Five greedy new tokens per row (``kw``: the cache implementation, compile config)."""
+def greedy(model, ids, mask, new_tokens: int = 5, **kw):
+    """``new_tokens`` greedy new tokens per row (``kw``: the cache implementation, compile
+    config)."""
     with torch.no_grad():
         out = model.generate(
             input_ids=ids,
             attention_mask=mask,
-            max_new_tokens=5,
-            min_new_tokens=5,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
             do_sample=False,
             pad_token_id=0,
             **kw,

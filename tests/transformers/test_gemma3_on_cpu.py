@@ -16,6 +16,7 @@ import types
 
 import pytest
 import torch
+from cpu_generate import greedy, left_padded_batch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from tilegym.transformers import monkey_patch as mp
@@ -49,32 +50,13 @@ def _model(**extra):
     return model
 
 
-def _batch():
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 256, (3, 11), generator=gen)
-    mask = torch.ones_like(ids)
-    mask[1, :4] = 0
-    mask[2, :9] = 0
-    return ids, mask
+def _greedy(model, ids, mask, **kw):
+    return greedy(model, ids, mask, new_tokens=8, **kw)
 
 
 def _logits(model, ids, mask):
     with torch.no_grad():
         return model(input_ids=ids, attention_mask=mask).logits
-
-
-def _greedy(model, ids, mask, **kw):
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=8,
-            min_new_tokens=8,
-            do_sample=False,
-            pad_token_id=0,
-            **kw,
-        )
-    return out[:, ids.shape[1] :]
 
 
 FLAG_SETS = {"all": dict.fromkeys(mp.FLAGS, True)}
@@ -89,7 +71,7 @@ def test_every_flag_set_reproduces_upstream(flags):
     handle = mp.apply_tilegym_kernel(patched, **FLAG_SETS[flags])
     assert handle.model_type == "gemma3_text"
     assert handle.applied == [f for f, on in FLAG_SETS[flags].items() if on], handle.not_applied
-    ids, mask = _batch()
+    ids, mask = left_padded_batch((0, 4, 9), seed=1, low=3)
     valid = mask.bool()
     want = _logits(base, ids, mask)
     torch.testing.assert_close(_logits(patched, ids, mask)[valid], want[valid])
@@ -111,7 +93,7 @@ def test_the_patch_routes_through_the_gemma3_ops():
 
     model = _model()
     handle = mp.apply_tilegym_kernel(model)
-    ids, mask = _batch()
+    ids, mask = left_padded_batch((0, 4, 9), seed=1, low=3)
     with Spy():
         _logits(model, ids, mask)
     layers = model.config.num_hidden_layers
@@ -163,7 +145,7 @@ def test_undo_restores_upstream_bit_for_bit():
     patched = copy.deepcopy(base)
     before = patched.config._attn_implementation
     handle = mp.apply_tilegym_kernel(patched)
-    ids, mask = _batch()
+    ids, mask = left_padded_batch((0, 4, 9), seed=1, low=3)
     _greedy(patched, ids, mask)  # run it (caches, repacked weights) before undoing
     handle.undo()
     assert torch.equal(_logits(patched, ids, mask), _logits(base, ids, mask))
@@ -180,7 +162,7 @@ def test_class_level_patch_uses_the_familys_activation_and_undoes():
 
     classes = [up.Gemma3RMSNorm, up.Gemma3MLP, up.Gemma3Attention, up.Gemma3DecoderLayer]
     originals = [c.__dict__["forward"] for c in classes]
-    ids, mask = _batch()
+    ids, mask = left_padded_batch((0, 4, 9), seed=1, low=3)
     valid = mask.bool()
     want = _logits(_model(), ids, mask)  # before the patch: it changes the classes
     handle = mp.apply_tilegym_kernel_to_gemma3(attn=False)
@@ -199,7 +181,7 @@ def test_generate_uses_the_tile_kv_cache_and_matches():
     base = _model()
     patched = copy.deepcopy(base)
     mp.apply_tilegym_kernel(patched)
-    ids, mask = _batch()
+    ids, mask = left_padded_batch((0, 4, 9), seed=1, low=3)
     with torch.no_grad():
         out = patched.generate(
             input_ids=ids,
@@ -220,7 +202,7 @@ def test_an_eager_static_cache_matches_dynamic_generation():
     base = _model()
     patched = copy.deepcopy(base)
     mp.apply_tilegym_kernel(patched)
-    ids, mask = _batch()
+    ids, mask = left_padded_batch((0, 4, 9), seed=1, low=3)
     want = _greedy(base, ids, mask)
     assert torch.equal(_greedy(patched, ids, mask, cache_implementation="static"), want)
 
@@ -234,7 +216,7 @@ def test_soft_capping_is_reproduced_where_upstream_applies_it(field):
     patched = copy.deepcopy(base)
     handle = mp.apply_tilegym_kernel(patched)
     assert handle.applied == list(mp.FLAGS), handle.not_applied
-    ids, mask = _batch()
+    ids, mask = left_padded_batch((0, 4, 9), seed=1, low=3)
     valid = mask.bool()
     want = _logits(base, ids, mask)
     if field == "final_logit_softcapping":
