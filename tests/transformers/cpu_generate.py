@@ -30,3 +30,13 @@ def greedy(model, ids, mask, new_tokens: int = 5, **kw):
             **kw,
         )
     return out[:, ids.shape[1] :]
+
+
+def assert_same_as_upstream(base, patched, ids, mask):
+    """Logits at every unpadded position within 1e-4, and the same greedy tokens."""
+    with torch.no_grad():
+        want = base(input_ids=ids, attention_mask=mask).logits
+        got = patched(input_ids=ids, attention_mask=mask).logits
+    valid = mask.bool()
+    torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-4)
+    assert torch.equal(greedy(patched, ids, mask), greedy(base, ids, mask))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cpu_generate import greedy, left_padded_batch
+from cpu_generate import assert_same_as_upstream, greedy, left_padded_batch
 from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig
 
 import tilegym.transformers
@@ -50,12 +50,7 @@ def test_the_patched_family_computes_the_upstream_model(model_type):
     base, patched, handle = _pair(model_type)
     assert handle.applied == list(mp.FLAGS), handle.not_applied
     ids, mask = left_padded_batch()
-    with torch.no_grad():
-        want = base(input_ids=ids, attention_mask=mask).logits
-        got = patched(input_ids=ids, attention_mask=mask).logits
-    valid = mask.bool()
-    torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-4)
-    assert torch.equal(greedy(patched, ids, mask), greedy(base, ids, mask))
+    assert_same_as_upstream(base, patched, ids, mask)
 
 
 @pytest.mark.slow

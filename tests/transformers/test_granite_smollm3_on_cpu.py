@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from cpu_generate import greedy, left_padded_batch
+from cpu_generate import assert_same_as_upstream, greedy, left_padded_batch
 from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig
 
 from tilegym.transformers import monkey_patch as mp
@@ -46,12 +46,7 @@ def _pair(model_type: str, **extra):
 
 def _same(base, patched):
     ids, mask = left_padded_batch((0, 4, 9), seed=1)
-    with torch.no_grad():
-        want = base(input_ids=ids, attention_mask=mask).logits
-        got = patched(input_ids=ids, attention_mask=mask).logits
-    valid = mask.bool()
-    torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-4)
-    assert torch.equal(greedy(patched, ids, mask), greedy(base, ids, mask))
+    assert_same_as_upstream(base, patched, ids, mask)
 
 
 CASES = [("granite", GRANITE), ("smollm3", SMOLLM3), ("smollm3", WINDOWED)]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cpu_generate import greedy
 from test_attention_model import _cache_kwarg, _left_padded, _model
 from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig, StaticCache
 from transformers.masking_utils import create_masks_for_generate
@@ -35,22 +36,8 @@ def _cpu_compile_config() -> CompileConfig:
     return cfg
 
 
-def _greedy(model, ids, mask, n, **kw):
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            pad_token_id=0,
-            **kw,
-        )
-    return out[:, ids.shape[1] :]
-
-
 def _static(model, ids, mask, n):
-    return _greedy(
+    return greedy(
         model, ids, mask, n, cache_implementation="static", compile_config=_cpu_compile_config()
     )
 
@@ -72,7 +59,7 @@ def test_static_generate_compiles_the_patched_decode_step_once_with_fullgraph(mo
     torch._dynamo.reset()
     base, patched, _ = _patched_pair(model_key)
     ids, mask = _left_padded([9, 4])
-    want = _greedy(base, ids, mask, 6)
+    want = greedy(base, ids, mask, 6)
     counters.clear()
     got, code = run_and_get_code(lambda: _static(patched, ids, mask, 6))
     assert torch.equal(got, want)
@@ -124,7 +111,7 @@ def test_gemma3_static_generate_compiles_like_the_unpatched_model():
     handle = mp.apply_tilegym_kernel(patched)
     assert handle.applied == list(mp.FLAGS), handle.not_applied
     ids, mask = _left_padded([9, 4])
-    want = _greedy(base, ids, mask, 8)
+    want = greedy(base, ids, mask, 8)
     graphs = {}
     for name, model in (("base", base), ("patched", patched)):
         torch._dynamo.reset()
@@ -157,7 +144,7 @@ def test_gemma3_ring_window_with_padding_inside_it_generates_the_unpatched_token
     wraps."""
     base, patched = _gemma3_pair()
     ids, mask = _left_padded([5, 2])
-    want = _greedy(base, ids, mask, 9)
+    want = greedy(base, ids, mask, 9)
     assert torch.equal(_static(patched, ids, mask, 9), want)
 
 
@@ -166,11 +153,11 @@ def _continued(model, ids, mask, steps):
     first call's tokens plus two more) is several new tokens on a full sliding window."""
     cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + 2 * steps + 2)
     kw = {_cache_kwarg(model): cache}
-    first = _greedy(model, ids, mask, steps, compile_config=_cpu_compile_config(), **kw)
+    first = greedy(model, ids, mask, steps, compile_config=_cpu_compile_config(), **kw)
     more = torch.tensor([[7, 11]] * ids.shape[0])
     ids2 = torch.cat([ids, first, more], dim=1)
     mask2 = torch.cat([mask, torch.ones_like(first), torch.ones_like(more)], dim=1)
-    second = _greedy(model, ids2, mask2, steps, compile_config=_cpu_compile_config(), **kw)
+    second = greedy(model, ids2, mask2, steps, compile_config=_cpu_compile_config(), **kw)
     return first, second
 
 
@@ -193,12 +180,12 @@ def test_gemma3_ring_window_on_a_kept_cache_starts_over_after_a_reset():
     calls generate the unpatched model's tokens."""
     base, patched = _gemma3_pair()
     ids, mask = _left_padded([9, 6])
-    want = _greedy(base, ids, mask, 7)
+    want = greedy(base, ids, mask, 7)
     cache = StaticCache(config=patched.config, max_cache_len=ids.shape[1] + 7)
     kw = {_cache_kwarg(patched): cache, "compile_config": _cpu_compile_config()}
     for _ in range(2):
         cache.reset()
-        assert torch.equal(_greedy(patched, ids, mask, 7, **kw), want)
+        assert torch.equal(greedy(patched, ids, mask, 7, **kw), want)
 
 
 def _graph_symbols(model, ids, mask) -> tuple[set[str], str]:
@@ -240,7 +227,7 @@ def test_undo_and_an_unpatched_model_in_the_same_process_keep_working():
     torch._dynamo.reset()
     base, patched, handle = _patched_pair("qwen3")
     ids, mask = _left_padded([5])
-    want = _greedy(base, ids, mask, 5)
+    want = greedy(base, ids, mask, 5)
     assert torch.equal(_static(patched, ids, mask, 5), want)
     assert torch.equal(_static(base, ids, mask, 5), want)  # the unpatched model, compiled too
     handle.undo()
