@@ -176,3 +176,49 @@ def test_gated_norm_matches_reference(rows, dtype, gen, poison_empty):
     assert_close_rel(out, rg.rms_norm_gated_reference(x.float(), z.float(), w.float(), 1e-6))
     # and the module's own roundings, to within one rounding
     assert_close_rel(out, rg.rms_norm_gated_reference(x, z, w, 1e-6), 4e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the custom ops (torch.library) the compiled model glue calls
+# ---------------------------------------------------------------------------------------------
+
+
+def test_library_ops_pass_opcheck_on_cpu(gen):
+    from tests.ops.test_gated_delta import _inputs
+
+    q, k, v, a, b, A_log, dt_bias = _inputs(2, 70, 2, 4, 16, 16, gen)
+    s0 = torch.randn(2, 4, 16, 16, generator=gen)
+    ops = torch.ops.tilegym
+    import tilegym.ops.library  # noqa: F401  (registers the ops)
+
+    torch.library.opcheck(ops.gated_delta_chunk.default, (q, k, v, a, b, A_log, dt_bias, None))
+    torch.library.opcheck(ops.gated_delta_chunk.default, (q, k, v, a, b, A_log, dt_bias, s0))
+    step = tuple(t[:, :1] for t in (q, k, v, a, b))
+    torch.library.opcheck(ops.gated_delta_recurrent.default, (*step, A_log, dt_bias, s0.clone()))
+    x, w, state = _conv_inputs(2, 9, 24, gen)
+    torch.library.opcheck(ops.causal_conv1d.default, (x, w, None, None, 4))
+    torch.library.opcheck(ops.causal_conv1d.default, (x, w, None, state, 4))
+    torch.library.opcheck(ops.causal_conv1d_update.default, (x[:, :1], state.clone(), w, None))
+    z = torch.randn(9, 16, generator=gen)
+    torch.library.opcheck(ops.rms_norm_gated.default, (z, z * 2, torch.ones(16), 1e-6))
+
+
+def test_library_functions_on_cpu_follow_the_references(gen):
+    from tests.ops.test_gated_delta import _inputs
+    from tilegym.ops import gated_delta as gd
+    from tilegym.ops import library as lib
+
+    q, k, v, a, b, A_log, dt_bias = _inputs(1, 66, 2, 2, 16, 16, gen)
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    out, state = lib.gated_delta_chunk(
+        q[:, :65], k[:, :65], v[:, :65], a[:, :65], b[:, :65], A_log, dt_bias
+    )
+    last = tuple(t[:, 65:] for t in (q, k, v, a, b))
+    out2 = lib.gated_delta_recurrent(*last, A_log, dt_bias, state)
+    want, want_state = gd.recurrent_reference(q, k, v, g, beta)
+    torch.testing.assert_close(torch.cat([out, out2], 1), want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(state, want_state, rtol=1e-4, atol=1e-5)
+    x, w, _ = _conv_inputs(2, 12, 24, gen)
+    out, cstate = lib.causal_conv1d(x[:, :7], w)
+    outs = [out] + [lib.causal_conv1d_update(x[:, t : t + 1], cstate, w) for t in range(7, 12)]
+    torch.testing.assert_close(torch.cat(outs, 1), cc.causal_conv1d_reference(x, w)[0])

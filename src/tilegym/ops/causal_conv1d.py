@@ -153,8 +153,7 @@ def aot_signatures(channels=(6144, 8192), dtypes=AOT_DTYPES, kernel_size=4) -> d
     sigs = []
     for dt in dtypes:
         a3, a2 = array_sig(dt, 3), array_sig(dt, 2)
-        for ch in channels:
-            tc = min(TILE_C, next_pow2(ch))
+        for tc in sorted({min(TILE_C, next_pow2(ch)) for ch in channels}):  # one per tile
             ks, ksp = kernel_size, next_pow2(kernel_size)
             shape = (kernel_size, ks, ksp, False)
             prefill = (a3, a2, a2, a2, a3, a3, TILE_T, tc, *shape, False, True)
