@@ -58,8 +58,10 @@ def test_references_match_transformers(shape, with_state, gen):
     g, beta = gd.gates_reference(a, b, A_log, dt_bias)
     s0 = _state(bsz, hv, dk, dv, gen) if with_state else None
     kw = dict(initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True)
-    hf_rec = qwen3_5.torch_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, **kw)
-    hf_chunk = qwen3_5.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, **kw)
+    # q/k repeated to the value heads as the module does before these functions up to 5.17
+    qr, kr = (x.repeat_interleave(hv // hk, dim=2) for x in (q, k))
+    hf_rec = qwen3_5.torch_recurrent_gated_delta_rule(qr, kr, v, g=g, beta=beta, **kw)
+    hf_chunk = qwen3_5.torch_chunk_gated_delta_rule(qr, kr, v, g=g, beta=beta, **kw)
     rec = gd.recurrent_reference(q, k, v, g, beta, s0)
     chunk = gd.chunk_reference(q, k, v, g, beta, s0)
     for mine in (rec, chunk):
@@ -86,10 +88,15 @@ def test_ut_inverse_is_the_inverse_for_near_singular_chunks(gen):
     am = torch.ones(n, n).tril(-1) * 0.999
     t = gd.ut_inverse_reference(am)
     torch.testing.assert_close(t @ (torch.eye(n) + am), torch.eye(n), rtol=0, atol=1e-4)
-    am = (torch.rand(3, n, n, generator=gen) * 2 - 1).tril(-1)
+    # UT systems as the kernels build them: beta_i k_i.k_j exp(gcum_i - gcum_j), unit keys,
+    # against the fp64 inverse
+    k = torch.nn.functional.normalize(torch.randn(3, n, 32, generator=gen), dim=-1)
+    beta = torch.rand(3, n, 1, generator=gen)
+    gc = (-torch.rand(3, n, generator=gen) * 0.2).cumsum(-1)
+    am = (beta * k @ k.transpose(-1, -2) * (gc[..., :, None] - gc[..., None, :]).exp()).tril(-1)
     t = gd.ut_inverse_reference(am)
-    want = torch.linalg.solve_triangular(torch.eye(n) + am, torch.eye(n), upper=False)
-    torch.testing.assert_close(t, want, rtol=1e-4, atol=1e-4)
+    want = torch.linalg.inv(torch.eye(n, dtype=torch.float64) + am.double())
+    assert rel_err(t, want) < 1e-5
 
 
 def test_reference_catches_a_wrong_decay(gen):

@@ -27,20 +27,32 @@ def _padding_masked(hidden_states: torch.Tensor, attention_mask) -> torch.Tensor
     return hidden_states
 
 
+def _cached_states(cache, idx: int):
+    """(conv state, recurrent state) the layer continues from, or (None, None) before its first
+    call: ``get_conv_state`` / ``get_recurrent_state`` (transformers 5.2x) or the layer's
+    ``has_previous_state`` and state lists (5.17)."""
+    if cache is None:
+        return None, None
+    if hasattr(cache, "get_conv_state"):
+        return cache.get_conv_state(idx), cache.get_recurrent_state(idx)
+    if cache.has_previous_state(idx, state_idx=0):
+        layer = cache.layers[idx]
+        return layer.conv_states[0], layer.recurrent_states[0]
+    return None, None
+
+
 def make_gated_delta_net_forward(upstream_forward: Callable) -> Callable:
     """``XGatedDeltaNet.forward`` on the cuTile ops (``upstream_forward``: the class's own, for
-    the cases kept upstream)."""
+    the cases kept upstream). The cache comes as ``cache`` (5.2x) or ``cache_params`` (5.17)."""
 
-    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
-        if cache is None:
-            cache = kwargs.pop("cache_params", None)
+    def forward(self, hidden_states, cache=None, attention_mask=None, cache_params=None, **kwargs):
+        cache = cache if cache is not None else cache_params
         idx = self.layer_idx
-        if cache is not None and cache.is_recording_past(idx):
+        if cache is not None and getattr(cache.layers[idx], "record_past", False):
             return upstream_forward(self, hidden_states, cache, attention_mask, **kwargs)
         h = _padding_masked(hidden_states, attention_mask)
         bsz, n_tok, _ = h.shape
-        conv_state = cache.get_conv_state(idx) if cache is not None else None
-        rec_state = cache.get_recurrent_state(idx) if cache is not None else None
+        conv_state, rec_state = _cached_states(cache, idx)
         mixed = self.in_proj_qkv(h)
         z = self.in_proj_z(h)
         b = self.in_proj_b(h)
