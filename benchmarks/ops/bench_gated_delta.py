@@ -67,8 +67,18 @@ def _hf():
     return m
 
 
+def _grouped(q, k, v):
+    """q/k repeated to the value heads, as transformers 5.17's module does before the torch
+    functions (5.2x's functions repeat them themselves)."""
+    rep = v.shape[2] // q.shape[2]
+    if rep == 1:
+        return q, k
+    return q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
+
+
 def _torch_chunk(q, k, v, a, b, A_log, dt_bias, state=None):
     g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    q, k = _grouped(q, k, v)
     return _hf().torch_chunk_gated_delta_rule(
         q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True,
         use_qk_l2norm_in_kernel=True,
@@ -77,6 +87,7 @@ def _torch_chunk(q, k, v, a, b, A_log, dt_bias, state=None):
 
 def _torch_recurrent(q, k, v, a, b, A_log, dt_bias, state):
     g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    q, k = _grouped(q, k, v)
     out, new = _hf().torch_recurrent_gated_delta_rule(
         q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True,
         use_qk_l2norm_in_kernel=True,
@@ -133,13 +144,20 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--no-torch-prefill", action="store_true", help="skip torch's chunked form")
+    p.add_argument("--heads", nargs="*", default=list(HEADS), choices=list(HEADS))
+    p.add_argument("--prefill", nargs="*", default=[f"{b}x{t}" for b, t in PREFILL],
+                   help="BxT prefill shapes")  # fmt: skip
+    p.add_argument("--decode", nargs="*", type=int, default=DECODE, help="decode batch sizes")
+    p.add_argument("--no-conv-norm", action="store_true", help="only the gated delta rule")
     args = p.parse_args()
+    prefill = [tuple(int(n) for n in s.split("x")) for s in args.prefill]
     fla_chunk, fla_rec = _fla()
     cols = ["cutile", "fla", "torch"]
     header = ["case"] + [f"{c} {h}" for c in cols for h in ("us", "/cutile", "err")]
     rows = []
-    for hname, heads in HEADS.items():
-        for bsz, n_tok in PREFILL:
+    for hname in args.heads:
+        heads = HEADS[hname]
+        for bsz, n_tok in prefill:
             x = _inputs(bsz, n_tok, heads)
             g, beta = gd.gates_reference(*x[3:])
             ref = gd.recurrent_reference(*x[:3], g, beta)[0] if n_tok <= 2048 else None
@@ -151,7 +169,7 @@ def main() -> None:
             label = f"prefill {hname} {bsz}x{n_tok}"
             rows.append(_row(label, fns, ref, args.warmup, args.iters, cols))
             print(rows[-1], flush=True)
-        for bsz in DECODE:
+        for bsz in args.decode:
             x = _inputs(bsz, 1, heads)
             hv, dk, dv = heads[1:]
             s0 = torch.randn(bsz, hv, dk, dv, device="cuda") * 0.1
@@ -170,7 +188,15 @@ def main() -> None:
 
             rows.append(_row(label, fns, ref, args.warmup, args.iters, cols, reset))
             print(rows[-1], flush=True)
-    # conv and gated norm vs transformers' torch code (no fla column)
+    if not args.no_conv_norm:
+        rows += _conv_norm_rows(args, cols)
+    print()
+    print(format_table(header, rows))
+
+
+def _conv_norm_rows(args, cols) -> list:
+    """conv and gated norm vs transformers' torch code (no fla column)."""
+    rows = []
     hf = _hf()
     for ch, (bsz, n_tok) in [(6144, (1, 2048)), (6144, (4, 4096)), (8192, (1, 2048))]:
         x = torch.randn(bsz, n_tok, ch, device="cuda", dtype=torch.bfloat16)
@@ -216,8 +242,7 @@ def main() -> None:
         }
         rows.append(_row(f"gated norm {rows_n}x128", fns, ref, args.warmup, args.iters, cols))
         print(rows[-1], flush=True)
-    print()
-    print(format_table(header, rows))
+    return rows
 
 
 if __name__ == "__main__":
