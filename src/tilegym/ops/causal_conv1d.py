@@ -6,8 +6,8 @@ the conv rounded to the input dtype before the SiLU, as the bf16 ``F.conv1d`` ou
 before t = 0 come from the conv state (the last ``S`` inputs of the previous call, transformers'
 ``[B, C, S]`` cache layout, S >= K - 1) or are zero. The kernel also writes the new state (the
 last S inputs of the concatenation, zero-filled when the sequence is shorter), which may be the
-same tensor as the old one: only the blocks of the first time tile read the old state and they
-alone write the new one, for their own channels.
+same tensor as the old one (decode): only the blocks of the first time tile read the old state
+and they alone write the new one, for their own channels, through the same array parameter.
 
 Layout ``[B, T, C]`` (the projection's output, no transpose to ``[B, C, T]``); one kernel for
 both stages: prefill launches 16-token tiles, decode 1-token tiles.
@@ -40,7 +40,7 @@ def causal_conv1d_kernel(
     X,
     Wt,
     Bias,
-    StateIn,
+    State,
     StateOut,
     Out,
     TT: ConstInt,
@@ -51,9 +51,12 @@ def causal_conv1d_kernel(
     HAS_BIAS: ConstBool,
     HAS_STATE: ConstBool,
     WRITE_STATE: ConstBool,
+    IN_PLACE: ConstBool,
 ):
     """One (time tile, channel tile, batch) block of the conv; the first time tile also
-    writes the new state of its channels."""
+    writes the new state of its channels: into ``State`` itself with IN_PLACE (the reads and
+    the write then go through one array, so the compiler keeps them in program order; two
+    array parameters holding one tensor would be taken for two), else into ``StateOut``."""
     bt = ct.bid(0)
     bc = ct.bid(1)
     b = ct.bid(2)
@@ -67,7 +70,7 @@ def causal_conv1d_kernel(
         src = t - (KW - 1) + j
         xs = ct.gather(X, (b, src, c), mask=src >= 0).astype(ct.float32)
         if HAS_STATE:
-            old = ct.gather(StateIn, (b, c, src + KS), mask=src < 0)
+            old = ct.gather(State, (b, c, src + KS), mask=src < 0)
             xs = xs + old.astype(ct.float32)
         wj = ct.gather(Wt, (c, j)).astype(ct.float32)
         acc = acc + wj * xs
@@ -83,9 +86,12 @@ def causal_conv1d_kernel(
             keep = m < KS
             new = ct.gather(X, (b, src, cs), mask=keep & (src >= 0))
             if HAS_STATE:
-                old = ct.gather(StateIn, (b, cs, src + KS), mask=keep & (src < 0))
+                old = ct.gather(State, (b, cs, src + KS), mask=keep & (src < 0))
                 new = ct.where(src < 0, old.astype(X.dtype), new)
-            ct.scatter(StateOut, (b, cs, m), new.astype(StateOut.dtype), mask=keep)
+            if IN_PLACE:
+                ct.scatter(State, (b, cs, m), new.astype(State.dtype), mask=keep)
+            else:
+                ct.scatter(StateOut, (b, cs, m), new.astype(StateOut.dtype), mask=keep)
 
 
 def _launch(x, weight, bias, state_in, state_out, tile_t):
@@ -115,9 +121,19 @@ def _launch(x, weight, bias, state_in, state_out, tile_t):
     tc = min(TILE_C, next_pow2(ch))
     grid = (-(-n_tok // tile_t), -(-ch // tc), bsz)
     consts = (tile_t, tc, kw, ks, next_pow2(ks), bias is not None)
-    flags = (state_in is not None, state_out is not None)
+    in_place = state_in is not None and state_out is not None and state_in is state_out
+    if in_place:
+        so = w  # placeholder: the kernel writes through ``State``
+    elif state_in is not None and state_out is not None and _overlap(state_in, state_out):
+        raise ValueError("state_in and state_out overlap without being one tensor")
+    flags = (state_in is not None, state_out is not None, in_place)
     ct.launch(stream(), grid, causal_conv1d_kernel, (x, w, b, si, so, out, *consts, *flags))
     return out
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    sa, sb = a.untyped_storage().data_ptr(), b.untyped_storage().data_ptr()
+    return sa == sb
 
 
 def causal_conv1d(x, weight, bias=None, state_in=None, state_out=None):
@@ -156,7 +172,7 @@ def aot_signatures(channels=(6144, 8192), dtypes=AOT_DTYPES, kernel_size=4) -> d
         for tc in sorted({min(TILE_C, next_pow2(ch)) for ch in channels}):  # one per tile
             ks, ksp = kernel_size, next_pow2(kernel_size)
             shape = (kernel_size, ks, ksp, False)
-            prefill = (a3, a2, a2, a2, a3, a3, TILE_T, tc, *shape, False, True)
-            decode = (a3, a2, a2, a3, a3, a3, 1, tc, *shape, True, True)
+            prefill = (a3, a2, a2, a2, a3, a3, TILE_T, tc, *shape, False, True, False)
+            decode = (a3, a2, a2, a3, a2, a3, 1, tc, *shape, True, True, True)
             sigs += [signature(*prefill), signature(*decode)]
     return {causal_conv1d_kernel: sigs}
