@@ -7,7 +7,8 @@ Every variant starts from the raw projections (a, b, A_log, dt_bias): fla and to
 gates from the module's torch expressions inside the timed call, as the model computes them;
 cuTile fuses them. Times are medians of CUDA-event intervals, variants interleaved after a
 warm-up, with the p10-p90 spread in percent. ``err`` is each variant's relative error against
-the fp32 recurrent reference (outputs; a quick parity check, not a test).
+the fp32 recurrent reference (outputs; a quick parity check, not a test). ``cutile-fma`` is
+the prefill with the UT transform in fp32 FMAs instead of split tf32 (``prep_split=False``).
 
 fla is optional: install the wheel into any folder on the GPU host and put it on PYTHONPATH
 (``pip install --no-deps --target /tmp/fla-site flash_linear_attention-0.6.0 fla_core-0.6.0``;
@@ -152,7 +153,7 @@ def main() -> None:
     args = p.parse_args()
     prefill = [tuple(int(n) for n in s.split("x")) for s in args.prefill]
     fla_chunk, fla_rec = _fla()
-    cols = ["cutile", "fla", "torch"]
+    cols = ["cutile", "cutile-fma", "fla", "torch"]
     header = ["case"] + [f"{c} {h}" for c in cols for h in ("us", "/cutile", "err")]
     rows = []
     for hname in args.heads:
@@ -161,7 +162,10 @@ def main() -> None:
             x = _inputs(bsz, n_tok, heads)
             g, beta = gd.gates_reference(*x[3:])
             ref = gd.recurrent_reference(*x[:3], g, beta)[0] if n_tok <= 2048 else None
-            fns = {"cutile": partial(gd.gated_delta_chunk, *x)}
+            fns = {
+                "cutile": partial(gd.gated_delta_chunk, *x),
+                "cutile-fma": partial(gd.gated_delta_chunk, *x, prep_split=False),
+            }
             if fla_chunk is not None:
                 fns["fla"] = partial(_fla_chunk, fla_chunk, *x)
             if not args.no_torch_prefill:

@@ -209,6 +209,20 @@ def test_chunk_kernel_matches_reference(shape, dtype, with_state, gen, poison_em
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 65, 16, 16, 128, 128), (2, 130, 4, 8, 128, 128)])
+def test_chunk_kernel_with_fp32_fma_prep_matches_reference(shape, gen, poison_empty):
+    """The UT transform's other form (fp32 FMAs instead of split tf32) is exact too."""
+    bsz, n_tok, hk, hv, dk, dv = shape
+    q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, torch.bfloat16, pad=3)
+    s0 = _state(bsz, hv, dk, dv, gen, "cuda")
+    out, final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, prep_split=False)
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    want_out, want_state = gd.recurrent_reference(q, k, v, g, beta, s0)
+    assert_close_rel(out, want_out)
+    assert_close_rel(final, want_state, 2e-3)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     "shape", [(1, 1, 16, 16, 128, 128), (4, 1, 16, 32, 128, 128), (2, 3, 2, 4, 64, 64)]
