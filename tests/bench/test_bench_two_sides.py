@@ -12,7 +12,7 @@ from tilegym_hf_bench.model_factory import (
     twin_sharing_weights,
     weight_fingerprint,
 )
-from tilegym_hf_bench.runner import check_correctness
+from tilegym_hf_bench.correctness_check import check_correctness
 from tilegym_hf_bench.throughput import measure, warm_up
 from tilegym_hf_bench.workloads import Workload
 
