@@ -32,8 +32,8 @@ from tilegym_hf_bench.modes import (
 )
 from tilegym_hf_bench.options import UsageError, parse_options
 from tilegym_hf_bench.report import detail_lines, summary_lines
-from tilegym_hf_bench.worker_client import cutile_unmeasured_reason
 from tilegym_hf_bench.throughput import first_run_excess, measure, warm_up_sides
+from tilegym_hf_bench.worker_client import cutile_unmeasured_reason
 from transformers import CompileConfig, StaticCache
 
 ROOT = Path(__file__).resolve().parents[2]
