@@ -1,8 +1,38 @@
-"""What the CPU family tests generate from: a left-padded batch and its greedy new tokens."""
+"""What the CPU family tests build and generate from: a small config and its patched twin, a
+left-padded batch and its greedy new tokens."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
+
+#: A small Llama-shaped config (fp32 on the CPU) whose head size the attention kernels take, so
+#: attention is patched too; each family test adds its own fields.
+SMALL = dict(
+    hidden_size=128,
+    intermediate_size=192,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    vocab_size=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+def patched_pair(model_type: str, **extra):
+    """(upstream model, its patched deep copy, the patch's handle) from ``SMALL`` + ``extra``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tilegym.transformers import monkey_patch as mp
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **{**SMALL, **extra})
+    base = AutoModelForCausalLM.from_config(config).eval().float()
+    patched = copy.deepcopy(base)
+    return base, patched, mp.apply_tilegym_kernel(patched)
 
 
 def left_padded_batch(pads: tuple[int, ...] = (0, 4, 10), seed: int | None = None, low: int = 1):

@@ -5,26 +5,13 @@ sliding layers as ring buffers, prompts longer than the window) eager and compil
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from cpu_generate import assert_same_as_upstream, greedy, left_padded_batch
-from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig
+from cpu_generate import assert_same_as_upstream, greedy, left_padded_batch, patched_pair
+from transformers import CompileConfig
 
 from tilegym.transformers import monkey_patch as mp
 
-SMALL = dict(
-    hidden_size=128,
-    intermediate_size=192,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,  # a head size the attention kernels take: attention is patched too
-    vocab_size=256,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
 # one layer_types period: layers 0-2 slide over 4 tokens (the prompts hold 11), layer 3 is full
 OLMO3 = dict(num_hidden_layers=4, sliding_window=4)
 # OLMoE's q norm spans hidden_size: the 4 heads of 64 fill it
@@ -32,14 +19,6 @@ OLMOE = dict(hidden_size=256, num_hidden_layers=2, num_experts=8, num_experts_pe
 OLMOE_CLIPPED = dict(OLMOE, clip_qkv=0.5, norm_topk_prob=True)
 MIXTRAL = dict(num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2, sliding_window=4)
 MIXTRAL_FULL = dict(MIXTRAL, sliding_window=None)
-
-
-def _pair(model_type: str, **extra):
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(model_type, **{**SMALL, **extra})
-    base = AutoModelForCausalLM.from_config(config).eval().float()
-    patched = copy.deepcopy(base)
-    return base, patched, mp.apply_tilegym_kernel(patched)
 
 
 CASES = [
@@ -53,22 +32,22 @@ CASES = [
 
 @pytest.mark.parametrize(("model_type", "extra"), CASES)
 def test_the_patched_model_computes_the_upstream_one(model_type, extra):
-    base, patched, handle = _pair(model_type, **extra)
+    base, patched, handle = patched_pair(model_type, **extra)
     assert handle.applied == list(mp.FLAGS), handle.not_applied
     ids, mask = left_padded_batch((0, 4, 9), seed=1)
     assert_same_as_upstream(base, patched, ids, mask)
 
 
 def test_olmo3_slides_on_three_of_four_layers():
-    base, _, _ = _pair("olmo3", **OLMO3)
+    base, _, _ = patched_pair("olmo3", **OLMO3)
     windows = [layer.self_attn.sliding_window for layer in base.model.layers]
     assert windows == [4, 4, 4, None]
 
 
 def test_the_clip_binds_and_is_reproduced():
     """clip_qkv 0.5 changes OLMoE's output (the clamp binds), and the patch reproduces it."""
-    clipped, _, _ = _pair("olmoe", **OLMOE_CLIPPED)
-    free, _, _ = _pair("olmoe", **dict(OLMOE_CLIPPED, clip_qkv=None))
+    clipped, _, _ = patched_pair("olmoe", **OLMOE_CLIPPED)
+    free, _, _ = patched_pair("olmoe", **dict(OLMOE_CLIPPED, clip_qkv=None))
     ids, mask = left_padded_batch((0, 4, 9), seed=1)
     with torch.no_grad():
         a = clipped(input_ids=ids, attention_mask=mask).logits
@@ -80,14 +59,14 @@ def test_the_clip_binds_and_is_reproduced():
 def test_olmoe_routes_with_and_without_renormalization(norm_topk_prob):
     """The published OLMoE leaves the top-k weights as they are; the switch is read per
     router at run time."""
-    base, patched, _ = _pair("olmoe", **dict(OLMOE, norm_topk_prob=norm_topk_prob))
+    base, patched, _ = patched_pair("olmoe", **dict(OLMOE, norm_topk_prob=norm_topk_prob))
     assert all(layer.mlp.gate.norm_topk_prob is norm_topk_prob for layer in base.model.layers)
     ids, mask = left_padded_batch((0, 4, 9), seed=1)
     assert_same_as_upstream(base, patched, ids, mask)
 
 
 def test_mixtral_has_no_dense_mlp_and_its_sparse_blocks_are_patched():
-    _, patched, _ = _pair("mixtral", **MIXTRAL)
+    _, patched, _ = patched_pair("mixtral", **MIXTRAL)
     blocks = [layer.mlp for layer in patched.model.layers]
     assert all(type(b).__name__ == "MixtralSparseMoeBlock" for b in blocks)
     assert all("forward" in vars(b) for b in blocks)
@@ -97,7 +76,7 @@ def test_mixtral_has_no_dense_mlp_and_its_sparse_blocks_are_patched():
 def test_a_static_cache_past_the_window_generates_the_upstream_tokens(model_type, extra):
     """Prompts of 11 tokens and 5 new ones over a window of 4: OLMo 3's sliding layers (static
     sliding-window layers kept as ring buffers) and Mixtral's windowed full-length layers."""
-    base, patched, _ = _pair(model_type, **extra)
+    base, patched, _ = patched_pair(model_type, **extra)
     ids, mask = left_padded_batch((0, 4, 9), seed=1)
     got = greedy(patched, ids, mask, new_tokens=8, cache_implementation="static")
     assert torch.equal(got, greedy(base, ids, mask, new_tokens=8))
@@ -107,7 +86,7 @@ def test_a_static_cache_past_the_window_generates_the_upstream_tokens(model_type
 @pytest.mark.parametrize(("model_type", "extra"), CASES)
 def test_the_patched_model_compiles_with_a_static_cache(model_type, extra):
     torch._dynamo.reset()
-    base, patched, _ = _pair(model_type, **extra)
+    base, patched, _ = patched_pair(model_type, **extra)
     ids, mask = left_padded_batch((0, 4, 9), seed=1)
     cfg = CompileConfig(fullgraph=True, backend="aot_eager")
     cfg._compile_all_devices = True
