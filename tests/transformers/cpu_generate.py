@@ -70,3 +70,16 @@ def assert_same_as_upstream(base, patched, ids, mask):
     valid = mask.bool()
     torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-4)
     assert torch.equal(greedy(patched, ids, mask), greedy(base, ids, mask))
+
+
+def assert_compiles_like_upstream(base, patched):
+    """The patched model's greedy tokens with a static cache and the whole decode step compiled
+    (fullgraph, aot_eager) equal upstream's eager ones."""
+    from transformers import CompileConfig
+
+    torch._dynamo.reset()
+    ids, mask = left_padded_batch((0, 4, 9), seed=1)
+    cfg = CompileConfig(fullgraph=True, backend="aot_eager")
+    cfg._compile_all_devices = True
+    got = greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
+    assert torch.equal(got, greedy(base, ids, mask))

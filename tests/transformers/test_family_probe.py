@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import cpu_generate
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -19,18 +20,7 @@ from tilegym.transformers.family_probe import (
     verify,
 )
 
-SMALL = dict(
-    hidden_size=128,
-    intermediate_size=192,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    vocab_size=256,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
+SMALL = dict(cpu_generate.SMALL, num_hidden_layers=2)
 
 
 def _tiny(model_type: str, **extra):

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cpu_generate import assert_same_as_upstream, greedy, left_padded_batch, patched_pair
-from transformers import CompileConfig
+from cpu_generate import (
+    assert_compiles_like_upstream,
+    assert_same_as_upstream,
+    left_padded_batch,
+    patched_pair,
+)
 
 from tilegym.transformers import monkey_patch as mp
 
@@ -74,10 +78,5 @@ def test_the_nope_layer_skips_rope_and_the_others_rotate():
 @pytest.mark.slow
 @pytest.mark.parametrize(("model_type", "extra"), CASES)
 def test_the_patched_model_compiles_with_a_static_cache(model_type, extra):
-    torch._dynamo.reset()
     base, patched, _ = patched_pair(model_type, **extra)
-    ids, mask = left_padded_batch((0, 4, 9), seed=1)
-    cfg = CompileConfig(fullgraph=True, backend="aot_eager")
-    cfg._compile_all_devices = True
-    got = greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
-    assert torch.equal(got, greedy(base, ids, mask))
+    assert_compiles_like_upstream(base, patched)
