@@ -358,6 +358,12 @@ def _wall(doc: Any) -> float | None:
     return float(wall) if ok and wall >= 0 else None
 
 
+def walls_of(docs: list[Any]) -> list[tuple[Any, float]]:
+    """(document, its own ``wall_s``) of each benchmark that has one: ``cost_of``'s input
+    where only the files are at hand."""
+    return [(d, w) for d in docs if (w := _wall(d))]
+
+
 def span_s(docs: list[Any]) -> float:
     """Seconds from the first benchmark's start to the last one's end, by the files' own
     ``started_at`` + ``wall_s``; their summed ``wall_s`` when a start is missing."""
@@ -400,14 +406,13 @@ def replay_stop(
                 f"{step.why})"
             )
     docs = [*bases, *heads]
-    walls = [(d, w) for d in docs if (w := _wall(d))]
     step = assess(
         bases,
         heads,
         margin=margin,
         elapsed_s=span_s(docs),
         budget_s=budget_s,
-        cost=cost_of(walls),
+        cost=cost_of(walls_of(docs)),
         **kernels,
     )
     if step.stop:
