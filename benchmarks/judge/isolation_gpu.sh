@@ -15,7 +15,8 @@
 #             run while the PyTorch side is timed: the PyTorch side must keep its speed (the
 #             runner waits for a quiet GPU with the worker stopped), and spinning longer than
 #             the wait's limit (5 s) must be refused
-# Env: RUNS (timed runs, default 3), MODEL (default qwen3), AUDIT=record (record what the
+# Env: RUNS (timed runs, default 3), MODEL (default qwen3), COMMIT (the commit to record,
+# for a copy without .git), AUDIT=record (record what the
 # worker's confinement would refuse instead of refusing it), CACHES=DIR (each step's compile
 # caches under DIR/STEP: the first call with a new DIR measures cold caches, a second call with
 # the same DIR warm ones; unset, the user's caches).
@@ -24,6 +25,7 @@ out=$(realpath -m "$1"); old=${2:-}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 mkdir -p "$out"
 args=(--model-key "${MODEL:-qwen3}" --device cuda --mode static --timed-runs "${RUNS:-3}")
+[ -n "${COMMIT:-}" ] && args+=(--commit "$COMMIT")  # a host without the .git folder
 export TILEGYM_WORKER_AUDIT=${AUDIT:-enforce}
 
 bench() {  # STEP PYTHONPATH_PREFIX [bench args]: one run with the step's caches, timed

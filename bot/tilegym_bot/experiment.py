@@ -33,8 +33,6 @@ from tilegym_bot.policy import (
     decide,
     decide_baseline,
     dig,
-    gate,
-    throughput_ratio,
 )
 from tilegym_bot.report import build_record, render_comment
 from tilegym_bot.reuse import RunIndex, find_reusable
@@ -500,18 +498,14 @@ def _measure_and_decide(
         return _Measured(base, head, decision, plan.rerun, reused)
     kernels = (base_kernels, head_kernels)
     return _sample_sequentially(
-        plan, base, head, decision, measure, walls, started, cfg, margin, kernels, reused
+        plan, base, head, measure, walls, started, cfg, margin, kernels, reused
     )
-
-
-_RULE9 = "throughput ratio head/base"
 
 
 def _sample_sequentially(
     plan: _Plan,
     base: Any,
     head: Any,
-    first: Decision,
     measure: Any,
     walls: list[tuple[Any, float]],
     started: float,
@@ -525,77 +519,45 @@ def _sample_sequentially(
     decision on the pooled samples, with how many pairs and why it stopped. A first pair that
     another rule decides (crash, incorrect, GPU time, coverage/speed) stops at once."""
     budget = cfg.sampling_budget_s
-    first_runs = timed_runs(head, base) or 1
     bases, heads = [base], [head]
-    last_runs = first_runs
-    gpu_fell = (
-        first.gpu_ms_base is not None
-        and first.gpu_ms_head is not None
-        and first.gpu_ms_head < first.gpu_ms_base
-    )
-    if not any(r.startswith(_RULE9) for r in first.reasons):
-        step = sequential.Step(True, sequential.DECIDED, f"decided by another rule: {first.status}")
-    else:
-        while True:
-            estimate = throughput_ratio(sequential.pool(bases), sequential.pool(heads)).estimate
-            step = sequential.next_step(
-                estimate,
-                margin=margin,
-                pairs=len(heads),
-                last_runs=last_runs,
-                first_runs=first_runs,
-                elapsed_s=time.monotonic() - started,
-                cost=sequential.cost_of(walls),
-                budget_s=budget,
-                gpu_fell=gpu_fell,
-            )
+    sides = {"base_kernels": kernels[0], "head_kernels": kernels[1]}
+    while True:
+        step = sequential.assess(
+            bases,
+            heads,
+            margin=margin,
+            elapsed_s=time.monotonic() - started,
+            budget_s=budget,
+            cost=sequential.cost_of(walls),
+            **sides,
+        )
+        if step.stopped != sequential.DECIDED:
             print(f"tilegym-bot: sampling: {step.why}", file=sys.stderr, flush=True)
-            if step.stop:
-                break
-            k, last_runs = len(heads) + 1, step.runs
-            # head first in odd pairs, base first in even ones: a drift falls on both sides
-            order = ("head", "base") if k % 2 else ("base", "head")
-            got = {
-                side: measure(
-                    plan.head_sha if side == "head" else plan.main_sha, f"{side}-{k}", last_runs
-                )
-                for side in order
-            }
-            bases.append(got["base"])
-            heads.append(got["head"])
-            if stop := gate(
-                got["base"], got["head"], base_kernels=kernels[0], head_kernels=kernels[1]
-            ):
-                record = _sampling(bases, heads, "pair-rejected", stop.reasons[0], started, budget)
-                return _Measured(
-                    got["base"], got["head"], replace(stop, sampling=record), False, reused
-                )
-    pooled_base, pooled_head = sequential.pool(bases), sequential.pool(heads)
-    record = _sampling(bases, heads, step.stopped or "", step.why, started, budget)
-    decision = decide(
-        pooled_base,
-        pooled_head,
+        if step.stop:
+            break
+        k = len(heads) + 1
+        # head first in odd pairs, base first in even ones: a drift falls on both sides
+        order = ("head", "base") if k % 2 else ("base", "head")
+        got = {
+            side: measure(
+                plan.head_sha if side == "head" else plan.main_sha, f"{side}-{k}", step.runs
+            )
+            for side in order
+        }
+        bases.append(got["base"])
+        heads.append(got["head"])
+    decision = sequential.conclude(
+        bases,
+        heads,
+        step,
         margin=margin,
-        rerun=step.stopped != sequential.DECIDED,  # no more samples will come
-        base_kernels=kernels[0],
-        head_kernels=kernels[1],
-        sampling=record,
-    )
-    return _Measured(pooled_base, pooled_head, decision, False, reused)
-
-
-def _sampling(bases, heads, stopped: str, why: str, started: float, budget: float) -> dict:
-    def runs(docs):
-        return sum(timed_runs(d) or 0 for d in docs)
-
-    return sequential.sampling_record(
-        pairs=len(heads),
-        runs=(runs(bases), runs(heads)),
-        stopped=stopped,
-        why=why,
         seconds=time.monotonic() - started,
         budget_s=budget,
+        **sides,
     )
+    if step.stopped == sequential.PAIR_REJECTED:  # the rejected pair is the record's metrics
+        return _Measured(bases[-1], heads[-1], decision, False, reused)
+    return _Measured(sequential.pool(bases), sequential.pool(heads), decision, False, reused)
 
 
 def _save_record(forge: LocalForge, plan: _Plan, m: _Measured, description: str) -> dict[str, Any]:

@@ -82,6 +82,8 @@ def build_record(
         "decided_at": decided_at,
         "final": final,
         "baseline_row": baseline_row,
+        # how many base/head pairs and why the sequential sampling stopped (None: one round)
+        "sampling": decision.sampling,
     }
 
 

@@ -20,17 +20,22 @@ build, compile and capture, correctness, the profiled run) is most of its time, 
 pair asks for twice the previous pair's runs a side (the fixed scheme's rerun asked for twice
 the first round's), trimmed to what the remaining budget still holds.
 
-Everything here is pure: ``next_step`` decides from the samples so far, ``pool`` merges the
-metrics documents of several benchmarks of one commit, ``PairCost`` is the time model. The loop
-that benchmarks is ``experiment._measure_sequential``; ``replay.replay_sequential`` runs the
-same rule on measured runs.
+Everything here is pure: ``next_step`` decides from the samples so far, ``assess`` applies it
+(with the first-pair and later-pair short-cuts) to the metrics documents of the pairs so far,
+``conclude`` is the verdict on them, ``replay_stop`` re-derives why a finished run of pairs
+stopped, ``pool`` merges the metrics documents of several benchmarks of one commit,
+``PairCost`` is the time model. Two loops benchmark: the local one
+(``experiment._sample_sequentially``) and the GitHub workflow, which asks ``runner next-pair``
+after each pair; the bot re-derives the stop from the uploaded pairs (``replay_stop``), so both
+paths decide by the same rule. ``replay.replay_sequential`` runs the rule on measured runs.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from tilegym_bot.stats import RatioEstimate, mean, positive_mean_ci95
@@ -46,6 +51,9 @@ BUDGET = "budget"
 MAX = "max-pairs"
 NO_INTERVAL = "no-interval"
 DECIDED = "decided-before-throughput"
+PAIR_REJECTED = "pair-rejected"
+
+RULE9 = "throughput ratio head/base"  # how the decision's rule-9 reasons start
 
 
 @dataclass(frozen=True)
@@ -244,3 +252,175 @@ def sampling_record(
         "seconds": round(seconds, 1),
         "budget_s": budget_s,
     }
+
+
+def _total_runs(docs: list[Any]) -> int:
+    return sum(_runs(d) or 0 for d in docs)
+
+
+def assess(
+    bases: list[Any],
+    heads: list[Any],
+    *,
+    margin: float,
+    elapsed_s: float,
+    budget_s: float,
+    cost: PairCost | None,
+    base_kernels: frozenset[str] | None = None,
+    head_kernels: frozenset[str] | None = None,
+    max_pairs: int = MAX_PAIRS,
+) -> Step:
+    """``next_step`` on the metrics documents of the pairs so far (pair k: ``bases[k-1]``,
+    ``heads[k-1]``), with the short-cuts both loops share: a first pair that a rule before the
+    throughput rule decides stops (``DECIDED``), and so does a later pair that fails rules 1-6
+    on its own (``PAIR_REJECTED``, its first reason the why)."""
+    from tilegym_bot.policy import decide, gate, throughput_ratio
+
+    if not heads or len(bases) != len(heads):
+        raise ValueError(f"pairs need a base and a head each: {len(bases)} and {len(heads)}")
+    kernels = {"base_kernels": base_kernels, "head_kernels": head_kernels}
+    first = decide(bases[0], heads[0], margin=margin, **kernels)
+    if not any(r.startswith(RULE9) for r in first.reasons):
+        return Step(True, DECIDED, f"decided by another rule: {first.status}")
+    if len(heads) > 1 and (stop := gate(bases[-1], heads[-1], **kernels)):
+        return Step(True, PAIR_REJECTED, stop.reasons[0])
+    first_runs = _runs(heads[0]) or _runs(bases[0]) or 1
+    last_runs = _runs(heads[-1]) or _runs(bases[-1]) or first_runs
+    return next_step(
+        throughput_ratio(pool(bases), pool(heads)).estimate,
+        margin=margin,
+        pairs=len(heads),
+        last_runs=last_runs,
+        first_runs=first_runs,
+        elapsed_s=elapsed_s,
+        cost=cost,
+        budget_s=budget_s,
+        gpu_fell=(
+            first.gpu_ms_base is not None
+            and first.gpu_ms_head is not None
+            and first.gpu_ms_head < first.gpu_ms_base
+        ),
+        max_pairs=max_pairs,
+    )
+
+
+def conclude(
+    bases: list[Any],
+    heads: list[Any],
+    step: Step,
+    *,
+    margin: float,
+    seconds: float,
+    budget_s: float,
+    base_kernels: frozenset[str] | None = None,
+    head_kernels: frozenset[str] | None = None,
+) -> Any:
+    """The verdict on the pairs once ``step`` stopped: ``decide`` on the pooled sides with the
+    ``sampling`` record (``rerun``: no more samples come, unless another rule decided the first
+    pair), or, for a rejected later pair, that pair's own rules-1-6 verdict."""
+    from tilegym_bot.policy import decide, gate
+
+    kernels = {"base_kernels": base_kernels, "head_kernels": head_kernels}
+    record = sampling_record(
+        pairs=len(heads),
+        runs=(_total_runs(bases), _total_runs(heads)),
+        stopped=step.stopped or "",
+        why=step.why,
+        seconds=seconds,
+        budget_s=budget_s,
+    )
+    if step.stopped == PAIR_REJECTED:
+        stop = gate(bases[-1], heads[-1], **kernels)
+        if stop is None:
+            raise ValueError("the last pair passes rules 1-6: it was not rejected")
+        return replace(stop, sampling=record)
+    return decide(
+        pool(bases),
+        pool(heads),
+        margin=margin,
+        rerun=step.stopped != DECIDED,
+        sampling=record,
+        **kernels,
+    )
+
+
+def _started(doc: Any) -> float | None:
+    text = doc.get("started_at") if isinstance(doc, dict) else None
+    try:
+        return datetime.fromisoformat(text).timestamp() if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def _wall(doc: Any) -> float | None:
+    wall = doc.get("wall_s") if isinstance(doc, dict) else None
+    ok = isinstance(wall, (int, float)) and not isinstance(wall, bool) and math.isfinite(wall)
+    return float(wall) if ok and wall >= 0 else None
+
+
+def walls_of(docs: list[Any]) -> list[tuple[Any, float]]:
+    """(document, its own ``wall_s``) of each benchmark that has one: ``cost_of``'s input
+    where only the files are at hand."""
+    return [(d, w) for d in docs if (w := _wall(d))]
+
+
+def span_s(docs: list[Any]) -> float:
+    """Seconds from the first benchmark's start to the last one's end, by the files' own
+    ``started_at`` + ``wall_s``; their summed ``wall_s`` when a start is missing."""
+    walls = [_wall(d) or 0.0 for d in docs]
+    starts = [s for d in docs if (s := _started(d)) is not None]
+    if docs and len(starts) == len(docs):
+        return max(s + w for s, w in zip(starts, walls, strict=True)) - min(starts)
+    return math.fsum(walls)
+
+
+def replay_stop(
+    bases: list[Any],
+    heads: list[Any],
+    *,
+    margin: float,
+    budget_s: float,
+    base_kernels: frozenset[str] | None = None,
+    head_kernels: frozenset[str] | None = None,
+) -> Step:
+    """Why a finished run of pairs stopped, re-derived from its files (the GitHub bot does not
+    take the benchmark job's word). Every earlier pair must have asked for more (ValueError
+    naming the pair and the rule otherwise: pairs the rule would not have run); the last one is
+    assessed with the files' own clock and time model, and when that still leaves room the
+    workflow's own clock ran out (``BUDGET``)."""
+    kernels = {"base_kernels": base_kernels, "head_kernels": head_kernels}
+    endless = PairCost(0.0, 0.0)
+    for k in range(1, len(heads)):
+        step = assess(
+            bases[:k],
+            heads[:k],
+            margin=margin,
+            elapsed_s=0.0,
+            budget_s=math.inf,
+            cost=endless,
+            **kernels,
+        )
+        if step.stop:
+            raise ValueError(
+                f"{len(heads)} pairs, but the sampling stops after pair {k} ({step.stopped}: "
+                f"{step.why})"
+            )
+    docs = [*bases, *heads]
+    step = assess(
+        bases,
+        heads,
+        margin=margin,
+        elapsed_s=span_s(docs),
+        budget_s=budget_s,
+        cost=cost_of(walls_of(docs)),
+        **kernels,
+    )
+    if step.stop:
+        return step
+    asked = step.why.rsplit("; next pair", 1)[0]
+    return Step(
+        True,
+        BUDGET,
+        f"{asked}; the benchmark job's clock left no room for another pair in the "
+        f"{budget_s:.0f} s budget",
+    )

@@ -151,3 +151,107 @@ def test_bench_usage_errors_are_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == "error: --image is required with --executor docker\n"
     assert main(["runner", "bench", "--repo", str(tmp_path), "--metrics-out", out, "--", "-x"]) == 2
     assert capsys.readouterr().err.startswith(f"error: cannot read HEAD of {tmp_path}")
+
+
+# ---- sequential sampling: several pairs ---------------------------------------------------------
+def write_pairs(folder: Path, pairs: int, record: dict | None = None) -> Path:
+    """An artifact of ``pairs`` whole pairs, ``pr.json`` announcing them with a 900 s budget."""
+    write_artifact(folder, metrics_for(BASE), metrics_for(HEAD))
+    pr = {
+        "pr": 7,
+        "base_sha": BASE,
+        "head_sha": HEAD,
+        "pairs": pairs,
+        "budget_s": 900,
+        **(record or {}),
+    }
+    (folder / "pr.json").write_text(json.dumps(pr))
+    for k in range(2, pairs + 1):
+        (folder / f"base-{k}.json").write_text(json.dumps(metrics_for(BASE)))
+        (folder / f"head-{k}.json").write_text(json.dumps(metrics_for(HEAD)))
+    return folder
+
+
+def test_a_sound_multi_pair_artifact_yields_the_pr_record(tmp_path):
+    folder = write_pairs(tmp_path / "a", 3)
+    record, findings = check_artifact(folder, HEAD, expect_model_key="qwen3")
+    assert findings == [] and (record["pairs"], record["budget_s"]) == (3, 900)
+    assert main(["runner", "check-artifact", str(folder), "--expect-head-sha", HEAD]) == 0
+
+
+def _findings(folder: Path, capsys, *extra: str) -> list[str]:
+    capsys.readouterr()
+    assert main(["runner", "check-artifact", str(folder), "--expect-head-sha", HEAD, *extra]) == 1
+    return capsys.readouterr().out.splitlines()
+
+
+def test_a_missing_half_of_a_pair_is_refused(tmp_path, capsys):
+    folder = write_pairs(tmp_path / "a", 3)
+    (folder / "head-2.json").unlink()
+    [line] = _findings(folder, capsys)
+    assert (
+        line
+        == f"{folder}/head-2.json:1: ART001 missing from the artifact: pair 2 of 3 is not whole"
+    )
+
+
+def test_a_later_pair_of_another_commit_is_refused(tmp_path, capsys):
+    folder = write_pairs(tmp_path / "a", 2)
+    (folder / "base-2.json").write_text(json.dumps(metrics_for(HEAD)))
+    [line] = _findings(folder, capsys)
+    assert line == f"{folder}/base-2.json:1: ART004 is for {HEAD}, expected {BASE}"
+
+
+@pytest.mark.parametrize(
+    ("pairs", "files", "message"),
+    [
+        (2, 3, "base-3.json:1: ART005 is not one of the 2 pair(s) pr.json announces"),
+        (3, 2, "base-3.json:1: ART001 missing from the artifact: pair 3 of 3 is not whole"),
+    ],
+)
+def test_a_pair_count_that_is_not_the_files_is_refused(tmp_path, capsys, pairs, files, message):
+    folder = write_pairs(tmp_path / "a", files, {"pairs": pairs})
+    lines = _findings(folder, capsys)
+    assert lines[0] == f"{folder}/{message}", lines
+    assert all(re.match(r"^\S+:1: ART00[15] ", line) for line in lines)
+
+
+def test_a_stray_pair_file_without_pairs_is_refused(tmp_path, capsys):
+    folder = write_artifact(tmp_path / "a", metrics_for(BASE), metrics_for(HEAD))
+    (folder / "head-2.json").write_text(json.dumps(metrics_for(HEAD)))
+    [line] = _findings(folder, capsys)
+    assert line.endswith("head-2.json:1: ART005 is not one of the 1 pair(s) pr.json announces")
+
+
+def test_pairs_of_another_model_key_are_refused(tmp_path, capsys):
+    folder = write_pairs(tmp_path / "a", 2)
+    other = dict(metrics_for(HEAD), model_key="llama")
+    (folder / "head-2.json").write_text(json.dumps(other))
+    [line] = _findings(folder, capsys)
+    assert line == f"{folder}/head-2.json:1: ART006 is of model 'llama', expected 'qwen3'"
+    lines = _findings(write_pairs(tmp_path / "b", 1), capsys, "--expect-model-key", "llama")
+    assert [line.split("/")[-1] for line in lines] == [
+        f"{name}.json:1: ART006 is of model 'qwen3', expected 'llama'" for name in ("base", "head")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"pairs": 0}, "pairs must be an integer 1..8"),
+        ({"pairs": 9}, "pairs must be an integer 1..8"),
+        ({"pairs": True}, "pairs must be an integer 1..8"),
+        ({"budget_s": -1}, "budget_s must be a finite number >= 0"),
+        ({"budget_s": "900"}, "budget_s must be a finite number >= 0"),
+        ({"pairs": 2, "budget_s": 0}, "2 pairs with budget_s 0: the fixed scheme is one"),
+        (
+            {"sampling": {}},
+            "must be an object with exactly pr, base_sha, head_sha (and optionally pairs, "
+            "budget_s)",
+        ),
+    ],
+)
+def test_pr_record_sampling_fields(extra, message):
+    doc = {"pr": 3, "base_sha": BASE, "head_sha": HEAD, "pairs": 1, "budget_s": 900, **extra}
+    [finding] = check_pr_record(doc, "pr.json")
+    assert str(finding) == f"pr.json:1: ART002 {message}"

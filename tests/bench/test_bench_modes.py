@@ -32,8 +32,8 @@ from tilegym_hf_bench.modes import (
 )
 from tilegym_hf_bench.options import UsageError, parse_options
 from tilegym_hf_bench.report import detail_lines, summary_lines
-from tilegym_hf_bench.runner import _cutile_unmeasured_reason
 from tilegym_hf_bench.throughput import first_run_excess, measure, warm_up_sides
+from tilegym_hf_bench.worker_client import cutile_unmeasured_reason
 from transformers import CompileConfig, StaticCache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,10 +95,10 @@ def test_cutile_side_runs_in_both_modes_wherever_the_tree_has_a_package(tmp_path
     eager = parse_options(["--model-key", "qwen3"])
     skipped = parse_options(["--model-key", "qwen3", "--skip-cutile"])
     tree = ExperimentTree(tmp_path / "src" / "tilegym", tmp_path)
-    assert _cutile_unmeasured_reason(static, tree) is None
-    assert _cutile_unmeasured_reason(eager, tree) is None
-    assert _cutile_unmeasured_reason(skipped, tree) == "--skip-cutile"
-    assert "no tilegym package" in _cutile_unmeasured_reason(eager, ExperimentTree(None, None))
+    assert cutile_unmeasured_reason(static, tree) is None
+    assert cutile_unmeasured_reason(eager, tree) is None
+    assert cutile_unmeasured_reason(skipped, tree) == "--skip-cutile"
+    assert "no tilegym package" in cutile_unmeasured_reason(eager, ExperimentTree(None, None))
 
 
 def test_generation_config_per_mode():

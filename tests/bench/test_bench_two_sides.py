@@ -3,6 +3,7 @@ with an unpatched twin: interleaved timing, teacher-forced correctness and a val
 
 import pytest
 import torch
+from tilegym_hf_bench.correctness_check import check_correctness
 from tilegym_hf_bench.generation import Generator, make_input_ids
 from tilegym_hf_bench.metrics import assemble, throughput_block
 from tilegym_hf_bench.metrics_schema import validation_errors
@@ -12,7 +13,6 @@ from tilegym_hf_bench.model_factory import (
     twin_sharing_weights,
     weight_fingerprint,
 )
-from tilegym_hf_bench.runner import check_correctness
 from tilegym_hf_bench.throughput import measure, warm_up
 from tilegym_hf_bench.workloads import Workload
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from tilegym_hf_bench.gpu_activity import Sample, Silence, quiet_after
-from tilegym_hf_bench.remote_side import ModelWorker
+from tilegym_hf_bench.worker_client import ModelWorker
 
 import tilegym
 
@@ -93,7 +93,6 @@ def test_a_real_worker_is_stopped_inside_the_window_and_runs_after(tmp_path):
         device="cpu",
         scratch=tmp_path,
         src_root=Path(tilegym.__file__).resolve().parent.parent,
-        watched=[],
         log=lambda line: None,
     )
     try:

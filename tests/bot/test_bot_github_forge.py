@@ -545,3 +545,101 @@ def test_github_apply_cli_prints_the_decision_and_writes_the_report(world, capsy
     )
     assert out.read_text() == world.fake.bot_bodies(47)[0]
     assert outputs.read_text() == "outcome=closed\npr=47\n"
+
+
+# ---- sequential sampling: an artifact of several pairs ------------------------------------------
+NOISY_HEAD = (47.0, 53.0, 48.0, 52.0, 50.0)  # mean 50: r = 1, 95% CI 0.94-1.06
+
+
+def sampled_case(world, number: int, pairs: list[tuple[dict, dict]], **kw) -> Case:
+    """PR ``number`` whose artifact holds pair 1 (``kw`` as ``World.case``) and the later
+    ``pairs`` (base and head keyword arguments each), as gpu-benchmark.yml uploads them."""
+    case = world.case(number, record={"pairs": 1 + len(pairs), "budget_s": 900}, **kw)
+    for k, (base_kw, head_kw) in enumerate(pairs, start=2):
+        for side, sha, kw in (("base", case.base, base_kw), ("head", case.head, head_kw)):
+            doc = world.make_metrics(**{"commit": sha, **kw})
+            if doc["cutile"]:  # the runs the pair asked for
+                doc["workload"]["timed_runs"] = len(doc["cutile"]["throughput"]["samples"])
+            (case.artifact / f"{side}-{k}.json").write_text(json.dumps(doc))
+    return case
+
+
+TIGHT = {"cutile": (50.0, 50.1, 49.9, 50.0, 50.05, 49.95, 50.0, 50.1, 49.9, 50.0)}
+TIGHT_BASE = {"baseline": (25.0,) * 10, **TIGHT}
+
+
+def test_pooled_pairs_decide_and_the_comment_and_record_say_how_sampling_stopped(world, capsys):
+    later = [(TIGHT_BASE, {**TIGHT_BASE, "coverage": 61.2})]
+    case = sampled_case(world, 60, later, coverage=61.2, cutile=NOISY_HEAD)
+    out = world.tmp / "comment.md"
+    capsys.readouterr()
+    assert world.cli(case, "--report-out", str(out)) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["status"], doc["outcome"]) == ("keep", "merged")
+    sampling = doc["sampling"]
+    assert (sampling["pairs"], sampling["runs"], sampling["stopped"]) == (
+        2,
+        {"base": 15, "head": 15},
+        "decisive-not-slower",
+    )
+    assert sampling["why"].startswith("after 2 pair(s): r = ")
+    [body] = world.fake.bot_bodies(60)
+    assert out.read_text() == body
+    assert "- sampling: 2 base/head pair(s), 15 base and 15 head runs pooled" in body
+    assert "stopped: decisive-not-slower" in body
+    assert ", n=15 |" in body  # the metrics table shows the pooled runs
+    assert parse_record(body)["sampling"] == sampling
+    assert (
+        world.ledger_rows()[-1]
+        == f"| {case.head[:8]} | 61.20 | 50.00 | keep | qwen3: fused RMSNorm |"
+    )
+
+
+def test_an_undecided_ratio_at_the_end_of_the_budget_is_final_not_a_rerun(world):
+    slow = {"cutile": (44.0, 52.0, 47.0, 49.0, 45.0), "coverage": 61.2}
+    case = sampled_case(world, 61, [({}, slow)], coverage=61.2, cutile=NOISY_HEAD)
+    result = world.apply(case)
+    decision = result.decision
+    assert decision.sampling["stopped"] == "budget", decision.sampling
+    assert "the benchmark job's clock left no room" in decision.sampling["why"]
+    assert (decision.status, result.outcome) == ("discard", "closed")
+    assert "still not significant after the sequential sampling stopped" in decision.reasons[-2]
+    assert world.fake.pulls[61]["state"] == "closed"
+    assert world.fake.pulls[61]["labels"] == ["autokernel:discard"]
+    assert world.ledger_rows()[-1].endswith("| discard | qwen3: fused RMSNorm |")
+
+
+def test_a_later_pair_that_crashed_decides(world):
+    case = sampled_case(world, 62, [({}, {"status": "crash"})], coverage=61.2, cutile=NOISY_HEAD)
+    result = world.apply(case)
+    assert (result.decision.status, result.outcome) == ("crash", "closed")
+    assert result.decision.sampling["stopped"] == "pair-rejected"
+    [body] = world.fake.bot_bodies(62)
+    assert "verdict: **crash**" in body and parse_record(body)["sampling"]["pairs"] == 2
+
+
+def _unsound(world, case, finding, capsys):
+    """The command fails naming the finding, then one error line; nothing is written."""
+    _refused(world, case, "the benchmark artifact is not sound", capsys)
+    capsys.readouterr()
+    assert world.cli(case) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and finding in err[0], err
+
+
+def test_pairs_that_the_rule_would_not_have_run_are_refused(world, capsys):
+    # The first pair is decisive (tight samples, same speed): a second one is not the rule's.
+    tight = [(TIGHT_BASE, {**TIGHT_BASE, "coverage": 61.2})]
+    case = sampled_case(world, 63, tight, coverage=61.2, base_kw=TIGHT_BASE, **TIGHT_BASE)
+    _unsound(
+        world,
+        case,
+        "ART005 2 pairs, but the sampling stops after pair 1 (decisive-not-slower",
+        capsys,
+    )
+
+
+def test_a_sampled_artifact_with_a_missing_half_is_refused(world, capsys):
+    case = sampled_case(world, 64, [({}, {"coverage": 61.2})], coverage=61.2, cutile=NOISY_HEAD)
+    (case.artifact / "head-2.json").unlink()
+    _unsound(world, case, "ART001 missing from the artifact: pair 2 of 2 is not whole", capsys)

@@ -247,14 +247,17 @@ def test_the_accept_message_states_the_checks_result(project, capsys):
     assert "max |logit difference| " in out and "over 2 x 9 tokens" in out
 
 
-@pytest.mark.parametrize("model_type", ["granite", "smollm3"])
+@pytest.mark.parametrize("model_type", ["granite", "smollm3", "olmo3", "olmoe", "mixtral"])
 def test_a_published_config_scaffolds_the_registered_description(
     project, tmp_path, capsys, model_type
 ):
     """granite-3.3-2b-instruct (muP scales: residual_multiplier 0.22 read into the description)
     and SmolLM3-3B (RoPE left out of every 4th layer: ``no_rope_layers``, checked on 4 layers,
-    the 4th without RoPE) as their presets have them: model init accepts each and reads off the
-    Family the repository registers by hand."""
+    the 4th without RoPE), Olmo-3-7B (checked on one layer_types period: three sliding-window
+    layers, one full), OLMoE-1B-7B (clip_qkv read off the config, the router's norm_topk_prob
+    switch read at run time) and Mixtral-8x7B (no dense MLP class; the router renormalizes
+    without a switch, read off a run) as their presets have them: model init accepts each and
+    reads off the Family the repository registers by hand."""
     from tilegym.transformers import monkey_patch as mp
 
     root, repo = project
@@ -276,6 +279,13 @@ def test_a_published_config_scaffolds_the_registered_description(
         assert "checked: the patched 4-layer model reproduces the upstream one" in out
         assert "no_rope_layers (4)" in out
         assert tiny["num_hidden_layers"] == 4 and tiny["no_rope_layers"] == [1, 1, 1, 0]
+    elif model_type == "olmo3":
+        assert "checked: the patched 4-layer model reproduces the upstream one" in out
+        assert tiny["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"]
+    elif model_type in ("olmoe", "mixtral"):
+        assert "checked: the patched 2-layer model reproduces the upstream one" in out
+        experts = tiny.get("num_experts", tiny.get("num_local_experts"))
+        assert (experts, tiny["num_experts_per_tok"]) == (8, 2)
     else:
         assert "checked: the patched 2-layer model reproduces the upstream one" in out
         assert tiny["residual_multiplier"] == 0.22 and tiny["embedding_multiplier"] == 12.0

@@ -188,7 +188,6 @@ def test_the_repository_inventory_shares_entry_points():
         "src/tilegym/transformers/gemma3/kernels/norm_add.py",
         "src/tilegym/transformers/granite/kernels/add_rms_norm.py",
         "src/tilegym/transformers/granite/kernels/linear_residual.py",
-        "src/tilegym/transformers/qwen3_moe/kernels/moe.py",
     ]
     kernel_files = sorted(
         p.relative_to(root).as_posix()

@@ -616,9 +616,9 @@ def test_cuda_graph_replay_with_new_inputs(t, gen):
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 3, 37])
 def test_qwen3_moe_entry_points_at_decode_and_prefill(t, gen):
-    """The two experts entry points (their own Definitions) at Qwen3-30B-A3B's shapes: at
-    T <= 8 the op's direct dispatch has no dispatch kernel, so they take the per-slot layout."""
-    from tilegym.transformers.qwen3_moe.kernels import moe as entry
+    """The two shared experts entry points (their own Definitions) at Qwen3-30B-A3B's shapes:
+    at T <= 8 the op's direct dispatch has no dispatch kernel, so they take the per-slot layout."""
+    from tilegym.ops.entry import moe as entry
 
     x, ids, w, gate_up, down, res = _experts_case(t, **QWEN3_30B, gen=gen)
     act = entry.experts_gate_up_silu(x, ids, gate_up)

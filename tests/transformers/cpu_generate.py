@@ -1,8 +1,38 @@
-"""What the CPU family tests generate from: a left-padded batch and its greedy new tokens."""
+"""What the CPU family tests build and generate from: a small config and its patched twin, a
+left-padded batch and its greedy new tokens."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
+
+#: A small Llama-shaped config (fp32 on the CPU) whose head size the attention kernels take, so
+#: attention is patched too; each family test adds its own fields.
+SMALL = dict(
+    hidden_size=128,
+    intermediate_size=192,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    vocab_size=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+def patched_pair(model_type: str, **extra):
+    """(upstream model, its patched deep copy, the patch's handle) from ``SMALL`` + ``extra``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tilegym.transformers import monkey_patch as mp
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **{**SMALL, **extra})
+    base = AutoModelForCausalLM.from_config(config).eval().float()
+    patched = copy.deepcopy(base)
+    return base, patched, mp.apply_tilegym_kernel(patched)
 
 
 def left_padded_batch(pads: tuple[int, ...] = (0, 4, 10), seed: int | None = None, low: int = 1):
@@ -40,3 +70,16 @@ def assert_same_as_upstream(base, patched, ids, mask):
     valid = mask.bool()
     torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-4)
     assert torch.equal(greedy(patched, ids, mask), greedy(base, ids, mask))
+
+
+def assert_compiles_like_upstream(base, patched):
+    """The patched model's greedy tokens with a static cache and the whole decode step compiled
+    (fullgraph, aot_eager) equal upstream's eager ones."""
+    from transformers import CompileConfig
+
+    torch._dynamo.reset()
+    ids, mask = left_padded_batch((0, 4, 9), seed=1)
+    cfg = CompileConfig(fullgraph=True, backend="aot_eager")
+    cfg._compile_all_devices = True
+    got = greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
+    assert torch.equal(got, greedy(base, ids, mask))

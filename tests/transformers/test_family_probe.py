@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import cpu_generate
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -19,18 +20,7 @@ from tilegym.transformers.family_probe import (
     verify,
 )
 
-SMALL = dict(
-    hidden_size=128,
-    intermediate_size=192,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    vocab_size=256,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
+SMALL = dict(cpu_generate.SMALL, num_hidden_layers=2)
 
 
 def _tiny(model_type: str, **extra):
@@ -52,6 +42,11 @@ FEATURES = {
         logits_scaling=8.0,
     ),
     "smollm3": dict(num_hidden_layers=4, use_sliding_window=True, sliding_window=4),
+    # OLMo 3: one layer_types period (three sliding-window layers, one full); OLMoE: its q norm
+    # spans hidden_size, so the heads fill it, and q/k/v clipped; Mixtral: a window
+    "olmo3": dict(num_hidden_layers=4, sliding_window=4),
+    "olmoe": dict(hidden_size=256, num_experts=8, num_experts_per_tok=2, clip_qkv=0.5),
+    "mixtral": dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=4),
 }
 
 
@@ -183,3 +178,41 @@ def test_features_outside_the_patched_modules_are_reproduced():
     )
     probe = describe_structure(model)
     assert verify(model, probe.family, _apply(probe.family)) <= 1e-4
+
+
+def test_the_probe_reads_the_clip_and_the_router_renormalization():
+    """OLMoE has clip_qkv (a config field) and a norm_topk_prob switch on its router (read at
+    run time: None); Mixtral's router has no switch and always renormalizes (read off a run:
+    True); Qwen3-MoE has the switch and no clip."""
+    olmoe = describe_structure(_tiny("olmoe", **FEATURES["olmoe"])).family
+    assert olmoe.clip_qkv and olmoe.moe_renormalize is None and olmoe.qk_norm_whole
+    mixtral = describe_structure(_tiny("mixtral", **FEATURES["mixtral"]))
+    assert mixtral.family.moe_renormalize is True and not mixtral.family.clip_qkv
+    assert mixtral.family.config_window and "always renormalized" in " ".join(mixtral.notes)
+    qwen3_moe = describe_structure(_tiny("qwen3_moe")).family
+    assert qwen3_moe.moe_renormalize is None and not qwen3_moe.clip_qkv
+
+
+@pytest.mark.parametrize(
+    ("key", "field", "wrong"),
+    [("olmoe", "clip_qkv", False), ("mixtral", "moe_renormalize", False)],
+)
+def test_a_description_without_the_clip_or_the_renormalization_is_refused(key, field, wrong):
+    """OLMoE with clip_qkv 0.5 described without the clamp, Mixtral described with top-k
+    weights left unnormalized: the first decoder layer differs."""
+    model = _tiny(key, **FEATURES[key])
+    family = mp.FAMILIES[key].description()
+    assert verify(model, family, _apply(family)) <= 1e-4
+    bad = dataclasses.replace(family, **{field: wrong})
+    with pytest.raises(FamilyRefused, match=r"model\.layers\.0 \("):
+        verify(model, bad, _apply(bad))
+
+
+def test_a_shared_expert_is_refused_by_name():
+    """Qwen2-MoE adds a gated shared expert to its sparse block: no op runs it."""
+    model = _tiny("qwen2_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+    with pytest.raises(
+        FamilyRefused,
+        match="MoE block parts the MoE forward does not run: shared_expert, shared_expert_gate",
+    ):
+        describe_structure(model)

@@ -5,26 +5,17 @@ residual multiplier folded into scaled o_proj/down_proj weights built at patch t
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from cpu_generate import assert_same_as_upstream, greedy, left_padded_batch
-from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig
+from cpu_generate import (
+    assert_compiles_like_upstream,
+    assert_same_as_upstream,
+    left_padded_batch,
+    patched_pair,
+)
 
 from tilegym.transformers import monkey_patch as mp
 
-SMALL = dict(
-    hidden_size=128,
-    intermediate_size=192,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,  # a head size the attention kernels take: attention is patched too
-    vocab_size=256,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
 GRANITE = dict(
     num_hidden_layers=2,
     embedding_multiplier=12.0,
@@ -34,14 +25,6 @@ GRANITE = dict(
 )
 SMOLLM3 = dict(num_hidden_layers=4)  # no_rope_layers [1, 1, 1, 0] from the interval 4
 WINDOWED = dict(SMOLLM3, use_sliding_window=True, sliding_window=4)  # the NoPE layer slides
-
-
-def _pair(model_type: str, **extra):
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(model_type, **{**SMALL, **extra})
-    base = AutoModelForCausalLM.from_config(config).eval().float()
-    patched = copy.deepcopy(base)
-    return base, patched, mp.apply_tilegym_kernel(patched)
 
 
 def _same(base, patched):
@@ -54,7 +37,7 @@ CASES = [("granite", GRANITE), ("smollm3", SMOLLM3), ("smollm3", WINDOWED)]
 
 @pytest.mark.parametrize(("model_type", "extra"), CASES)
 def test_the_patched_model_computes_the_upstream_one(model_type, extra):
-    base, patched, handle = _pair(model_type, **extra)
+    base, patched, handle = patched_pair(model_type, **extra)
     assert handle.applied == list(mp.FLAGS), handle.not_applied
     _same(base, patched)
 
@@ -62,12 +45,12 @@ def test_the_patched_model_computes_the_upstream_one(model_type, extra):
 @pytest.mark.parametrize("scale", sorted(set(GRANITE) - {"num_hidden_layers"}))
 def test_each_granite_multiplier_alone_is_reproduced(scale):
     """One multiplier off its default at a time (the others at their class defaults)."""
-    base, patched, _ = _pair("granite", num_hidden_layers=2, **{scale: GRANITE[scale]})
+    base, patched, _ = patched_pair("granite", num_hidden_layers=2, **{scale: GRANITE[scale]})
     _same(base, patched)
 
 
 def test_the_residual_multiplier_rides_in_scaled_weights_freed_by_undo():
-    base, patched, handle = _pair("granite", **GRANITE)
+    base, patched, handle = patched_pair("granite", **GRANITE)
     for layer in patched.model.layers:
         for module, name in ((layer.self_attn, "o_proj"), (layer.mlp, "down_proj")):
             weight = getattr(module, name).weight
@@ -84,7 +67,7 @@ def test_the_nope_layer_skips_rope_and_the_others_rotate():
 
     from tilegym.transformers.family_probe import FamilyRefused, verify
 
-    base, _, _ = _pair("smollm3", **SMOLLM3)
+    base, _, _ = patched_pair("smollm3", **SMOLLM3)
     assert [layer.self_attn.use_rope for layer in base.model.layers] == [1, 1, 1, 0]
     family = mp.FAMILIES["smollm3"].description()
     wrong = dataclasses.replace(family, rope_switch=None)
@@ -95,10 +78,5 @@ def test_the_nope_layer_skips_rope_and_the_others_rotate():
 @pytest.mark.slow
 @pytest.mark.parametrize(("model_type", "extra"), CASES)
 def test_the_patched_model_compiles_with_a_static_cache(model_type, extra):
-    torch._dynamo.reset()
-    base, patched, _ = _pair(model_type, **extra)
-    ids, mask = left_padded_batch((0, 4, 9), seed=1)
-    cfg = CompileConfig(fullgraph=True, backend="aot_eager")
-    cfg._compile_all_devices = True
-    got = greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
-    assert torch.equal(got, greedy(base, ids, mask))
+    base, patched, _ = patched_pair(model_type, **extra)
+    assert_compiles_like_upstream(base, patched)

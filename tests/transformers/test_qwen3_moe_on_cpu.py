@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import cpu_generate
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig
@@ -25,20 +26,12 @@ from tilegym.transformers.family_probe import FamilyRefused, describe_structure,
 
 UPSTREAM = "transformers.models.qwen3_moe.modeling_qwen3_moe"
 SMALL = dict(
-    hidden_size=128,
-    intermediate_size=192,
+    cpu_generate.SMALL,
     moe_intermediate_size=48,
     num_experts=32,
     num_experts_per_tok=4,
     norm_topk_prob=True,
     num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    vocab_size=256,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
 )
 FLAG_SETS = {
     "all": {},

@@ -51,7 +51,7 @@ from github import Auth, Github, GithubException, GithubRetry
 from github.IssueComment import IssueComment
 from github.PullRequest import PullRequest
 
-from tilegym_bot import ledger
+from tilegym_bot import ledger, sequential
 from tilegym_bot.errors import BotError
 from tilegym_bot.forge.local import now_iso
 from tilegym_bot.ledger import LedgerRow
@@ -66,6 +66,7 @@ from tilegym_bot.report import (
     render_comment,
     render_refusal,
 )
+from tilegym_bot.runner.artifact import budget_of
 
 BENCH_WORKFLOW = ".github/workflows/gpu-benchmark.yml"
 OUTCOME_LABELS = ("rebench", "merge-failed", "refused")
@@ -431,10 +432,10 @@ def _load_side(folder: Path, name: str) -> Any:
 
 def _check_provenance(
     forge: GitHubForge, folder: Path, head_sha: str, pr: PullRequest
-) -> tuple[dict, str, Any, Any]:
-    """(pr.json, model key, base metrics, head metrics) once every name in the artifact agrees
-    with the API; BotError listing what does not."""
-    from tilegym_bot.runner.artifact import BASE_FILE, HEAD_FILE, check_artifact
+) -> tuple[dict, str, list[Any], list[Any]]:
+    """(pr.json, model key, base metrics of each pair, head metrics of each pair) once every
+    name in the artifact agrees with the API; BotError listing what does not."""
+    from tilegym_bot.runner.artifact import check_artifact, pair_count, pair_files
 
     record, findings = check_artifact(folder, head_sha, expect_pr=pr.number)
     if record is None:
@@ -446,14 +447,44 @@ def _check_provenance(
             f"not {forge.repo.full_name}:{default}"
         )
     model_key = _model_key(pr)
-    base, head = _load_side(folder, BASE_FILE), _load_side(folder, HEAD_FILE)
-    for side, doc in (("base", base), ("head", head)):
-        if doc["model_key"] != model_key:
-            raise BotError(
-                f"the {side} metrics are of model {clip(str(doc['model_key']), 40)!r}, "
-                f"but the branch {pr.head.ref} is an experiment on {model_key!r}"
-            )
-    return record, model_key, base, head
+    bases, heads = [], []
+    for k in range(1, pair_count(record) + 1):
+        base_name, head_name = pair_files(k)
+        bases.append(_load_side(folder, base_name))
+        heads.append(_load_side(folder, head_name))
+    for side, docs in (("base", bases), ("head", heads)):
+        for doc in docs:
+            if doc["model_key"] != model_key:
+                raise BotError(
+                    f"the {side} metrics are of model {clip(str(doc['model_key']), 40)!r}, "
+                    f"but the branch {pr.head.ref} is an experiment on {model_key!r}"
+                )
+    return record, model_key, bases, heads
+
+
+def _sampled_decision(
+    record: dict, bases: list[Any], heads: list[Any], margin: float, kernels: dict
+) -> Decision:
+    """The verdict on a sequentially sampled artifact, as the local loop reaches it: why the
+    sampling stopped re-derived from the pairs' files (``sequential.replay_stop``: pairs the
+    rule would not have run refuse the artifact), then ``sequential.conclude``."""
+    from tilegym_bot import sequential
+    from tilegym_bot.runner.artifact import budget_of
+
+    budget = budget_of(record)
+    try:
+        step = sequential.replay_stop(bases, heads, margin=margin, budget_s=budget, **kernels)
+    except ValueError as exc:
+        raise BotError("the benchmark artifact is not sound", [f"pr.json:1: ART005 {exc}"]) from exc
+    return sequential.conclude(
+        bases,
+        heads,
+        step,
+        margin=margin,
+        seconds=sequential.span_s([*bases, *heads]),
+        budget_s=budget,
+        **kernels,
+    )
 
 
 def _description(pr: PullRequest, decision: Decision) -> str:
@@ -502,7 +533,7 @@ def _apply(
         return ApplyResult(
             "skipped", actions=[f"nothing to do: no pull request has head {head_sha[:8]} now"]
         )
-    pr_record, model_key, base, head = _check_provenance(forge, artifact, head_sha, pr)
+    pr_record, model_key, bases, heads = _check_provenance(forge, artifact, head_sha, pr)
     base_sha = pr_record["base_sha"]
     default, main_sha = forge.default_head()
     fetch_commits(checkout, [main_sha, base_sha, head_sha])
@@ -517,19 +548,25 @@ def _apply(
     if found:
         return _refuse(forge, pr, found, old, model_key, base_sha, head_sha)
 
-    if rerun is None:
-        # The rerun is a later benchmark run of a PR the bot labelled inconclusive; the run
-        # that earned the label, applied again, is still the first round.
-        labelled = any(label.name == RERUN_LABEL for label in pr.labels)
-        rerun = labelled and not (old and old.get("run") == run_id)
-    decision = decide(
-        base,
-        head,
-        margin=margin,
-        rerun=rerun,
-        base_kernels=kernels_at(checkout, base_sha),
-        head_kernels=kernels_at(checkout, head_sha),
-    )
+    kernels = {
+        "base_kernels": kernels_at(checkout, base_sha),
+        "head_kernels": kernels_at(checkout, head_sha),
+    }
+    if budget_of(pr_record) > 0:  # sequential sampling: the verdict is final, no rerun round
+        decision = _sampled_decision(pr_record, bases, heads, margin, kernels)
+        rerun = True
+        if decision.sampling and decision.sampling["stopped"] != sequential.PAIR_REJECTED:
+            base, head = sequential.pool(bases), sequential.pool(heads)
+        else:
+            base, head = bases[-1], heads[-1]
+    else:
+        base, head = bases[0], heads[0]
+        if rerun is None:
+            # The rerun is a later benchmark run of a PR the bot labelled inconclusive; the run
+            # that earned the label, applied again, is still the first round.
+            labelled = any(label.name == RERUN_LABEL for label in pr.labels)
+            rerun = labelled and not (old and old.get("run") == run_id)
+        decision = decide(base, head, margin=margin, rerun=rerun, **kernels)
     result = ApplyResult("skipped", decision, pr.number)
     outcome_text = _act(forge, pr, decision, result, head_sha, base_sha, default, rerun)
     if result.outcome == "skipped":

@@ -1,4 +1,5 @@
-"""``tilegym-bot runner ...``: benchmark one commit, serve a GPU queue, check an artifact.
+"""``tilegym-bot runner ...``: benchmark one commit, serve a GPU queue, check an artifact, and
+say whether the GitHub job's sequential sampling takes another base/head pair (``next-pair``).
 
 ``register(subparsers)`` plugs these into the ``tilegym-bot`` parser; every leaf parser sets
 ``func(args) -> int``. ``main(argv)`` runs them standalone (``python -m tilegym_bot.runner.cli``).
@@ -7,10 +8,13 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from tilegym_bot.errors import BotError
@@ -146,6 +150,7 @@ def _check_artifact(args: argparse.Namespace) -> int:
         args.expect_head_sha,
         expect_base_sha=args.expect_base_sha,
         expect_pr=args.expect_pr,
+        expect_model_key=args.expect_model_key,
     )
     if record is None:
         return report(findings) or 1
@@ -153,6 +158,93 @@ def _check_artifact(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     if args.github_output:
         with open(args.github_output, "a") as fh:
+            fh.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _read_pairs(folder: Path) -> tuple[list, list]:
+    """The metrics documents of the pairs in ``folder`` so far (pair files of
+    ``runner.artifact``), BotError for a half pair, an unreadable file or no pair at all."""
+    from tilegym_bot.runner.artifact import pair_files
+
+    bases, heads = [], []
+    for k in range(1, 10_000):
+        names = pair_files(k)
+        there = [(folder / n).is_file() for n in names]
+        if not any(there):
+            break
+        if not all(there):
+            missing = names[there.index(False)]
+            raise BotError(f"pair {k} in {folder} is not whole: {missing} is missing")
+        docs = []
+        for name in names:
+            try:
+                docs.append(json.loads((folder / name).read_text(encoding="utf-8")))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise BotError(f"{folder / name} is not readable JSON: {exc}") from exc
+        bases.append(docs[0])
+        heads.append(docs[1])
+    if not heads:
+        raise BotError(f"no pair in {folder}: {' and '.join(pair_files(1))} are missing")
+    return bases, heads
+
+
+def _kernels(repo: str | None) -> frozenset[str] | None:
+    if repo is None:
+        return None
+    from tilegym_hooks.git_io import GitError
+
+    from tilegym_bot.trusted_tree import kernel_names_at
+
+    try:
+        return kernel_names_at(Path(repo), "HEAD")
+    except GitError as exc:
+        raise BotError(f"cannot read the @ct.kernel names of {repo}: {exc}") from exc
+
+
+def _next_pair(args: argparse.Namespace) -> int:
+    """After each pair the GitHub job asks this whether to stop and, if not, the next pair's
+    timed runs: ``sequential.assess`` (the local loop's rule) on the files so far, the budget
+    counted from ``--started-at`` by this machine's clock."""
+    from tilegym_bot import sequential
+
+    problem = None
+    if not (math.isfinite(args.budget) and args.budget >= 0):
+        problem = f"--budget must be a finite number of seconds >= 0, got {args.budget}"
+    elif not (0.0 <= args.margin < 1.0):
+        problem = f"--margin must be in [0, 1), got {args.margin}"
+    elif not math.isfinite(args.started_at) or args.started_at > time.time() + 60:
+        problem = f"--started-at {args.started_at} is not a past epoch time in seconds"
+    elif (args.base_repo is None) != (args.head_repo is None):
+        problem = "--base-repo and --head-repo go together"
+    elif not Path(args.dir).is_dir():
+        problem = f"{args.dir} is not a folder"
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    bases, heads = _read_pairs(Path(args.dir))
+    docs = [*bases, *heads]
+    step = sequential.assess(
+        bases,
+        heads,
+        margin=args.margin,
+        elapsed_s=time.time() - args.started_at,
+        budget_s=args.budget,
+        cost=sequential.cost_of(sequential.walls_of(docs)),
+        base_kernels=_kernels(args.base_repo),
+        head_kernels=_kernels(args.head_repo),
+    )
+    k = len(heads) + 1
+    lines = [f"stop={'true' if step.stop else 'false'}", f"pairs={len(heads)}"]
+    if step.stop:
+        lines.append(f"stopped={step.stopped}")
+    else:
+        # head first in odd pairs, base first in even ones, as the local loop
+        lines += [f"next={k}", f"runs={step.runs}", f"first={'head' if k % 2 else 'base'}"]
+    lines.append("why=" + " ".join(step.why.split()))
+    print("\n".join(lines))
+    if args.github_output:
+        with open(args.github_output, "a", encoding="utf-8") as fh:
             fh.write("\n".join(lines) + "\n")
     return 0
 
@@ -218,8 +310,29 @@ def register(subparsers) -> None:
     check.add_argument("--expect-head-sha", help="the head SHA GitHub says was benchmarked")
     check.add_argument("--expect-base-sha", help="the base SHA GitHub says was benchmarked")
     check.add_argument("--expect-pr", type=int, help="the PR number GitHub gives for the head")
+    check.add_argument("--expect-model-key", help="the model key of the PR's branch")
     check.add_argument("--github-output", help="also append pr=/base_sha=/head_sha= here")
     check.set_defaults(func=_check_artifact)
+
+    nxt = sub.add_parser(
+        "next-pair",
+        help="after a base/head pair of the GitHub job: stop, or the next pair's timed runs",
+    )
+    nxt.add_argument("dir", help="folder of the pairs so far (runner.artifact's file names)")
+    nxt.add_argument(
+        "--budget", type=float, required=True, help="seconds of sampling (the job's budget)"
+    )
+    nxt.add_argument(
+        "--started-at",
+        type=float,
+        required=True,
+        help="epoch seconds when the first benchmark started (date +%%s)",
+    )
+    nxt.add_argument("--margin", type=float, default=0.02, help="the decision's margin")
+    nxt.add_argument("--base-repo", help="base checkout (at the base SHA): its @ct.kernel names")
+    nxt.add_argument("--head-repo", help="head checkout (at the head SHA): its @ct.kernel names")
+    nxt.add_argument("--github-output", help="also append the key=value lines here")
+    nxt.set_defaults(func=_next_pair)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -133,6 +133,8 @@ def make_attention_forward(
 ) -> Callable:
     """``XAttention.forward``: fused QKV GEMM, (q/k norm +) RoPE kernel, o_proj(+residual).
     A layer whose ``family.rope_switch`` attribute is false skips RoPE (SmolLM3's NoPE layers);
+    with ``family.clip_qkv`` q, k and v are clamped to +-``config.clip_qkv`` after the q/k norms
+    (OLMoE; a PyTorch clamp, skipped while the config leaves it unset);
     a residual multiplier (Granite) is folded into the o_proj weight the residual GEMM reads.
     The softmax scale is the module's ``scaling`` (Granite: ``config.attention_multiplier``)."""
     names = family.qkv
@@ -169,15 +171,20 @@ def make_attention_forward(
         cos, sin = position_embeddings
         per_head = family.qk_norm and not family.qk_norm_whole
         rope = family.rope_switch is None or bool(getattr(self, family.rope_switch))
+        clip = getattr(self.config, "clip_qkv", None) if family.clip_qkv else None
         if family.qk_norm and family.qk_norm_whole:
             q = self.q_norm(q.reshape(bsz, seq, hq * d)).view(bsz, seq, hq, d)
             k = self.k_norm(k.reshape(bsz, seq, hk * d)).view(bsz, seq, hk, d)
-        if per_head and rope and routes.rope and routes.rms_norm:
+        if clip is not None and not per_head:
+            q, k, v = (t.clamp(-clip, clip) for t in (q, k, v))
+        if per_head and rope and routes.rope and routes.rms_norm and clip is None:
             qw, kw, eps = self.q_norm.weight, self.k_norm.weight, norm_eps(self.q_norm)
             q, k = qk_norm_rope(q, k, qw, kw, eps, cos, sin, family.norm_unit_offset)
         else:
             if per_head:
                 q, k = self.q_norm(q), self.k_norm(k)
+                if clip is not None:  # after the norms, as for whole-projection norms
+                    q, k, v = (t.clamp(-clip, clip) for t in (q, k, v))
             q, k = q.transpose(1, 2), k.transpose(1, 2)
             if rope and routes.rope:
                 q, k = apply_rope(q, k, cos, sin)

@@ -1,9 +1,10 @@
 """The ``Family`` type: what a Llama-style decoder family is, as the shared forwards read it.
 
-A family (Llama, Qwen3, Mistral, Qwen2, Phi-3, OLMo 2, Gemma 3, Qwen3-MoE, Granite, SmolLM3) is
-a ``Family``: where its upstream classes live and how it differs from Llama (q/k norms, packed
-projections, the activation's name, where its norms sit and their form, scaled residual
-branches, layers without RoPE). Each family's
+A family (Llama, Qwen3, Mistral, Qwen2, Phi-3, OLMo 2, OLMo 3, Gemma 3, Qwen3-MoE, OLMoE,
+Mixtral, Granite, SmolLM3) is a ``Family``: where its upstream classes live and how it differs
+from Llama (q/k norms, packed projections, the activation's name, where its norms sit and their
+form, scaled residual branches, layers without RoPE, clipped q/k/v, a sparse MoE block and how
+its router weighs the experts). Each family's
 ``<key>/modeling_<key>.py`` holds its ``FAMILY``; ``decoder.py`` reads it. This module is shared
 by every family, so no experiment may change it (``tilegym-hooks scope``).
 """
@@ -52,12 +53,18 @@ class Family:
     sandwich_norm: bool = False  # norms before and after attention and the MLP (Gemma 3)
     gated_act: str = "silu"  # the MLP activation's kernels for class-level patches (a value of
     # GATED_ACTS); an instance is patched by its config's activation
-    moe_block: str | None = None  # class suffix of the sparse MLP block (Qwen3-MoE:
-    # "SparseMoeBlock"), patched by tilegym.transformers.moe_block; None: every MLP is dense
+    moe_block: str | None = None  # class suffix of the sparse MLP block (Qwen3-MoE, OLMoE,
+    # Mixtral: "SparseMoeBlock"), patched by tilegym.transformers.moe_block; None: every MLP is
+    # dense. A family whose every layer is sparse may have no dense <prefix>MLP class (Mixtral)
+    moe_renormalize: bool | None = None  # the top-k routing weights are divided by their sum:
+    # None reads the router's norm_topk_prob (Qwen3-MoE, OLMoE); True always (Mixtral's router
+    # has no switch); False never
     residual_multiplier: bool = False  # each sub-block's output is scaled by the config's
     # residual_multiplier before its residual add, residual + out * m (Granite); pre-norm only
     rope_switch: str | None = None  # the attention's attribute that is false on layers without
     # RoPE (NoPE), which skip the rotation (SmolLM3: "use_rope", from config.no_rope_layers)
+    clip_qkv: bool = False  # q, k and v are clamped to +-config.clip_qkv (when set) after the
+    # q/k norms, before RoPE (OLMoE)
     forwards: Mapping[str, Callable] = field(default_factory=dict, compare=False)
     # the family's own forward builders by upstream class suffix ("RMSNorm", "MLP",
     # "Attention", "DecoderLayer", "MoeBlock"), each with the shared builder's signature: how an

@@ -36,6 +36,8 @@ from tilegym.transformers.family import (
 UNSUPPORTED_CONFIG = {
     "attn_logit_softcapping": "attention logit soft-capping (Gemma 2)",
 }
+#: the config field whose value q, k and v are clamped to (``Family.clip_qkv``; OLMoE)
+CLIP_QKV = "clip_qkv"
 #: attention attributes that are false on a layer without RoPE (``Family.rope_switch``)
 ROPE_SWITCHES = ("use_rope",)
 #: config fields upstream's model and CausalLM forwards apply outside the patched modules
@@ -137,9 +139,9 @@ def describe_structure(model) -> Probe:
     prefix = name[: -len("DecoderLayer")]
     module_name = type(layer).__module__
     upstream = __import__(module_name, fromlist=["_"])
-    missing = [
-        prefix + p for p in ("RMSNorm", "MLP", "Attention") if not hasattr(upstream, prefix + p)
-    ]
+    all_sparse = all(hasattr(la.mlp, "experts") for la in _layers(model))
+    needed = ("RMSNorm", "Attention") if all_sparse else ("RMSNorm", "MLP", "Attention")
+    missing = [prefix + p for p in needed if not hasattr(upstream, prefix + p)]
     if missing:
         raise FamilyRefused(f"{module_name} has no {', '.join(missing)}")
     parts = {n for n, c in layer.named_children() if not isinstance(c, torch.nn.Dropout)}
@@ -157,18 +159,26 @@ def describe_structure(model) -> Probe:
         )
     attn, mlp = layer.self_attn, layer.mlp
     notes = []
-    moe_block = None
+    moe_block, renormalize = None, None
     sparse = next((la.mlp for la in _layers(model) if hasattr(la.mlp, "experts")), None)
     if sparse is not None:  # a sparse block; its dense twin names the MLP projections
-        moe_block, mlp = _moe_block(model, sparse, prefix, upstream, problems)
+        moe_block, mlp, renormalize = _moe_block(model, sparse, prefix, upstream, problems)
         notes.append("sparse MoE MLP blocks (softmax top-k router, packed SwiGLU experts)")
+        if renormalize is not None:
+            notes.append(
+                "top-k routing weights always renormalized (no norm_topk_prob switch)"
+                if renormalize
+                else "top-k routing weights never renormalized (no norm_topk_prob switch)"
+            )
     qkv = _names(attn, QKV, "qkv_proj", "attention projections", problems)
-    gate_up = _names(mlp, GATE_UP, "gate_up_proj", "MLP projections", problems)
-    if not isinstance(getattr(mlp, "down_proj", None), torch.nn.Linear):
-        problems.append("MLP has no down_proj")
-    act = next((a for a in ("act_fn", "activation_fn") if hasattr(mlp, a)), None)
-    if act is None:
-        problems.append("MLP has no act_fn / activation_fn")
+    gate_up, act = GATE_UP, "act_fn"
+    if mlp is not None:  # None: every MLP is sparse and the family has no dense one (Mixtral)
+        gate_up = _names(mlp, GATE_UP, "gate_up_proj", "MLP projections", problems)
+        if not isinstance(getattr(mlp, "down_proj", None), torch.nn.Linear):
+            problems.append("MLP has no down_proj")
+        act = next((a for a in ("act_fn", "activation_fn") if hasattr(mlp, a)), None)
+        if act is None:
+            problems.append("MLP has no act_fn / activation_fn")
     qk_norm = hasattr(attn, "q_norm") or hasattr(attn, "k_norm")
     whole = False
     if qk_norm:
@@ -181,6 +191,9 @@ def describe_structure(model) -> Probe:
             if whole
             else "per-head q/k RMSNorm before RoPE"
         )
+    clip_qkv = CLIP_QKV in _config_keys(model.config)
+    if clip_qkv:
+        notes.append(f"q, k and v clamped to +-config.{CLIP_QKV} after the q/k norms, when set")
     if post_norm:
         notes.append("norms after attention and after the MLP (post-norm)")
     if sandwich:
@@ -227,14 +240,37 @@ def describe_structure(model) -> Probe:
         moe_block=moe_block,
         residual_multiplier=residual,
         rope_switch=rope_switch,
+        moe_renormalize=renormalize,
+        clip_qkv=clip_qkv,
     )
     return Probe(family, tuple(notes))
 
 
+def _config_keys(config) -> set[str]:
+    return set(config.to_dict() if hasattr(config, "to_dict") else vars(config))
+
+
+def router_renormalizes(router: torch.nn.Module) -> bool | None:
+    """Whether an MoE router without a ``norm_topk_prob`` switch renormalizes its top-k
+    weights, read off a copy run in fp32 (Mixtral's: its weights sum to 1); None when it has the
+    switch (read at run time) or when its output is not (logits, weights, ids)."""
+    if hasattr(router, "norm_topk_prob"):
+        return None
+    probe = copy.deepcopy(router).float()
+    x = torch.randn(5, router.weight.shape[1], generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = probe(x)
+    if not (isinstance(out, tuple) and len(out) == 3):
+        return None
+    sums = out[1].float().sum(-1)
+    return bool(torch.allclose(sums, torch.ones_like(sums), rtol=1e-5, atol=1e-6))
+
+
 def _moe_block(model, block, prefix: str, upstream, problems: list[str]):
-    """(class suffix, a dense MLP of the family) for a sparse MoE block; what the MoE forward
-    does not cover is added to ``problems``. The dense MLP is a layer's own (``mlp_only_layers``)
-    or one built on the meta device, so that its projection names are read either way."""
+    """(class suffix, a dense MLP of the family, ``Family.moe_renormalize``) for a sparse MoE
+    block; what the MoE forward does not cover is added to ``problems``. The dense MLP is a
+    layer's own (``mlp_only_layers``) or one built on the meta device, so that its projection
+    names are read either way; None where every layer is sparse and there is no MLP class."""
     name = type(block).__name__
     suffix = name[len(prefix) :] if name.startswith(prefix) else None
     if suffix is None or getattr(upstream, name, None) is not type(block):
@@ -243,8 +279,11 @@ def _moe_block(model, block, prefix: str, upstream, problems: list[str]):
     if extra:
         problems.append(f"MoE block parts the MoE forward does not run: {', '.join(extra)}")
     router, experts = getattr(block, "gate", None), block.experts
-    if not all(hasattr(router, a) for a in ("weight", "top_k", "norm_topk_prob")):
-        problems.append("an MoE router without weight, top_k and norm_topk_prob (softmax top-k)")
+    renormalize = None
+    if not all(hasattr(router, a) for a in ("weight", "top_k")):
+        problems.append("an MoE router without weight and top_k (softmax top-k)")
+    else:
+        renormalize = router_renormalizes(router)
     packed = [getattr(experts, n, None) for n in ("gate_up_proj", "down_proj")]
     if not all(isinstance(p, torch.nn.Parameter) and p.dim() == 3 for p in packed):
         problems.append("MoE experts without packed 3-D gate_up_proj and down_proj weights")
@@ -256,6 +295,8 @@ def _moe_block(model, block, prefix: str, upstream, problems: list[str]):
     if odd:
         problems.append(f"an MoE experts layout the MoE ops do not take: {', '.join(odd)}")
     dense = next((la.mlp for la in _layers(model) if not hasattr(la.mlp, "experts")), None)
+    if dense is None and not hasattr(upstream, prefix + "MLP"):
+        return suffix, None, renormalize  # every MLP sparse, no dense class (Mixtral)
     if dense is None:
         try:
             with torch.device("meta"):
@@ -263,7 +304,7 @@ def _moe_block(model, block, prefix: str, upstream, problems: list[str]):
         except Exception as exc:  # a constructor taking other arguments: name it, do not crash
             problems.append(f"cannot build {prefix}MLP from the config: {type(exc).__name__}")
             dense = torch.nn.Module()
-    return suffix, dense
+    return suffix, dense, renormalize
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,8 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
     classes = {
         part: getattr(upstream, f"{prefix}{part}")
         for part in ("RMSNorm", "MLP", "Attention", "DecoderLayer")
-    }
+        if part != "MLP" or not desc.moe_block or hasattr(upstream, f"{prefix}MLP")
+    }  # a family whose every MLP is sparse may have no dense MLP class (Mixtral)
     if desc.moe_block:  # the sparse MLP block, called by the layer forward with the residual
         classes["MoeBlock"] = getattr(upstream, f"{prefix}{desc.moe_block}")
     unknown = sorted(set(desc.forwards) - set(_BUILDERS))
@@ -275,7 +276,8 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         )
         forwards["DecoderLayer"] = builder("DecoderLayer")(routes, desc)
         if desc.moe_block:
-            forwards["MoeBlock"] = builder("MoeBlock")(routes, gemm)
+            forwards["MoeBlock"] = builder("MoeBlock")(routes, gemm, desc)
+        forwards = {part: fn for part, fn in forwards.items() if part in classes}
 
     try:
         if model is None:

@@ -29,25 +29,34 @@ from tilegym_hf_bench.worker_wire import Reader, WireError, send, tensor_file
 BAD_START_EXIT = 3
 
 
-def _prepare(device: str) -> None:
-    """What must exist before the hook: torch and transformers imported (their own start-up
-    loads libraries and probes the host) and, on a CPU, Inductor's vector-ISA probe run once
-    (it compiles test programs and starts ``python -c``; cached per process). A GPU run's
-    compiled step is CUDA code: it never probed in an H200 run with the audit recording, and
-    the probe costs 10-40 s of compiling."""
-    import torch  # noqa: F401
+def _prepare(device: str) -> str:
+    """What must exist before the hook, and what can be done before the caller has built
+    anything: torch and transformers imported (their own start-up loads libraries and probes
+    the host); on a GPU the CUDA context created and cuda.tile imported, while the caller
+    imports its own; on a CPU, Inductor's vector-ISA probe run once (it compiles test programs
+    and starts ``python -c``; cached per process). A GPU run's compiled step is CUDA code: it
+    never probed in an H200 run with the audit recording, and the probe costs 10-40 s of
+    compiling. Returns the device, ``auto`` resolved here as the caller resolves it."""
+    import torch
     import transformers  # noqa: F401
 
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.zeros(1, device=device)
+        with contextlib.suppress(ImportError):
+            import cuda.tile  # noqa: F401
     if device == "cpu":
         try:
             from torch._inductor import cpu_vec_isa
             from torch._inductor.exc import InvalidCxxCompiler
         except ImportError:
-            return
+            return device
         # no C++ compiler (the CPU image): nothing for Inductor to probe; an eager run needs
         # none, a static one fails at its compile
         with contextlib.suppress(InvalidCxxCompiler):
             cpu_vec_isa.valid_vec_isa_list()
+    return device
 
 
 def _confine(config: dict) -> None:
@@ -90,8 +99,10 @@ class Worker:
         else:
             loaded = random_model(msg["model_key"], self.device, int(msg["seed"]))
         self.model = loaded.model
-        self.classes.snapshot()  # the family's upstream classes, just loaded by the harness
-        report = apply_patch(self.model, loaded.model_type, {loaded.model_type: msg["flags"]})
+        # the family's upstream classes, just loaded by the harness, before experiment code
+        self.classes.watch(type(self.model).__module__)
+        self.classes.snapshot()
+        report = apply_patch(self.model, loaded.model_type, msg["patch_table"])
         return {"lines": report.lines(), "model_type": loaded.model_type}
 
     def _generator(self, mode: str, ids):
@@ -213,12 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     except (IndexError, OSError, ValueError, KeyError, TypeError) as exc:
         print(f"error: model worker: bad start: {exc}", file=sys.stderr)
         return BAD_START_EXIT
-    _prepare(str(config.get("device", "cpu")))
+    config["device"] = _prepare(str(config.get("device", "cpu")))
     from tilegym_hf_bench.isolation.class_guard import ClassGuard
     from tilegym_hf_bench.profiling.guarded import GuardedProfiler
 
     profiler = GuardedProfiler()
-    classes = ClassGuard(extra_modules=tuple(config.get("watched_modules", ())))
+    classes = ClassGuard()
     if config.get("confinement"):
         _confine(config)
     try:

@@ -63,6 +63,20 @@ PRESETS: dict[str, Preset] = {
     "tiny-smollm3": Preset(
         "tiny-smollm3", "smollm3", "SmolLM3-3B, 4 small layers", "tiny-smollm3.json", True
     ),
+    "olmo3": Preset("olmo3", "olmo3", "allenai/Olmo-3-1025-7B", "olmo3.json", False),
+    "olmoe": Preset("olmoe", "olmoe", "allenai/OLMoE-1B-7B-0924", "olmoe.json", False),
+    # 4 of its 32 layers: the bf16 model and the fp32 reference fit one H200 (see its _source)
+    "mixtral": Preset("mixtral", "mixtral", "mistralai/Mixtral-8x7B-v0.1", "mixtral.json", False),
+    # 4 layers: one whole layer_types period (three sliding-window layers, one full)
+    "tiny-olmo3": Preset(
+        "tiny-olmo3", "olmo3", "Olmo 3 7B, 4 small layers", "tiny-olmo3.json", True
+    ),
+    "tiny-olmoe": Preset(
+        "tiny-olmoe", "olmoe", "OLMoE-1B-7B, 2 small layers", "tiny-olmoe.json", True
+    ),
+    "tiny-mixtral": Preset(
+        "tiny-mixtral", "mixtral", "Mixtral-8x7B, 2 small layers", "tiny-mixtral.json", True
+    ),
 }
 
 

@@ -6,26 +6,18 @@ from __future__ import annotations
 
 import os
 import secrets
-import tempfile
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
-import torch
-
+from tilegym_hf_bench.correctness_check import BASELINE, CUTILE, CorrectnessCheck
 from tilegym_hf_bench.envinfo import gpu_env
 from tilegym_hf_bench.errors import BenchError
 from tilegym_hf_bench.experiment_tree import measured_tree
 from tilegym_hf_bench.generation import Generator, make_input_ids
 from tilegym_hf_bench.gpu_activity import Silence
 from tilegym_hf_bench.metrics import throughput_block
-from tilegym_hf_bench.model_factory import (
-    fp32_reference,
-    pretrained_model,
-    random_model,
-    resolve_device,
-)
-from tilegym_hf_bench.modes import EAGER, mode_line
+from tilegym_hf_bench.model_factory import pretrained_model, random_model, resolve_device
+from tilegym_hf_bench.modes import mode_line
 from tilegym_hf_bench.options import BenchOptions
 from tilegym_hf_bench.profiling.attribution import (
     HostEvent,
@@ -35,31 +27,19 @@ from tilegym_hf_bench.profiling.attribution import (
     coverage_block,
 )
 from tilegym_hf_bench.progress import Progress
-from tilegym_hf_bench.remote_side import ModelWorker, RemoteSide, WorkerRefused
+from tilegym_hf_bench.remote_side import RemoteSide
 from tilegym_hf_bench.report import coverage_table_lines
-from tilegym_hf_bench.scoring import (
-    Case,
-    CaseScore,
-    agreement,
-    agreement_problem,
-    cases,
-    drift,
-    finite_or_none,
-    left_pad_mask,
-    reference_logits,
-    timed_output_agreement,
-    token_errors,
-    worst,
-)
-
-BASELINE, CUTILE = "baseline", "cutile"
+from tilegym_hf_bench.worker_client import StartedWorker, WorkerRefused, cutile_unmeasured_reason
 
 
 def log(message: str) -> None:
     print(message, flush=True)
 
 
-def run(options: BenchOptions, progress: Progress) -> None:
+def run(options: BenchOptions, progress: Progress, started: StartedWorker | None = None) -> None:
+    """One run. ``started``: the model worker ``worker.main`` started before importing torch
+    (``worker_client.start_model_worker``), None when the cuTile side is not measured; the
+    caller closes it."""
     device = resolve_device(options.device)
     wl = options.workload
     env = gpu_env(device)
@@ -85,40 +65,23 @@ def run(options: BenchOptions, progress: Progress) -> None:
     unpatched = None if loaded.model_type in patch_table else no_patch_reason(loaded.model_type)
     if unpatched:
         log(f"cuTile patch not applied: {unpatched}")
-    cutile_reason = _cutile_unmeasured_reason(options, tree) or unpatched
+    cutile_reason = cutile_unmeasured_reason(options, tree) or unpatched
     vocab = baseline.config.get_text_config().vocab_size
     ids = make_input_ids(vocab, wl.batch_size, wl.input_length, wl.seed, device)
-    with tempfile.TemporaryDirectory(prefix="tilegym-worker-") as scratch:
-        worker = None
-        try:
-            remote = None
-            if cutile_reason is None:
-                worker = ModelWorker(
-                    device=device,
-                    scratch=Path(scratch),
-                    src_root=tree.package_dir.parent,
-                    watched=[type(baseline).__module__],
-                    log=log,
-                )
-                started = worker.submit(
-                    {
-                        "op": "init",
-                        "model_key": options.model_key,
-                        "model_id": options.model_id,
-                        "seed": wl.seed,
-                        "flags": patch_table[loaded.model_type],
-                    }
-                )
-                remote = RemoteSide(worker, wl.mode, ids, started=started, log=log)
-            else:
-                progress.not_measured(CUTILE, cutile_reason)
-                log(f"cuTile: not measured ({cutile_reason})")
-            _measure(options, progress, device, baseline, remote, ids, vocab, unpatched, tree)
-        finally:
-            if remote is not None and remote.started_s is not None:
-                progress.add_phase("worker_start", remote.started_s)
-            if worker is not None:
-                worker.close()
+    remote = None
+    if cutile_reason is None and started is not None:
+        remote = RemoteSide(started.worker, wl.mode, ids, started=started.init, log=log)
+    else:
+        if started is not None:
+            started.worker.close(grace_s=0.0)  # started before the model type was known
+        cutile_reason = cutile_reason or "no model worker was started"
+        progress.not_measured(CUTILE, cutile_reason)
+        log(f"cuTile: not measured ({cutile_reason})")
+    try:
+        _measure(options, progress, device, baseline, remote, ids, vocab, unpatched, tree)
+    finally:
+        if remote is not None and remote.started_s is not None:
+            progress.add_phase("worker_start", remote.started_s)
     spent = progress.data["phases_s"]
     log("time spent: " + ", ".join(f"{name} {s:.1f} s" for name, s in spent.items()))
 
@@ -136,6 +99,28 @@ def _measure(options, progress, device, baseline, remote, ids, vocab, unpatched,
         sides[CUTILE] = remote
 
     timed_runs: dict[str, list] = {name: [] for name in sides}
+    check = None if options.skip_correctness else CorrectnessCheck(wl, vocab, log)
+
+    def side(name: str):
+        """The side's timed generator (its compiled step and kept cache, so nothing records a
+        CUDA graph again) on the warm-up prompt; a new one for a side that was not timed."""
+        gen = sides.get(name) or Generator(baseline, ids, device, wl.mode)
+        gen.use_prompt(ids)
+        return gen
+
+    def correctness_ahead() -> None:
+        """While the worker finishes its first runs: it gets its correctness cases (their new
+        shapes' kernels compile there now, not in the correctness phase) and this process
+        computes its own side of them and the fp32 reference."""
+        if check is not None:
+            check.send(remote)
+            check.own(side(BASELINE))
+            log(
+                f"correctness: {len(check.cases)} cases ahead of the timed runs "
+                f"({'sent to the model worker, ' if remote is not None else ''}"
+                "this side and the fp32 reference computed)"
+            )
+
     if sides:
         from tilegym_hf_bench.throughput import measure, warm_up_sides
 
@@ -145,7 +130,9 @@ def _measure(options, progress, device, baseline, remote, ids, vocab, unpatched,
         )
         log(mode_line(wl.mode))
         with progress.phase("warm_up"):
-            warmups = warm_up_sides(sides, wl.output_length, wl.warmup_runs, log)
+            warmups = warm_up_sides(
+                sides, wl.output_length, wl.warmup_runs, log, ahead=correctness_ahead
+            )
         progress.update(warmup_runs=warmups.runs)
         seeds = timed_prompt_seeds(wl.timed_runs)
         log("timed prompt seeds (drawn for this run): " + " ".join(map(str, seeds)))
@@ -190,13 +177,6 @@ def _measure(options, progress, device, baseline, remote, ids, vocab, unpatched,
                 ),
             )
 
-    def side(name: str):
-        """The side's timed generator (its compiled step and kept cache, so nothing records a
-        CUDA graph again) on the warm-up prompt; a new one for a side that was not timed."""
-        gen = sides.get(name) or Generator(baseline, ids, device, wl.mode)
-        gen.use_prompt(ids)
-        return gen
-
     # without a patch the PyTorch model is profiled: 0% coverage and the map of where its GPU
     # time goes, which is where a new family's first experiment starts
     coverage_reason = _coverage_unmeasured_reason(options, device, remote, unpatched)
@@ -208,20 +188,12 @@ def _measure(options, progress, device, baseline, remote, ids, vocab, unpatched,
         progress.not_measured("coverage", coverage_reason)
         log(f"coverage: not measured ({coverage_reason})")
 
-    if options.skip_correctness:
+    if check is None:
         progress.not_measured("correctness", "--skip-correctness")
     else:
         with progress.phase("correctness"):
-            result = check_correctness(side(BASELINE), remote, wl, timed_runs)
+            result = check.finish(side(BASELINE), remote, timed_runs)
         progress.part("correctness", result)
-
-
-def _cutile_unmeasured_reason(options: BenchOptions, tree) -> str | None:
-    if options.skip_cutile:
-        return "--skip-cutile"
-    if tree.package_dir is None:
-        return "no tilegym package in the measured tree"
-    return None
 
 
 def no_patch_reason(model_type: str) -> str:
@@ -245,120 +217,6 @@ def timed_prompt_seeds(runs: int) -> list[tuple[int, int]]:
     from the OS for this run: no process can know a timed prompt before its request, and the
     full run's prompt is not the one the first-token run just saw."""
     return [(secrets.randbits(31), secrets.randbits(31)) for _ in range(runs)]
-
-
-def _case_inputs(case: Case, vocab: int):
-    """(prompt ids, attention mask or None) of one correctness case, drawn from the OS."""
-    ids = make_input_ids(vocab, case.batch, case.input_length, secrets.randbits(31), "cpu")
-    mask = left_pad_mask(case.batch, case.input_length) if case.padded else None
-    if mask is not None:
-        ids = ids.masked_fill(mask == 0, 0)
-    return ids, mask
-
-
-def _start_case(gen, case: Case, ids, mask):
-    """A function returning (sequences, logits) of one side on one correctness case; the
-    worker's side is asked at once and computes while this process scores its own."""
-    if isinstance(gen, RemoteSide):
-        gen.use_prompt(ids, None if case.timed_path else mask)
-        return gen.start_logits(case.new_tokens, mode=None if case.timed_path else EAGER)
-    return lambda: _generate_case(gen, case, ids, mask)
-
-
-def _generate_case(gen, case: Case, ids, mask):
-    """(sequences, logits) of one local side on one correctness case."""
-    if case.timed_path:
-        gen.use_prompt(ids.to(gen.device), None)
-        return gen.generate_with_logits(case.new_tokens)
-    eager = Generator(gen.model, ids.to(gen.device), gen.device, EAGER)
-    eager.use_prompt(ids.to(gen.device), None if mask is None else mask.to(gen.device))
-    return eager.generate_with_logits(case.new_tokens)
-
-
-def check_correctness(baseline: Generator, cutile, wl, timed_runs: dict | None = None) -> dict:
-    """Both sides on every case (``scoring.cases``), scored per generated token against this
-    process's fp32 reference on each side's own sequence; then the timed runs' answers."""
-    ref_model = fp32_reference(baseline.model)
-    device = baseline.device
-    vocab = baseline.model.config.get_text_config().vocab_size
-    scores: list[CaseScore] = []
-    case_list = cases(wl.batch_size, wl.input_length, wl.output_length)
-    inputs = [_case_inputs(case, vocab) for case in case_list]
-    # the worker gets every case at once and works through them while this process runs its
-    # own side and the reference (its first eager runs of new shapes JIT-compile kernels)
-    kernel_sides = [
-        None if cutile is None else _start_case(cutile, case, ids, mask)
-        for case, (ids, mask) in zip(case_list, inputs, strict=True)
-    ]
-    for case, (ids, mask), kernel_side in zip(case_list, inputs, kernel_sides, strict=True):
-        gpu_mask = None if mask is None else mask.to(device)
-        base_seq, base_logits = _generate_case(baseline, case, ids, mask)
-        base_seq = base_seq.to(device)
-        reference = reference_logits(ref_model, base_seq, case.input_length, gpu_mask)
-        base_err = float(token_errors(base_logits.to(device), reference).max())
-        drifts = [drift(base_logits.to(device), reference)]
-        del base_logits
-        kernel_err = top1 = None
-        finite = True
-        if kernel_side is not None:
-            seq, kernel_logits = kernel_side()
-            seq, kernel_logits = seq.to(device), kernel_logits.to(device)
-            if not torch.equal(seq, base_seq):  # diverged: score it on its own sequence
-                reference = reference_logits(ref_model, seq, case.input_length, gpu_mask)
-            finite = bool(torch.isfinite(kernel_logits).all())
-            kernel_err = float(token_errors(kernel_logits, reference).max())
-            top1 = float(agreement(seq, reference, case.input_length).mean())
-            drifts.append(drift(kernel_logits, reference))
-            del kernel_logits
-        del reference
-        score = CaseScore(case.name, kernel_err, base_err, finite, top1)
-        scores.append(score)
-        v = score.rule()
-        log(
-            f"correctness case {case.name} ({case.batch} x {case.input_length} -> "
-            f"{case.new_tokens}{', left-padded' if case.padded else ''}): "
-            f"{'PASS' if v.passed else 'FAIL'}: {v.reason}; bf16 baseline max token rel err "
-            f"{base_err:.3e}"
-            + (f"; top-1 agreement {top1:.4f}" if top1 is not None else "")
-            + "; drift along fp32 "
-            + " / ".join(f"{d:+.2e}" for d in drifts)
-        )
-    chosen = worst(scores)
-    rule = chosen.rule()
-    passed = all(s.rule().passed for s in scores)
-    agreement_block = None
-    if cutile is not None and timed_runs and timed_runs.get(CUTILE):
-        runs = {n: [(seq, wl.input_length) for seq in timed_runs.get(n, [])] for n in timed_runs}
-        cut = timed_output_agreement(ref_model, runs.get(CUTILE, []))
-        base = timed_output_agreement(ref_model, runs.get(BASELINE, []))
-        agreement_block = {"baseline": base, "cutile": cut, "runs": len(runs.get(CUTILE, []))}
-        problem = agreement_problem(cut, base)
-        log(
-            "timed answers: "
-            + (
-                f"FAIL: {problem}"
-                if problem
-                else f"PASS: cuTile chose fp32's token for "
-                f"{cut:.3f} of its generated tokens, PyTorch for "
-                f"{'n/a' if base is None else f'{base:.3f}'}"
-            )
-        )
-        passed = passed and problem is None
-    del ref_model
-    if cutile is None:
-        log("correctness: PyTorch side only (no cuTile code ran): nothing was judged")
-    else:
-        log(f"correctness: {'PASS' if passed else 'FAIL'} (reported case: {chosen.name})")
-    return {
-        "passed": passed if cutile is not None else rule.passed,
-        "logits_rel_err": finite_or_none(chosen.kernel_err),
-        "baseline_rel_err": finite_or_none(chosen.baseline_err),
-        "tolerance": rule.tolerance,
-        "top1_agreement": chosen.top1,
-        "statistic": "max_token",
-        "cases": [s.as_json(c) for s, c in zip(scores, case_list, strict=True)],
-        "timed_agreement": agreement_block,
-    }
 
 
 def _coverage(options: BenchOptions, side, device: str, wl, tree) -> dict:

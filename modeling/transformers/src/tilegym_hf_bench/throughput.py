@@ -70,11 +70,16 @@ def warm_up(sides: dict[str, Generator], tokens: int, min_runs: int, log: Callab
     return warm_up_sides(sides, tokens, min_runs, log).runs
 
 
-def first_runs(sides: dict[str, Generator], tokens: int) -> dict[str, float]:
+def first_runs(
+    sides: dict[str, Generator], tokens: int, ahead: Callable[[], None] | None = None
+) -> dict[str, float]:
     """Each side's first, compiling generate() (full length, then one token so that the
     prefill-only shapes of the TTFT runs compile too), in seconds of the full one. A side that
     can take requests ahead (``submit_generate``: the model worker) gets both at once and
-    compiles while the sides of this process compile theirs: nothing here is timed."""
+    compiles while the sides of this process compile theirs: nothing here is timed. ``ahead()``
+    runs once this process's sides are done, while the worker may still be busy (the runner
+    sends the worker its correctness cases and computes its own side then); everything sent
+    ahead is answered before this returns, so no later run waits behind it."""
     pending = {
         name: (gen.submit_generate(tokens), gen.submit_generate(1))
         for name, gen in sides.items()
@@ -85,22 +90,31 @@ def first_runs(sides: dict[str, Generator], tokens: int) -> dict[str, float]:
         if name not in pending:
             times[name], _ = gen.timed(tokens)  # first: a kept cache is made at its full length
             gen.timed(1)
+    if ahead is not None:
+        ahead()
     for name, (full, one) in pending.items():
         sides[name].wait_started()
         times[name] = full.result()["_elapsed_s"]
         one.result()
+        sides[name].drain()
     return {name: times[name] for name in sides}
 
 
-def warm_up_sides(sides: dict[str, Generator], tokens: int, min_runs: int, log: Callable) -> WarmUp:
+def warm_up_sides(
+    sides: dict[str, Generator],
+    tokens: int,
+    min_runs: int,
+    log: Callable,
+    ahead: Callable[[], None] | None = None,
+) -> WarmUp:
     """Full generate() runs of every side, interleaved after the first, until each side's time
-    settled."""
+    settled; ``ahead`` as in ``first_runs`` (not called without warm-up runs)."""
     times: dict[str, list[float]] = {name: [] for name in sides}
     runs = 0
     limit = min_runs + EXTRA_WARMUP_RUNS if min_runs else 0
     while runs < limit and not all(settled(t, min_runs) for t in times.values()):
         if runs == 0:
-            for name, seconds in first_runs(sides, tokens).items():
+            for name, seconds in first_runs(sides, tokens, ahead).items():
                 times[name].append(seconds)
         else:
             for name, gen in sides.items():

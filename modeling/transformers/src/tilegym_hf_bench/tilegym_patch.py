@@ -21,6 +21,9 @@ MODEL_PATCH_KWARGS = {
     "qwen3_moe": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "granite": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "smollm3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "olmo3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "olmoe": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "mixtral": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
 }
 
 

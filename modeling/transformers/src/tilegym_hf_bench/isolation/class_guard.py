@@ -46,6 +46,11 @@ class ClassGuard:
         self._types: dict[tuple[str, str], type] = {}
         self.snapshot()
 
+    def watch(self, *modules: str) -> None:
+        """Watch these modules' classes too (the model's own modeling module, known once the
+        harness built the model: before any experiment code is imported)."""
+        self._extra = (*self._extra, *modules)
+
     def snapshot(self) -> None:
         """Record the watched classes loaded now (call again after importing more of them:
         classes already recorded keep their first record)."""

@@ -1,5 +1,5 @@
-"""Qwen3-MoE router and experts entry points (128 experts, 8 per token, hidden 2048, expert
-width 768) over ``tilegym.ops.moe``.
+"""Shared mixture-of-experts entry points over ``tilegym.ops.moe`` (Qwen3-MoE, OLMoE, Mixtral):
+the router after its linear, and the experts' two grouped GEMMs.
 
 The model calls ``moe_route`` and ``moe_experts`` (``tilegym.transformers.moe_block``). The
 experts op runs in stages: a dispatch laying the (token, slot) pairs out in padded row blocks
@@ -8,7 +8,8 @@ hidden rows, a grouped gate/up GEMM with SiLU-and-mul, a grouped down GEMM, and 
 weights each token's rows, sums them in fp32 and adds the residual. The two experts entry points
 below run those kernels up to, and from, the per-slot activation ``[T, k, I]`` (taken out of and
 put back into the kernels' expert-sorted rows by the dispatch's row map), so that each grouped
-GEMM has its own Definition.
+GEMM has its own Definition. A family's experts-per-token and renormalization are the router's
+keyword-only parameters (``spec.entry_kwargs``); the sizes are the Definition's const axes.
 """
 
 from __future__ import annotations
@@ -18,16 +19,14 @@ from dataclasses import replace
 import torch
 
 from tilegym.ops import moe as _ops
-
-NUM_EXPERTS = 128
-TOP_K = 8
-NORM_TOPK_PROB = True
+from tilegym.ops.entry import const_axes, tensor_dtype
 
 
-def router(router_logits: torch.Tensor):
-    """(routing weights ``[T, 8]`` in the logits dtype, expert ids ``[T, 8]`` int32), best
-    first: fp32 softmax over the 128 experts, top 8, renormalized over the 8."""
-    return _ops.moe_route(router_logits, TOP_K, NORM_TOPK_PROB)
+def router(router_logits: torch.Tensor, *, top_k: int, normalize: bool):
+    """(routing weights ``[T, top_k]`` in the logits dtype, expert ids ``[T, top_k]`` int32),
+    best first: fp32 softmax over the experts, the ``top_k`` largest, renormalized over them
+    when ``normalize`` (Qwen3-MoE's and Mixtral's routers; OLMoE-1B-7B's is not)."""
+    return _ops.moe_route(router_logits, top_k, normalize)
 
 
 def _dispatch(ids: torch.Tensor, n_experts: int):
@@ -47,8 +46,7 @@ def experts_gate_up_silu(
     hidden: torch.Tensor, ids: torch.Tensor, gate_up_weight: torch.Tensor
 ) -> torch.Tensor:
     """``silu(x_t @ Wg[e]^T) * (x_t @ Wu[e]^T)`` for every (token t, slot j), ``e = ids[t, j]``:
-    ``[T, 2048]`` hidden, ``[T, 8]`` ids, ``[128, 2*768, 2048]`` packed [gate; up] weights ->
-    ``[T, 8, 768]``."""
+    ``[T, H]`` hidden, ``[T, k]`` ids, ``[E, 2I, H]`` packed [gate; up] weights -> ``[T, k, I]``."""
     t, k = ids.shape
     n_experts, i2, _ = gate_up_weight.shape
     cfg, sorted_, pos, bexp = _dispatch(ids, n_experts)
@@ -65,7 +63,7 @@ def experts_down_combine(
     residual: torch.Tensor,
 ) -> torch.Tensor:
     """``residual_t + sum_j weights[t, j] * act[t, j] @ Wd[e]^T`` (``e = ids[t, j]``, sum in
-    fp32): ``[T, 8, 768]`` activations, ``[128, 2048, 768]`` down weights -> ``[T, 2048]``."""
+    fp32): ``[T, k, I]`` activations, ``[E, H, I]`` down weights -> ``[T, H]``."""
     t, k, inter = act.shape
     n_experts, hidden, _ = down_weight.shape
     cfg, sorted_, pos, bexp = _dispatch(ids, n_experts)
@@ -76,9 +74,15 @@ def experts_down_combine(
     return _ops.combine(y, pos.view(t, k), weights, residual, out)
 
 
-def aot_signatures() -> dict:
-    """Every MoE kernel at Qwen3-30B-A3B's sizes (router, dispatch, both grouped GEMMs at the
-    decode and prefill tiles, combine; bf16 activations)."""
-    return _ops.aot_signatures(
-        experts=NUM_EXPERTS, top_k=TOP_K, hidden=2048, dtypes=(torch.bfloat16,)
-    )
+def aot_signatures(definition, *, top_k: int | None = None, normalize: bool | None = None) -> dict:
+    """Every MoE kernel at the Definition's experts ``E``, experts per token ``K`` and hidden
+    size ``H`` in its dtype: dispatch, both grouped GEMMs at the decode and prefill tiles,
+    combine (and the router); a Definition without ``H`` (the router's) gets the router kernel
+    alone."""
+    experts, k = const_axes(definition, "E", "K")
+    dtypes = (tensor_dtype(definition),)
+    if "H" not in definition.axes:  # the router: its kernel alone
+        sigs = _ops.aot_signatures(experts=experts, top_k=k, dtypes=dtypes)
+        return {_ops.tilegym_moe_route_kernel: sigs[_ops.tilegym_moe_route_kernel]}
+    (hidden,) = const_axes(definition, "H")
+    return _ops.aot_signatures(experts=experts, top_k=k, hidden=hidden, dtypes=dtypes)

@@ -1,0 +1,210 @@
+"""The correctness phase of a run, in three steps that can start early: the worker's side of
+every case is sent ahead (``send``: it computes while this process compiles and warms its own
+side), this process's side and the fp32 reference run while it waits for the worker
+(``own``), and the scores come last (``finish``), with the timed runs' answers. Nothing here is
+timed, and every prompt is drawn from the OS when the check is made."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+import torch
+
+from tilegym_hf_bench.generation import Generator, make_input_ids
+from tilegym_hf_bench.model_factory import fp32_reference
+from tilegym_hf_bench.modes import EAGER
+from tilegym_hf_bench.remote_side import RemoteSide
+from tilegym_hf_bench.scoring import (
+    Case,
+    CaseScore,
+    agreement,
+    agreement_problem,
+    cases,
+    drift,
+    finite_or_none,
+    left_pad_mask,
+    reference_logits,
+    timed_output_agreement,
+    token_errors,
+    worst,
+)
+
+BASELINE, CUTILE = "baseline", "cutile"
+
+
+def case_inputs(case: Case, vocab: int):
+    """(prompt ids, attention mask or None) of one correctness case, drawn from the OS."""
+    ids = make_input_ids(vocab, case.batch, case.input_length, secrets.randbits(31), "cpu")
+    mask = left_pad_mask(case.batch, case.input_length) if case.padded else None
+    if mask is not None:
+        ids = ids.masked_fill(mask == 0, 0)
+    return ids, mask
+
+
+def generate_case(gen: Generator, case: Case, ids, mask):
+    """(sequences, logits) of one local side on one correctness case; the generator's own
+    prompt is left as it was (its warm-up and timed runs go on from it)."""
+    if case.timed_path:
+        prompt, prompt_mask = gen.input_ids, gen.attention_mask
+        gen.use_prompt(ids.to(gen.device), None)
+        try:
+            return gen.generate_with_logits(case.new_tokens)
+        finally:
+            gen.use_prompt(prompt, prompt_mask)
+    eager = Generator(gen.model, ids.to(gen.device), gen.device, EAGER)
+    eager.use_prompt(ids.to(gen.device), None if mask is None else mask.to(gen.device))
+    return eager.generate_with_logits(case.new_tokens)
+
+
+def start_remote_case(remote: RemoteSide, case: Case, ids, mask):
+    """Ask the worker for one case and return at once: the returned function waits for it and
+    reads its answer. The remote side's prompt is left as it was."""
+    prompt, prompt_mask = remote.prompt, remote.mask
+    remote.use_prompt(ids, None if case.timed_path else mask)
+    try:
+        return remote.start_logits(case.new_tokens, mode=None if case.timed_path else EAGER)
+    finally:
+        remote.use_prompt(prompt, prompt_mask)
+
+
+@dataclass
+class _Own:
+    """This process's side of one case: its sequence, its error and drift along fp32, and the
+    reference logits on that sequence (kept: the worker's sequence is usually the same)."""
+
+    seq: torch.Tensor
+    err: float
+    drift: float
+    reference: torch.Tensor
+
+
+class CorrectnessCheck:
+    """One run's correctness: the cases (``scoring.cases``) with their prompts, drawn now."""
+
+    def __init__(self, wl, vocab: int, log):
+        self.wl = wl
+        self.log = log
+        self.cases = cases(wl.batch_size, wl.input_length, wl.output_length)
+        self.inputs = [case_inputs(case, vocab) for case in self.cases]
+        self._remote: list | None = None
+        self._own: list[_Own] | None = None
+        self._ref_model = None
+
+    def send(self, cutile) -> None:
+        """The worker's side of every case, asked for at once (a local cuTile side, as in the
+        CPU tests, is generated in ``finish``). Its first eager runs of new shapes JIT-compile
+        kernels: sent ahead, that overlaps this process's work."""
+        if self._remote is not None or cutile is None:
+            return
+        if isinstance(cutile, RemoteSide):
+            self._remote = [
+                start_remote_case(cutile, case, ids, mask)
+                for case, (ids, mask) in zip(self.cases, self.inputs, strict=True)
+            ]
+        else:
+            self._remote = [
+                lambda c=case, i=ids, m=mask: generate_case(cutile, c, i, m)
+                for case, (ids, mask) in zip(self.cases, self.inputs, strict=True)
+            ]
+
+    def own(self, baseline: Generator) -> None:
+        """This process's side of every case and the fp32 reference on its sequences."""
+        if self._own is not None:
+            return
+        self._ref_model = fp32_reference(baseline.model)
+        device = baseline.device
+        self._own = []
+        for case, (ids, mask) in zip(self.cases, self.inputs, strict=True):
+            seq, logits = generate_case(baseline, case, ids, mask)
+            seq = seq.to(device)
+            gpu_mask = None if mask is None else mask.to(device)
+            reference = reference_logits(self._ref_model, seq, case.input_length, gpu_mask)
+            logits = logits.to(device)
+            err = float(token_errors(logits, reference).max())
+            self._own.append(_Own(seq, err, drift(logits, reference), reference))
+            del logits
+
+    def finish(self, baseline: Generator, cutile, timed_runs: dict | None = None) -> dict:
+        """Score every case (the steps not taken yet are taken now) and the timed answers."""
+        self.send(cutile)
+        self.own(baseline)
+        device = baseline.device
+        ref_model = self._ref_model
+        scores: list[CaseScore] = []
+        for i, (case, (_ids, mask)) in enumerate(zip(self.cases, self.inputs, strict=True)):
+            own = self._own[i]
+            gpu_mask = None if mask is None else mask.to(device)
+            drifts = [own.drift]
+            kernel_err = top1 = None
+            finite = True
+            if self._remote is not None:
+                seq, kernel_logits = self._remote[i]()
+                seq, kernel_logits = seq.to(device), kernel_logits.to(device)
+                reference = own.reference
+                if not torch.equal(seq, own.seq):  # diverged: score it on its own sequence
+                    reference = reference_logits(ref_model, seq, case.input_length, gpu_mask)
+                finite = bool(torch.isfinite(kernel_logits).all())
+                kernel_err = float(token_errors(kernel_logits, reference).max())
+                top1 = float(agreement(seq, reference, case.input_length).mean())
+                drifts.append(drift(kernel_logits, reference))
+                del kernel_logits, reference
+            own.reference = None
+            score = CaseScore(case.name, kernel_err, own.err, finite, top1)
+            scores.append(score)
+            v = score.rule()
+            self.log(
+                f"correctness case {case.name} ({case.batch} x {case.input_length} -> "
+                f"{case.new_tokens}{', left-padded' if case.padded else ''}): "
+                f"{'PASS' if v.passed else 'FAIL'}: {v.reason}; bf16 baseline max token rel err "
+                f"{own.err:.3e}"
+                + (f"; top-1 agreement {top1:.4f}" if top1 is not None else "")
+                + "; drift along fp32 "
+                + " / ".join(f"{d:+.2e}" for d in drifts)
+            )
+        chosen = worst(scores)
+        rule = chosen.rule()
+        passed = all(s.rule().passed for s in scores)
+        agreement_block = None
+        if cutile is not None and timed_runs and timed_runs.get(CUTILE):
+            wl = self.wl
+            runs = {
+                n: [(seq, wl.input_length) for seq in timed_runs.get(n, [])] for n in timed_runs
+            }
+            cut = timed_output_agreement(ref_model, runs.get(CUTILE, []))
+            base = timed_output_agreement(ref_model, runs.get(BASELINE, []))
+            agreement_block = {"baseline": base, "cutile": cut, "runs": len(runs.get(CUTILE, []))}
+            problem = agreement_problem(cut, base)
+            self.log(
+                "timed answers: "
+                + (
+                    f"FAIL: {problem}"
+                    if problem
+                    else f"PASS: cuTile chose fp32's token for "
+                    f"{cut:.3f} of its generated tokens, PyTorch for "
+                    f"{'n/a' if base is None else f'{base:.3f}'}"
+                )
+            )
+            passed = passed and problem is None
+        self._ref_model = None
+        if cutile is None:
+            self.log("correctness: PyTorch side only (no cuTile code ran): nothing was judged")
+        else:
+            self.log(f"correctness: {'PASS' if passed else 'FAIL'} (reported case: {chosen.name})")
+        return {
+            "passed": passed if cutile is not None else rule.passed,
+            "logits_rel_err": finite_or_none(chosen.kernel_err),
+            "baseline_rel_err": finite_or_none(chosen.baseline_err),
+            "tolerance": rule.tolerance,
+            "top1_agreement": chosen.top1,
+            "statistic": "max_token",
+            "cases": [s.as_json(c) for s, c in zip(scores, self.cases, strict=True)],
+            "timed_agreement": agreement_block,
+        }
+
+
+def check_correctness(baseline: Generator, cutile, wl, timed_runs: dict | None = None, log=print):
+    """Both sides on every case, scored per generated token against this process's fp32
+    reference on each side's own sequence; then the timed runs' answers (all steps at once)."""
+    vocab = baseline.model.config.get_text_config().vocab_size
+    return CorrectnessCheck(wl, vocab, log).finish(baseline, cutile, timed_runs)
