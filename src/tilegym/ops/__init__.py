@@ -9,6 +9,9 @@ module's toolchain problem never hides another's kernels:
 - ``gelu_and_mul``: GeGLU (tanh GELU) activation, likewise (Gemma 3)
 - ``embedding``: token embedding lookup
 - ``gemm``, ``attention``, ``kv_cache``: GEMM and attention kernels (their own modules)
+- ``gated_delta``, ``causal_conv1d``, ``rms_norm_gated``: Qwen3.5's linear attention (gated
+  delta rule: chunked prefill and recurrent decode; the short conv with its cache state; the
+  gated RMSNorm)
 - ``testing``: relative-error parity checks used by the GPU tests
 
 Every kernel module defines ``aot_signatures()`` for the AOT compile gate.

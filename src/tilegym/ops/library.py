@@ -20,11 +20,14 @@ import torch
 from torch import Tensor
 
 from tilegym.ops import attention as _attention
+from tilegym.ops import causal_conv1d as _conv
+from tilegym.ops import gated_delta as _gdn
 from tilegym.ops import gelu_and_mul as _gelu
 from tilegym.ops import gemm as _gemm
 from tilegym.ops import kv_cache as _kv_cache
 from tilegym.ops import moe as _moe
 from tilegym.ops import rms_norm as _rms_norm
+from tilegym.ops import rms_norm_gated as _rms_norm_gated
 from tilegym.ops import rope as _rope
 from tilegym.ops import silu_and_mul as _silu
 from tilegym.ops._common import private_buffers
@@ -355,6 +358,127 @@ def _(hidden, ids, weights, gate_up, down, residual):
 
 
 # ---------------------------------------------------------------------------------------------
+# Linear attention (Qwen3.5): gated delta rule, causal conv1d with its state, gated RMSNorm
+# ---------------------------------------------------------------------------------------------
+
+
+@_op("gated_delta_chunk")
+def gated_delta_chunk_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    initial_state: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    with private_buffers():
+        return _gdn.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, initial_state)
+
+
+@gated_delta_chunk_op.register_kernel("cpu")
+def _(q, k, v, a, b, A_log, dt_bias, initial_state):
+    g, beta = _gdn.gates_reference(a, b, A_log, dt_bias)
+    out, state = _gdn.chunk_reference(q, k, v, g, beta, initial_state)
+    return out.to(v.dtype).contiguous(), state.contiguous()
+
+
+@gated_delta_chunk_op.register_fake
+def _(q, k, v, a, b, A_log, dt_bias, initial_state):
+    bsz, n_tok, hv, dv = v.shape
+    state = v.new_empty((bsz, hv, q.shape[-1], dv), dtype=torch.float32)
+    return v.new_empty((bsz, n_tok, hv, dv)), state
+
+
+@_op("gated_delta_recurrent", mutates_args=("state",))
+def gated_delta_recurrent_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    state: Tensor,
+) -> Tensor:
+    with private_buffers():
+        return _gdn.gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state)
+
+
+@gated_delta_recurrent_op.register_kernel("cpu")
+def _(q, k, v, a, b, A_log, dt_bias, state):
+    g, beta = _gdn.gates_reference(a, b, A_log, dt_bias)
+    out, new = _gdn.recurrent_reference(q, k, v, g, beta, state)
+    state.copy_(new)
+    return out.to(v.dtype).contiguous()
+
+
+@gated_delta_recurrent_op.register_fake
+def _(q, k, v, a, b, A_log, dt_bias, state):
+    return v.new_empty(v.shape)
+
+
+@_op("causal_conv1d")
+def causal_conv1d_op(
+    x: Tensor, weight: Tensor, bias: Tensor | None, state_in: Tensor | None, state_len: int
+) -> tuple[Tensor, Tensor]:
+    with private_buffers():
+        state = x.new_empty((x.shape[0], x.shape[2], state_len))
+        return _conv.causal_conv1d(x, weight, bias, state_in, state), state
+
+
+@causal_conv1d_op.register_kernel("cpu")
+def _(x, weight, bias, state_in, state_len):
+    hist = state_in
+    if hist is None:
+        hist = x.new_zeros((x.shape[0], x.shape[2], state_len))
+    out, state = _conv.causal_conv1d_reference(x, weight, bias, hist)
+    return out.contiguous(), state.contiguous()
+
+
+@causal_conv1d_op.register_fake
+def _(x, weight, bias, state_in, state_len):
+    return x.new_empty(x.shape), x.new_empty((x.shape[0], x.shape[2], state_len))
+
+
+@_op("causal_conv1d_update", mutates_args=("conv_state",))
+def causal_conv1d_update_op(
+    x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None
+) -> Tensor:
+    with private_buffers():
+        return _conv.causal_conv1d_update(x, conv_state, weight, bias)
+
+
+@causal_conv1d_update_op.register_kernel("cpu")
+def _(x, conv_state, weight, bias):
+    out, state = _conv.causal_conv1d_reference(x, weight, bias, conv_state)
+    conv_state.copy_(state)
+    return out.contiguous()
+
+
+@causal_conv1d_update_op.register_fake
+def _(x, conv_state, weight, bias):
+    return x.new_empty(x.shape)
+
+
+@_op("rms_norm_gated")
+def rms_norm_gated_op(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
+    with private_buffers():
+        return _rms_norm_gated.rms_norm_gated(x, z, weight, eps)
+
+
+@rms_norm_gated_op.register_kernel("cpu")
+def _(x, z, weight, eps):
+    return _rms_norm_gated.rms_norm_gated_reference(x, z, weight, eps).contiguous()
+
+
+@rms_norm_gated_op.register_fake
+def _(x, z, weight, eps):
+    return x.new_empty(x.shape)
+
+
+# ---------------------------------------------------------------------------------------------
 # Attention and the KV cache
 # ---------------------------------------------------------------------------------------------
 
@@ -626,3 +750,38 @@ def moe_experts(
     if _use_op(hidden):
         return moe_experts_op(hidden, ids, weights, gate_up, down, residual)
     return _moe.moe_experts(hidden, ids, weights, gate_up, down, residual)
+
+
+def gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, initial_state=None):
+    """Chunked gated delta rule from the raw gate projections: ``(out, final fp32 state)``."""
+    if _use_op(v):
+        return gated_delta_chunk_op(q, k, v, a, b, A_log, dt_bias, initial_state)
+    return _gdn.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, initial_state)
+
+
+def gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state):
+    """Recurrent gated delta rule; ``state`` ``[B, Hv, Dk, Dv]`` is updated in place."""
+    if _use_op(v):
+        return gated_delta_recurrent_op(q, k, v, a, b, A_log, dt_bias, state)
+    return _gdn.gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state)
+
+
+def causal_conv1d(x, weight, bias=None, state_in=None, state_len=4):
+    """Causal conv1d + SiLU over ``[B, T, C]``: ``(out, the last state_len inputs [B, C, S])``."""
+    if _use_op(x):
+        return causal_conv1d_op(x, weight, bias, state_in, int(state_len))
+    state = x.new_empty((x.shape[0], x.shape[2], int(state_len)))
+    return _conv.causal_conv1d(x, weight, bias, state_in, state), state
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None):
+    """Decode conv against ``conv_state`` ``[B, C, S]``, shifted in place."""
+    if _use_op(x):
+        return causal_conv1d_update_op(x, conv_state, weight, bias)
+    return _conv.causal_conv1d_update(x, conv_state, weight, bias)
+
+
+def rms_norm_gated(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
+    if _use_op(x):
+        return rms_norm_gated_op(x, z, weight, float(eps))
+    return _rms_norm_gated.rms_norm_gated(x, z, weight, eps)

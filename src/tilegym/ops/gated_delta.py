@@ -1,0 +1,528 @@
+"""Gated delta rule (Qwen3.5 / Qwen3-Next linear attention) in cuTile, with fp32 references.
+
+Semantics are transformers' ``torch_recurrent_gated_delta_rule`` / ``torch_chunk_gated_delta_rule``
+with ``use_qk_l2norm_in_kernel=True``, plus the gate math of ``Qwen3_5GatedDeltaNet.forward``
+fused in: from the raw projections ``a``, ``b`` and the parameters ``A_log``, ``dt_bias``
+
+    beta = sigmoid(b)                      (rounded to b's dtype, as the module's ``b.sigmoid()``)
+    g    = -exp(A_log) * softplus(a + dt_bias)   (fp32)
+
+and per token t, head h (q, k L2-normalised in fp32, q scaled by ``Dk**-0.5``), on the state
+``S`` of shape ``[Dk, Dv]``:
+
+    S = exp(g_t) * S;  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t
+
+Layouts follow the module: q, k ``[B, T, Hk, Dk]``, v ``[B, T, Hv, Dv]``, a, b ``[B, T, Hv]``
+(any strides with a unit last stride, e.g. views of the conv output), state ``[B, Hv, Dk, Dv]``,
+output ``[B, T, Hv, Dv]``. Value head h reads q/k head ``h // (Hv // Hk)``.
+
+Kernels:
+
+- ``gdn_recurrent_kernel`` (decode): one block per (value tile, batch x head); the state tile
+  stays in registers across the block's tokens and is written back in place. No host reads,
+  fixed grid: safe inside a CUDA graph.
+- ``gdn_chunk_prep_kernel`` + ``gdn_chunk_scan_kernel`` (prefill, chunks of 64): the first is
+  parallel over (chunk, batch x head): gates, L2 norms, the within-chunk decay cumsum, and the
+  UT transform ``T = (I + tril(beta K K^T * decay, -1))^-1`` by block doubling
+  (``T_2s = T_s - T_s C_s T_s``: six pairs of 64x64 fp32 products instead of 63 dependent row
+  updates), then ``u = T (beta V)`` and ``w = T (beta K exp(gcum))`` to an fp32 workspace. The
+  second walks the chunks in order per (value tile, batch x head) with the state tile in
+  registers: ``v' = u - w S``, ``o = (Q exp(gcum)) S + (Q K^T * decay, causal) v'``,
+  ``S = exp(g_last) S + (K exp(g_last - gcum))^T v'``. Its products run on tf32 tensor cores
+  (``SCAN_TF32``); the UT transform keeps fp32 accuracy, on tensor cores as split tf32
+  (``PREP_SPLIT_TF32``) or in fp32 FMAs.
+
+Measured once on an H200 (bf16, fp32 FMA UT transform, before the split form): decode 7.4 us
+at B=1 (torch's recurrent function: 101 us), prefill 4.8 ms for 1 x 2048 tokens x 16 heads
+(torch's chunked function: 2.1 ms): the prefill is not yet fast.
+"""
+
+from __future__ import annotations
+
+import cuda.tile as ct
+import torch
+import torch.nn.functional as F
+from cuda.tile.compilation import ScalarConstraint
+
+from tilegym.ops._common import (
+    AOT_DTYPES,
+    PAD_ZERO,
+    array_sig,
+    check_activation,
+    signature,
+    stream,
+)
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+CHUNK = 64
+L2_EPS = 1e-6
+#: value columns per block of the decode kernel and of the chunk scan.
+DECODE_BV = 32
+SCAN_BV = 32
+#: the scan's products on tf32 tensor cores (else fp32).
+SCAN_TF32 = True
+#: the UT transform's products as split tf32 on tensor cores (else fp32 FMAs, which tileiras
+#: does not map to tensor cores: 4.8 ms for 2048 tokens x 16 heads on the H200, 2.3x torch's
+#: own chunked function; the split form is not yet measured on a GPU).
+PREP_SPLIT_TF32 = True
+_NEG_BIG = -1.0e30
+#: softplus switches to the identity above this (``F.softplus``'s default threshold).
+SOFTPLUS_THRESHOLD = 20.0
+
+
+# --------------------------------------------------------------------------------------------
+# shared tile functions
+# --------------------------------------------------------------------------------------------
+
+
+@ct.function
+def _l2norm_rows(x):
+    """Rows of an fp32 tile divided by their L2 norm (transformers' ``l2norm``, eps 1e-6)."""
+    return x * ct.rsqrt(ct.sum(x * x, axis=-1, keepdims=True) + L2_EPS)
+
+
+@ct.function
+def _gates(a, braw, alog, dtb, b_dtype):
+    """(g, beta) of raw gate projections, in fp32; beta rounded to ``b_dtype`` first."""
+    x = a.astype(ct.float32) + dtb
+    sp = ct.where(x > SOFTPLUS_THRESHOLD, x, ct.log(1.0 + ct.exp(ct.minimum(x, 30.0))))
+    g = -ct.exp(alog) * sp
+    bf = braw.astype(ct.float32)
+    beta = (1.0 / (1.0 + ct.exp(-bf))).astype(b_dtype).astype(ct.float32)
+    return g, beta
+
+
+@ct.function
+def _mm(x, y, TF32: ConstBool):
+    """x @ y with an fp32 accumulator; operands tf32 (tensor cores) or fp32."""
+    acc = ct.zeros((x.shape[0], y.shape[1]), dtype=ct.float32)
+    if TF32:
+        return ct.mma(x.astype(ct.tfloat32), y.astype(ct.tfloat32), acc)
+    return ct.mma(x, y, acc)
+
+
+@ct.function
+def _mm_fp32(x, y, SPLIT: ConstBool):
+    """x @ y at about fp32 accuracy: with SPLIT on tf32 tensor cores as three products of the
+    operands' tf32 heads and tails (hi*hi + hi*lo + lo*hi), else as fp32 FMAs."""
+    acc = ct.zeros((x.shape[0], y.shape[1]), dtype=ct.float32)
+    if SPLIT:
+        xh = x.astype(ct.tfloat32)
+        yh = y.astype(ct.tfloat32)
+        xl = (x - xh.astype(ct.float32)).astype(ct.tfloat32)
+        yl = (y - yh.astype(ct.float32)).astype(ct.tfloat32)
+        acc = ct.mma(xl, yh, acc)
+        acc = ct.mma(xh, yl, acc)
+        return ct.mma(xh, yh, acc)
+    return ct.mma(x, y, acc)
+
+
+# --------------------------------------------------------------------------------------------
+# decode: the recurrent form
+# --------------------------------------------------------------------------------------------
+
+
+@ct.kernel
+def gdn_recurrent_kernel(
+    Q,
+    K,
+    V,
+    A,
+    Bg,
+    A_log,
+    dt_bias,
+    State,
+    Out,
+    scale: float,
+    HV: ConstInt,
+    GROUP: ConstInt,
+    DK: ConstInt,
+    BV: ConstInt,
+):
+    """Tokens 0..T-1 of one (batch, value head, value tile) in order; State updated in place."""
+    j = ct.bid(0)
+    bh = ct.bid(1)
+    b = bh // HV
+    h = bh % HV
+    hk = h // GROUP
+    n_tok = Q.shape[1]
+    s = ct.load(State, (b, h, 0, j), (1, 1, DK, BV), padding_mode=PAD_ZERO)
+    s = s.reshape((DK, BV)).astype(ct.float32)
+    alog = ct.load(A_log, (h,), (1,)).astype(ct.float32).reshape((1, 1))
+    dtb = ct.load(dt_bias, (h,), (1,)).astype(ct.float32).reshape((1, 1))
+    for t in range(n_tok):
+        q = ct.load(Q, (b, t, hk, 0), (1, 1, 1, DK), padding_mode=PAD_ZERO)
+        k = ct.load(K, (b, t, hk, 0), (1, 1, 1, DK), padding_mode=PAD_ZERO)
+        q = _l2norm_rows(q.reshape((1, DK)).astype(ct.float32)) * scale
+        k = _l2norm_rows(k.reshape((1, DK)).astype(ct.float32))
+        v = ct.load(V, (b, t, h, j), (1, 1, 1, BV), padding_mode=PAD_ZERO)
+        v = v.reshape((1, BV)).astype(ct.float32)
+        a = ct.load(A, (b, t, h), (1, 1, 1)).reshape((1, 1))
+        braw = ct.load(Bg, (b, t, h), (1, 1, 1)).reshape((1, 1))
+        g, beta = _gates(a, braw, alog, dtb, Bg.dtype)
+        s = s * ct.exp(g)
+        kc = ct.transpose(k)  # (DK, 1)
+        kv = ct.sum(s * kc, axis=0, keepdims=True)  # (1, BV)
+        s = s + kc * ((v - kv) * beta)
+        o = ct.sum(s * ct.transpose(q), axis=0, keepdims=True)
+        ct.store(Out, (b, t, h, j), o.reshape((1, 1, 1, BV)).astype(Out.dtype))
+    ct.store(State, (b, h, 0, j), s.reshape((1, 1, DK, BV)).astype(State.dtype))
+
+
+# --------------------------------------------------------------------------------------------
+# prefill: the chunked form
+# --------------------------------------------------------------------------------------------
+
+
+@ct.kernel
+def gdn_chunk_prep_kernel(
+    K,
+    V,
+    A,
+    Bg,
+    A_log,
+    dt_bias,
+    W,
+    U,
+    G,
+    n_tok: int,
+    HV: ConstInt,
+    GROUP: ConstInt,
+    DK: ConstInt,
+    DV: ConstInt,
+    C: ConstInt,
+    LOG_C: ConstInt,
+    SPLIT: ConstBool,
+):
+    """One (chunk, batch x head): gates, decay cumsum, UT transform; u, w, gcum to the workspace.
+    Its products run at fp32 accuracy (``_mm_fp32``: split tf32 with SPLIT, else fp32 FMAs)."""
+    c = ct.bid(0)
+    bh = ct.bid(1)
+    b = bh // HV
+    h = bh % HV
+    hk = h // GROUP
+    k = ct.load(K, (b, c, hk, 0), (1, C, 1, DK), padding_mode=PAD_ZERO)
+    k = _l2norm_rows(k.reshape((C, DK)).astype(ct.float32))
+    alog = ct.load(A_log, (h,), (1,)).astype(ct.float32).reshape((1, 1))
+    dtb = ct.load(dt_bias, (h,), (1,)).astype(ct.float32).reshape((1, 1))
+    a = ct.load(A, (b, c, h), (1, C, 1), padding_mode=PAD_ZERO).reshape((C, 1))
+    braw = ct.load(Bg, (b, c, h), (1, C, 1), padding_mode=PAD_ZERO).reshape((C, 1))
+    g, beta = _gates(a, braw, alog, dtb, Bg.dtype)
+    rows = ct.arange(C, dtype=ct.int32).reshape((C, 1))
+    cols = ct.arange(C, dtype=ct.int32).reshape((1, C))
+    valid = (c * C + rows) < n_tok
+    g = ct.where(valid, g, 0.0)  # past the end: no decay, no update (transformers pads with 0)
+    beta = ct.where(valid, beta, 0.0)
+    gc = ct.cumsum(g, axis=0)  # (C, 1)
+    diff = gc - ct.transpose(gc)  # gcum_i - gcum_j
+    lower = rows > cols
+    decay = ct.exp(ct.where(lower, diff, _NEG_BIG))
+    kb = k * beta
+    kk = _mm_fp32(kb, ct.transpose(k), SPLIT)
+    am = kk * decay  # strictly lower part of the UT system
+    # T = (I + am)^-1 by doubling: T_s inverts the s-blocks on the diagonal; C_s holds am's
+    # lower-left s-block inside each 2s-block; T_2s = T_s - T_s C_s T_s.
+    t = ct.where(rows == cols, 1.0, 0.0)
+    s = 1
+    for _ in range(LOG_C):
+        two_s = s * 2
+        blk = ((rows // two_s) == (cols // two_s)) & ((rows // s) > (cols // s))
+        cs = ct.where(blk, am, 0.0)
+        t = t - _mm_fp32(_mm_fp32(t, cs, SPLIT), t, SPLIT)
+        s = two_s
+    v = ct.load(V, (b, c, h, 0), (1, C, 1, DV), padding_mode=PAD_ZERO)
+    vb = v.reshape((C, DV)).astype(ct.float32) * beta
+    u = _mm_fp32(t, vb, SPLIT)
+    w = _mm_fp32(t, kb * ct.exp(gc), SPLIT)
+    ct.store(U, (b, h, c, 0), u.reshape((1, 1, C, DV)))
+    ct.store(W, (b, h, c, 0), w.reshape((1, 1, C, DK)))
+    ct.store(G, (b, h, c), gc.reshape((1, 1, C)))
+
+
+@ct.kernel
+def gdn_chunk_scan_kernel(
+    Q,
+    K,
+    W,
+    U,
+    G,
+    State0,
+    Out,
+    StateOut,
+    n_tok: int,
+    scale: float,
+    HV: ConstInt,
+    GROUP: ConstInt,
+    DK: ConstInt,
+    BV: ConstInt,
+    C: ConstInt,
+    HAS_STATE: ConstBool,
+    TF32: ConstBool,
+):
+    """Chunks in order for one (value tile, batch x head): outputs and the final state."""
+    j = ct.bid(0)
+    bh = ct.bid(1)
+    b = bh // HV
+    h = bh % HV
+    hk = h // GROUP
+    if HAS_STATE:
+        s = ct.load(State0, (b, h, 0, j), (1, 1, DK, BV), padding_mode=PAD_ZERO)
+        s = s.reshape((DK, BV)).astype(ct.float32)
+    else:
+        s = ct.zeros((DK, BV), dtype=ct.float32)
+    rows = ct.arange(C, dtype=ct.int32).reshape((C, 1))
+    cols = ct.arange(C, dtype=ct.int32).reshape((1, C))
+    causal = rows >= cols
+    n_chunks = ct.cdiv(n_tok, C)
+    for c in range(n_chunks):
+        q = ct.load(Q, (b, c, hk, 0), (1, C, 1, DK), padding_mode=PAD_ZERO)
+        q = _l2norm_rows(q.reshape((C, DK)).astype(ct.float32)) * scale
+        k = ct.load(K, (b, c, hk, 0), (1, C, 1, DK), padding_mode=PAD_ZERO)
+        k = _l2norm_rows(k.reshape((C, DK)).astype(ct.float32))
+        gc = ct.load(G, (b, h, c), (1, 1, C)).reshape((C, 1))
+        g_last = ct.load(G, (b, h, c * C + C - 1), (1, 1, 1)).reshape((1, 1))
+        w = ct.load(W, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK))
+        u = ct.load(U, (b, h, c, j), (1, 1, C, BV)).reshape((C, BV))
+        vn = u - _mm(w, s, TF32)
+        decay = ct.exp(ct.where(causal, gc - ct.transpose(gc), _NEG_BIG))
+        att = _mm(q, ct.transpose(k), TF32) * decay
+        o = _mm(q * ct.exp(gc), s, TF32) + _mm(att, vn, TF32)
+        ct.store(Out, (b, c, h, j), o.reshape((1, C, 1, BV)).astype(Out.dtype))
+        kd = k * ct.exp(g_last - gc)
+        s = s * ct.exp(g_last) + _mm(ct.transpose(kd), vn, TF32)
+    ct.store(StateOut, (b, h, 0, j), s.reshape((1, 1, DK, BV)).astype(StateOut.dtype))
+
+
+# --------------------------------------------------------------------------------------------
+# host wrappers
+# --------------------------------------------------------------------------------------------
+
+
+def _check(q, k, v, a, b, A_log, dt_bias, state):
+    for name, t in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
+        check_activation(name, t)
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} needs a unit last stride")
+    bsz, n_tok, hk, dk = q.shape
+    if k.shape != q.shape:
+        raise ValueError(f"k {tuple(k.shape)} must match q {tuple(q.shape)}")
+    if v.shape[:2] != (bsz, n_tok) or v.dim() != 4:
+        raise ValueError(f"v {tuple(v.shape)} must be [B, T, Hv, Dv] with q's B, T")
+    hv, dv = v.shape[2], v.shape[3]
+    if hv % hk:
+        raise ValueError(f"value heads {hv} must be a multiple of key heads {hk}")
+    for name, t in (("a", a), ("b", b)):
+        if t.shape != (bsz, n_tok, hv):
+            raise ValueError(f"{name} {tuple(t.shape)} must be [B, T, Hv] = {(bsz, n_tok, hv)}")
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if t.shape != (hv,):
+            raise ValueError(f"{name} {tuple(t.shape)} must be [Hv] = ({hv},)")
+    for name, d in (("Dk", dk), ("Dv", dv)):
+        if d not in (64, 128, 256):
+            raise ValueError(f"{name} {d} unsupported (64, 128, 256)")
+    if state is not None:
+        if state.shape != (bsz, hv, dk, dv) or not state.is_contiguous():
+            raise ValueError(f"state {tuple(state.shape)} must be contiguous [B, Hv, Dk, Dv]")
+        if state.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"state dtype {state.dtype} unsupported")
+    return bsz, n_tok, hk, dk, hv, dv
+
+
+def gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state, *, bv: int = DECODE_BV):
+    """Recurrent gated delta rule over the T tokens of ``q`` (decode: T = 1); ``state``
+    ``[B, Hv, Dk, Dv]`` is read and updated in place. Returns the output ``[B, T, Hv, Dv]`` in
+    ``v``'s dtype."""
+    bsz, n_tok, hk, dk, hv, dv = _check(q, k, v, a, b, A_log, dt_bias, state)
+    if state is None:
+        raise ValueError("the recurrent form needs a state tensor (updated in place)")
+    out = torch.empty((bsz, n_tok, hv, dv), dtype=v.dtype, device=v.device)
+    if bsz and n_tok:
+        bv = min(bv, dv)
+        args = (q, k, v, a, b, A_log.contiguous(), dt_bias.contiguous(), state, out)
+        grid = (dv // bv, bsz * hv, 1)
+        consts = (hv, hv // hk, dk, bv)
+        ct.launch(stream(), grid, gdn_recurrent_kernel, (*args, dk**-0.5, *consts))
+    return out
+
+
+def gated_delta_chunk(
+    q,
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    initial_state=None,
+    *,
+    bv: int = SCAN_BV,
+    tf32: bool = SCAN_TF32,
+    prep_split: bool = PREP_SPLIT_TF32,
+    state_dtype: torch.dtype = torch.float32,
+):
+    """Chunked (64) gated delta rule: ``(out [B, T, Hv, Dv] in v's dtype, final state
+    [B, Hv, Dk, Dv] in state_dtype)``, starting from ``initial_state`` (zeros if None)."""
+    bsz, n_tok, hk, dk, hv, dv = _check(q, k, v, a, b, A_log, dt_bias, initial_state)
+    dev = v.device
+    out = torch.empty((bsz, n_tok, hv, dv), dtype=v.dtype, device=dev)
+    final = torch.empty((bsz, hv, dk, dv), dtype=state_dtype, device=dev)
+    n_chunks = -(-n_tok // CHUNK)
+    if not bsz:
+        return out, final
+    if not n_tok:
+        final.copy_(initial_state if initial_state is not None else torch.zeros_like(final))
+        return out, final
+    t_pad = n_chunks * CHUNK
+    w = torch.empty((bsz, hv, t_pad, dk), dtype=torch.float32, device=dev)
+    u = torch.empty((bsz, hv, t_pad, dv), dtype=torch.float32, device=dev)
+    g = torch.empty((bsz, hv, t_pad), dtype=torch.float32, device=dev)
+    alog, dtb = A_log.contiguous(), dt_bias.contiguous()
+    log_c = CHUNK.bit_length() - 1
+    prep = (k, v, a, b, alog, dtb, w, u, g, n_tok, hv, hv // hk, dk, dv, CHUNK, log_c)
+    prep = (*prep, bool(prep_split))
+    ct.launch(stream(), (n_chunks, bsz * hv, 1), gdn_chunk_prep_kernel, prep)
+    bv = min(bv, dv)
+    has = initial_state is not None
+    s0 = initial_state if has else final
+    scan = (q, k, w, u, g, s0, out, final, n_tok, dk**-0.5)
+    consts = (hv, hv // hk, dk, bv, CHUNK, has, bool(tf32))
+    ct.launch(stream(), (dv // bv, bsz * hv, 1), gdn_chunk_scan_kernel, (*scan, *consts))
+    return out, final
+
+
+# --------------------------------------------------------------------------------------------
+# references (plain PyTorch, fp32)
+# --------------------------------------------------------------------------------------------
+
+
+def gates_reference(a, b, A_log, dt_bias):
+    """``(g, beta)`` as ``Qwen3_5GatedDeltaNet.forward`` computes them."""
+    beta = b.sigmoid()
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias)
+    return g, beta
+
+
+def _l2norm(x):
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+def _prepare(q, k, v, g, beta):
+    """fp32 ``[B, H, T, D]`` tensors, q/k L2-normalised and repeated to the value heads."""
+    hv, hk = v.shape[2], q.shape[2]
+    q, k = (x.float().repeat_interleave(hv // hk, dim=2) for x in (q, k))
+    q, k, v = (x.float().transpose(1, 2) for x in (q, k, v))
+    q = _l2norm(q) * q.shape[-1] ** -0.5
+    k = _l2norm(k)
+    return q, k, v, g.float().transpose(1, 2), beta.float().transpose(1, 2)
+
+
+def recurrent_reference(q, k, v, g, beta, initial_state=None):
+    """Token-by-token gated delta rule in fp32: ``(out [B, T, Hv, Dv] fp32, final state)``."""
+    q, k, v, g, beta = _prepare(q, k, v, g, beta)
+    bsz, hv, n_tok, dk = k.shape
+    dv = v.shape[-1]
+    s = torch.zeros(bsz, hv, dk, dv) if initial_state is None else initial_state.float().cpu()
+    s = s.to(v.device).clone()
+    out = torch.empty(bsz, hv, n_tok, dv, device=v.device)
+    for t in range(n_tok):
+        s = s * g[:, :, t].exp()[..., None, None]
+        kt = k[:, :, t]
+        pred = torch.einsum("bhk,bhkv->bhv", kt, s)
+        s = s + kt[..., None] * ((v[:, :, t] - pred) * beta[:, :, t, None])[..., None, :]
+        out[:, :, t] = torch.einsum("bhk,bhkv->bhv", q[:, :, t], s)
+    return out.transpose(1, 2), s
+
+
+def ut_inverse_reference(am):
+    """``(I + am)^-1`` for strictly lower ``am [..., C, C]`` by the kernel's block doubling."""
+    n = am.shape[-1]
+    idx = torch.arange(n, device=am.device)
+    r, c = idx[:, None], idx[None, :]
+    t = torch.eye(n, device=am.device).expand_as(am).clone()
+    s = 1
+    while s < n:
+        blk = ((r // (2 * s)) == (c // (2 * s))) & ((r // s) > (c // s))
+        t = t - t @ (am * blk) @ t
+        s *= 2
+    return t
+
+
+def chunk_reference(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK):
+    """The chunked kernels' algorithm in fp32 PyTorch: ``(out [B, T, Hv, Dv] fp32, state)``."""
+    q, k, v, g, beta = _prepare(q, k, v, g, beta)
+    bsz, hv, n_tok, dk = k.shape
+    dv = v.shape[-1]
+    s = torch.zeros(bsz, hv, dk, dv, device=v.device)
+    if initial_state is not None:
+        s = initial_state.float().to(v.device).clone()
+    out = torch.empty(bsz, hv, n_tok, dv, device=v.device)
+    idx = torch.arange(chunk, device=v.device)
+    lower, causal = idx[:, None] > idx[None, :], idx[:, None] >= idx[None, :]
+    for c0 in range(0, n_tok, chunk):
+        sl = slice(c0, min(c0 + chunk, n_tok))
+        pad = chunk - (sl.stop - c0)
+        qc, kc, vc = (F.pad(x[:, :, sl], (0, 0, 0, pad)) for x in (q, k, v))
+        gc = F.pad(g[:, :, sl], (0, pad)).cumsum(-1)
+        bc = F.pad(beta[:, :, sl], (0, pad))[..., None]
+        diff = gc[..., :, None] - gc[..., None, :]
+        am = (kc * bc) @ kc.transpose(-1, -2) * torch.where(lower, diff, -torch.inf).exp()
+        t = ut_inverse_reference(am)
+        u, w = t @ (vc * bc), t @ (kc * bc * gc[..., None].exp())
+        vn = u - w @ s
+        att = qc @ kc.transpose(-1, -2) * torch.where(causal, diff, -torch.inf).exp()
+        o = (qc * gc[..., None].exp()) @ s + att @ vn
+        out[:, :, sl] = o[:, :, : chunk - pad]
+        g_last = gc[..., -1:]
+        kd = kc * (g_last - gc)[..., None].exp()
+        s = s * g_last[..., None].exp() + kd.transpose(-1, -2) @ vn
+    return out.transpose(1, 2), s
+
+
+# --------------------------------------------------------------------------------------------
+# AOT
+# --------------------------------------------------------------------------------------------
+
+
+def aot_signatures(
+    heads=((16, 16, 128, 128), (16, 32, 128, 128)),
+    dtypes=AOT_DTYPES,
+    state_dtypes=(torch.float32,),
+) -> dict:
+    """Signatures of the kernels the wrappers launch by default, per (Hk, Hv, Dk, Dv):
+    Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32)."""
+    out: dict = {}
+    f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
+    log_c = CHUNK.bit_length() - 1
+    for dt in dtypes:
+        a4, a3, a1 = array_sig(dt, 4), array_sig(dt, 3), array_sig(dt, 1)
+        w4, w3 = array_sig(torch.float32, 4), array_sig(torch.float32, 3)
+        for hk, hv, dk, dv in heads:
+            group = hv // hk
+            for sd in state_dtypes:
+                s4 = array_sig(sd, 4)
+                bv = min(DECODE_BV, dv)
+                sig = signature(a4, a4, a4, a3, a3, a1, a1, s4, a4, f32, hv, group, dk, bv)
+                out.setdefault(gdn_recurrent_kernel, []).append(sig)
+                bv = min(SCAN_BV, dv)
+                for has in (False, True):
+                    arrays = (a4, a4, w4, w4, w3, s4, a4, s4, i32, f32)
+                    sig = signature(*arrays, hv, group, dk, bv, CHUNK, has, SCAN_TF32)
+                    out.setdefault(gdn_chunk_scan_kernel, []).append(sig)
+            arrays = (a4, a4, a3, a3, a1, a1, w4, w4, w3, i32)
+            sig = signature(*arrays, hv, group, dk, dv, CHUNK, log_c, PREP_SPLIT_TF32)
+            out.setdefault(gdn_chunk_prep_kernel, []).append(sig)
+    return out
+
+
+__all__ = [
+    "CHUNK",
+    "aot_signatures",
+    "chunk_reference",
+    "gated_delta_chunk",
+    "gated_delta_recurrent",
+    "gates_reference",
+    "recurrent_reference",
+    "ut_inverse_reference",
+]

@@ -1,0 +1,84 @@
+"""The forward of a gated-delta-net linear attention (Qwen3.5, Qwen3-Next) on the cuTile ops.
+
+``make_gated_delta_net_forward()`` builds a plain function with the contract of
+``Qwen3_5GatedDeltaNet.forward`` (and ``Qwen3NextGatedDeltaNet.forward``): the projections stay
+the module's own ``nn.Linear``; the causal conv + SiLU, the gated delta rule (gates, L2 norms
+and the state update fused) and the gated RMSNorm run on ``tilegym.ops.library``'s ops, which
+are the cuTile kernels on CUDA and the PyTorch references on the CPU. The cache is kept the way
+upstream keeps it: the conv state through ``cache.update_conv_state`` (prefill) or in place
+(decode), the recurrent state through ``cache.update_recurrent_state`` (prefill) or in place
+(decode). A cache that is recording its past (speculative rollback) falls back to upstream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from tilegym.ops import library as lib
+
+
+def _padding_masked(hidden_states: torch.Tensor, attention_mask) -> torch.Tensor:
+    """upstream ``apply_mask_to_padding_states``: zero the padded tokens (a 2D mask)."""
+    if attention_mask is not None:
+        dtype = hidden_states.dtype
+        return (hidden_states * attention_mask[:, :, None]).to(dtype)
+    return hidden_states
+
+
+def _cached_states(cache, idx: int):
+    """(conv state, recurrent state) the layer continues from, or (None, None) before its first
+    call: ``get_conv_state`` / ``get_recurrent_state`` (transformers 5.2x) or the layer's
+    ``has_previous_state`` and state lists (5.17)."""
+    if cache is None:
+        return None, None
+    if hasattr(cache, "get_conv_state"):
+        return cache.get_conv_state(idx), cache.get_recurrent_state(idx)
+    if cache.has_previous_state(idx, state_idx=0):
+        layer = cache.layers[idx]
+        return layer.conv_states[0], layer.recurrent_states[0]
+    return None, None
+
+
+def make_gated_delta_net_forward(upstream_forward: Callable) -> Callable:
+    """``XGatedDeltaNet.forward`` on the cuTile ops (``upstream_forward``: the class's own, for
+    the cases kept upstream). The cache comes as ``cache`` (5.2x) or ``cache_params`` (5.17)."""
+
+    def forward(self, hidden_states, cache=None, attention_mask=None, cache_params=None, **kwargs):
+        cache = cache if cache is not None else cache_params
+        idx = self.layer_idx
+        if cache is not None and getattr(cache.layers[idx], "record_past", False):
+            return upstream_forward(self, hidden_states, cache, attention_mask, **kwargs)
+        h = _padding_masked(hidden_states, attention_mask)
+        bsz, n_tok, _ = h.shape
+        conv_state, rec_state = _cached_states(cache, idx)
+        mixed = self.in_proj_qkv(h)
+        z = self.in_proj_z(h)
+        b = self.in_proj_b(h)
+        a = self.in_proj_a(h)
+        w = self.conv1d.weight.squeeze(1)
+        if conv_state is not None and n_tok == 1:
+            mixed_conv = lib.causal_conv1d_update(mixed, conv_state, w, self.conv1d.bias)
+        else:
+            ks = self.conv_kernel_size
+            mixed_conv, _ = lib.causal_conv1d(mixed, w, self.conv1d.bias, conv_state, ks)
+            if cache is not None:  # upstream's bookkeeping; it stores the same last inputs
+                cache.update_conv_state(mixed.transpose(1, 2), idx, conv_kernel_size=ks)
+        kd, vd = self.key_dim, self.value_dim
+        q = mixed_conv[..., :kd].reshape(bsz, n_tok, -1, self.head_k_dim)
+        k = mixed_conv[..., kd : 2 * kd].reshape(bsz, n_tok, -1, self.head_k_dim)
+        v = mixed_conv[..., 2 * kd : 2 * kd + vd].reshape(bsz, n_tok, -1, self.head_v_dim)
+        if rec_state is not None and n_tok == 1:
+            core = lib.gated_delta_recurrent(q, k, v, a, b, self.A_log, self.dt_bias, rec_state)
+        else:
+            core, final = lib.gated_delta_chunk(q, k, v, a, b, self.A_log, self.dt_bias, rec_state)
+            if cache is not None:
+                cache.update_recurrent_state(final, idx)
+        dv = self.head_v_dim
+        normed = lib.rms_norm_gated(
+            core.reshape(-1, dv), z.reshape(-1, dv), self.norm.weight, self.norm.variance_epsilon
+        )
+        return self.out_proj(normed.reshape(bsz, n_tok, -1))
+
+    return forward

@@ -1,0 +1,289 @@
+"""Gated delta rule: the fp32 references against transformers' own functions (CPU), the AOT
+signatures against the launches (CPU), and the cuTile kernels against the references (GPU)."""
+
+from __future__ import annotations
+
+import cuda.tile as ct
+import pytest
+import torch
+
+from tilegym.ops import gated_delta as gd
+from tilegym.ops.testing import assert_close_rel, rel_err
+
+qwen3_5 = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+
+
+def _inputs(bsz, n_tok, hk, hv, dk, dv, gen, device="cpu", dtype=torch.float32, pad=0):
+    """Raw projections as ``Qwen3_5GatedDeltaNet`` feeds them (q/k/v views of one conv output);
+    the first ``pad`` tokens of batch row 0 are left padding (zero, as the masked projections
+    make them), and the gate parameters are drawn like the module initialises them."""
+    conv = torch.randn(bsz, n_tok, 2 * hk * dk + hv * dv, generator=gen, device=device)
+    a = torch.randn(bsz, n_tok, hv, generator=gen, device=device) * 2
+    b = torch.randn(bsz, n_tok, hv, generator=gen, device=device) * 2
+    if pad:
+        conv[0, :pad] = 0
+        a[0, :pad], b[0, :pad] = 0, 0
+    conv, a, b = (x.to(dtype) for x in (conv, a, b))
+    q = conv[..., : hk * dk].view(bsz, n_tok, hk, dk)
+    k = conv[..., hk * dk : 2 * hk * dk].view(bsz, n_tok, hk, dk)
+    v = conv[..., 2 * hk * dk :].view(bsz, n_tok, hv, dv)
+    A_log = torch.empty(hv, device=device).uniform_(0.01, 16, generator=gen).log().to(dtype)
+    dt_bias = (torch.rand(hv, generator=gen, device=device) * 2 - 1).to(dtype)
+    return q, k, v, a, b, A_log, dt_bias
+
+
+def _state(bsz, hv, dk, dv, gen, device="cpu"):
+    return torch.randn(bsz, hv, dk, dv, generator=gen, device=device) * 0.1
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: references vs transformers
+# ---------------------------------------------------------------------------------------------
+
+SHAPES = [  # (B, T, Hk, Hv, Dk, Dv)
+    (1, 1, 2, 2, 16, 16),
+    (2, 5, 2, 4, 16, 8),
+    (1, 63, 2, 2, 32, 16),
+    (2, 64, 1, 2, 16, 32),
+    (1, 65, 2, 2, 16, 16),
+    (2, 130, 2, 4, 32, 16),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_references_match_transformers(shape, with_state, gen):
+    bsz, n_tok, hk, hv, dk, dv = shape
+    q, k, v, a, b, A_log, dt_bias = _inputs(*shape, gen, pad=min(3, n_tok - 1))
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    s0 = _state(bsz, hv, dk, dv, gen) if with_state else None
+    kw = dict(initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    # q/k repeated to the value heads as the module does before these functions up to 5.17
+    qr, kr = (x.repeat_interleave(hv // hk, dim=2) for x in (q, k))
+    hf_rec = qwen3_5.torch_recurrent_gated_delta_rule(qr, kr, v, g=g, beta=beta, **kw)
+    hf_chunk = qwen3_5.torch_chunk_gated_delta_rule(qr, kr, v, g=g, beta=beta, **kw)
+    rec = gd.recurrent_reference(q, k, v, g, beta, s0)
+    chunk = gd.chunk_reference(q, k, v, g, beta, s0)
+    for mine in (rec, chunk):
+        for got, want in zip(mine, hf_rec, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for got, want in zip(chunk, hf_chunk, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_gates_reference_is_the_module_math(gen):
+    """The gate formula is the module's, in bf16 as the model runs it (beta rounded to bf16)."""
+    q, k, v, a, b, A_log, dt_bias = _inputs(2, 7, 2, 4, 16, 16, gen, dtype=torch.bfloat16)
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    assert g.dtype == torch.float32 and beta.dtype == torch.bfloat16
+    sp = torch.log1p(torch.exp(a.float() + dt_bias.float()))
+    torch.testing.assert_close(g, -A_log.float().exp() * sp)
+    assert (g <= 0).all()
+
+
+def test_ut_inverse_is_the_inverse_for_near_singular_chunks(gen):
+    """Identical keys and beta near 1 (the hardest case for a product-of-powers inverse):
+    the doubling inverse is still the exact inverse in fp32."""
+    n = 64
+    am = torch.ones(n, n).tril(-1) * 0.999
+    t = gd.ut_inverse_reference(am)
+    torch.testing.assert_close(t @ (torch.eye(n) + am), torch.eye(n), rtol=0, atol=1e-4)
+    # UT systems as the kernels build them: beta_i k_i.k_j exp(gcum_i - gcum_j), unit keys,
+    # against the fp64 inverse
+    k = torch.nn.functional.normalize(torch.randn(3, n, 32, generator=gen), dim=-1)
+    beta = torch.rand(3, n, 1, generator=gen)
+    gc = (-torch.rand(3, n, generator=gen) * 0.2).cumsum(-1)
+    am = (beta * k @ k.transpose(-1, -2) * (gc[..., :, None] - gc[..., None, :]).exp()).tril(-1)
+    t = gd.ut_inverse_reference(am)
+    want = torch.linalg.inv(torch.eye(n, dtype=torch.float64) + am.double())
+    assert rel_err(t, want) < 1e-5
+
+
+def test_reference_catches_a_wrong_decay(gen):
+    """The equality check can fail: a decay off by 1% is detected."""
+    q, k, v, a, b, A_log, dt_bias = _inputs(1, 70, 2, 2, 16, 16, gen)
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    out, _ = gd.chunk_reference(q, k, v, g, beta)
+    bad, _ = gd.chunk_reference(q, k, v, g * 1.01, beta)
+    assert rel_err(bad, out) > 1e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: AOT signatures cover the launches
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Record (kernel, grid, args) of every ct.launch instead of launching (CPU tensors)."""
+    seen = []
+
+    def record(stream, grid, kernel, args):
+        seen.append((kernel, grid, args))
+
+    monkeypatch.setattr(ct, "launch", record)
+    monkeypatch.setattr(gd, "stream", lambda *a: None)
+    monkeypatch.setattr(gd, "check_activation", lambda *a: None)
+    return seen
+
+
+def _matches(sig, args) -> bool:
+    from cuda.tile.compilation import ArrayConstraint, ScalarConstraint
+
+    dtypes = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32}
+    params = sig.parameters if hasattr(sig, "parameters") else sig.params
+    if len(params) != len(args):
+        return False
+    for p, a in zip(params, args, strict=True):
+        if isinstance(p, ArrayConstraint):
+            if not isinstance(a, torch.Tensor) or a.dim() != p.ndim or dtypes[a.dtype] != p.dtype:
+                return False
+        elif isinstance(p, ScalarConstraint):
+            if isinstance(a, bool) or not isinstance(a, int | float):
+                return False
+        elif type(p.value) is not type(a) or p.value != a:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("heads", [(16, 16, 128, 128), (16, 32, 128, 128)])
+def test_aot_signatures_cover_the_launches(launches, heads, gen):
+    hk, hv, dk, dv = heads
+    sigs = gd.aot_signatures(heads=(heads,), dtypes=(torch.bfloat16,))
+    q, k, v, a, b, A_log, dt_bias = _inputs(2, 3, hk, hv, dk, dv, gen, dtype=torch.bfloat16)
+    state = torch.zeros(2, hv, dk, dv)
+    gd.gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state)
+    gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias)
+    gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, state)
+    names = []
+    for kernel, _, args in launches:
+        names.append(kernel._pyfunc.__name__)
+        assert any(_matches(s, args) for s in sigs[kernel]), (kernel._pyfunc.__name__, args)
+    assert set(names) == {k._pyfunc.__name__ for k in sigs}
+
+
+@pytest.mark.slow
+def test_aot_signatures_compile_for_sm90():
+    from tilegym.kernel_inventory.compile import compile_kernel, toolchain_problem
+
+    if toolchain_problem():
+        pytest.skip(toolchain_problem())
+    for kernel, ss in gd.aot_signatures().items():
+        assert compile_kernel(kernel, ss, "sm_90") is None, kernel._pyfunc.__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: kernels vs the fp32 references
+# ---------------------------------------------------------------------------------------------
+
+GPU_SHAPES = [  # (B, T, Hk, Hv, Dk, Dv)
+    (1, 1, 16, 16, 128, 128),
+    (2, 7, 16, 32, 128, 128),
+    (1, 63, 16, 16, 128, 128),
+    (2, 64, 16, 16, 128, 128),
+    (1, 65, 16, 32, 128, 128),
+    (3, 130, 4, 8, 128, 128),
+    (1, 333, 2, 4, 64, 128),
+    (1, 1000, 16, 16, 128, 128),
+]
+
+
+def _cuda_inputs(shape, gen, dtype, pad):
+    return _inputs(*shape, gen, device="cuda", dtype=dtype, pad=pad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_chunk_kernel_matches_reference(shape, dtype, with_state, gen, poison_empty):
+    bsz, n_tok, hk, hv, dk, dv = shape
+    q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, dtype, pad=min(5, n_tok - 1))
+    s0 = _state(bsz, hv, dk, dv, gen, "cuda") if with_state else None
+    out, final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0)
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    want_out, want_state = gd.recurrent_reference(q, k, v, g, beta, s0)
+    assert out.dtype == dtype and final.dtype == torch.float32
+    assert_close_rel(out, want_out)
+    assert_close_rel(final, want_state, 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 65, 16, 16, 128, 128), (2, 130, 4, 8, 128, 128)])
+def test_chunk_kernel_with_fp32_fma_prep_matches_reference(shape, gen, poison_empty):
+    """The UT transform's other form (fp32 FMAs instead of split tf32) is exact too."""
+    bsz, n_tok, hk, hv, dk, dv = shape
+    q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, torch.bfloat16, pad=3)
+    s0 = _state(bsz, hv, dk, dv, gen, "cuda")
+    out, final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, prep_split=False)
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    want_out, want_state = gd.recurrent_reference(q, k, v, g, beta, s0)
+    assert_close_rel(out, want_out)
+    assert_close_rel(final, want_state, 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "shape", [(1, 1, 16, 16, 128, 128), (4, 1, 16, 32, 128, 128), (2, 3, 2, 4, 64, 64)]
+)
+def test_recurrent_kernel_matches_reference(shape, dtype, gen, poison_empty):
+    bsz, n_tok, hk, hv, dk, dv = shape
+    q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, dtype, pad=0)
+    s0 = _state(bsz, hv, dk, dv, gen, "cuda")
+    state = s0.clone()
+    out = gd.gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state)
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    want_out, want_state = gd.recurrent_reference(q, k, v, g, beta, s0)
+    assert_close_rel(out, want_out)
+    assert_close_rel(state, want_state, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_prefill", [1, 63, 64, 65, 130])
+def test_prefill_then_decode_carries_the_state(n_prefill, gen, poison_empty):
+    """Prefill (chunked kernel) then 6 decode steps (recurrent kernel, state in place) equal the
+    recurrent reference over the whole sequence, left padding included."""
+    shape = (2, n_prefill + 6, 16, 32, 128, 128)
+    q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, torch.bfloat16, pad=min(4, n_prefill))
+    p = slice(0, n_prefill)
+    out_p, state = gd.gated_delta_chunk(q[:, p], k[:, p], v[:, p], a[:, p], b[:, p], A_log, dt_bias)
+    outs = [out_p]
+    for t in range(n_prefill, n_prefill + 6):
+        d = slice(t, t + 1)
+        step = (x[:, d] for x in (q, k, v, a, b))
+        outs.append(gd.gated_delta_recurrent(*step, A_log, dt_bias, state))
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    want_out, want_state = gd.recurrent_reference(q, k, v, g, beta)
+    assert_close_rel(torch.cat(outs, dim=1), want_out)
+    assert_close_rel(state, want_state, 2e-3)
+
+
+@pytest.mark.gpu
+def test_recurrent_kernel_in_a_cuda_graph(gen):
+    """The decode kernel replays from a captured graph with the state updated in place."""
+    shape = (2, 1, 16, 16, 128, 128)
+    q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, torch.bfloat16, pad=0)
+    state = _state(2, 16, 128, 128, gen, "cuda")
+    s0 = state.clone()
+    gd.gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state.clone())  # compile outside
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gd.gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state)
+    state.copy_(s0)
+    graph.replay()
+    graph.replay()
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    twice = (torch.cat([x, x], dim=1) for x in (q, k, v, g, beta))
+    want_out, want_state = gd.recurrent_reference(*twice, s0)
+    assert_close_rel(out, want_out[:, 1:])
+    assert_close_rel(state, want_state, 1e-5)
+
+
+@pytest.mark.gpu
+def test_zero_output_fails_against_real_reference(gen):
+    q, k, v, a, b, A_log, dt_bias = _cuda_inputs((1, 70, 2, 2, 128, 128), gen, torch.bfloat16, 0)
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    want, _ = gd.recurrent_reference(q, k, v, g, beta)
+    with pytest.raises(AssertionError):
+        assert_close_rel(torch.zeros_like(want).bfloat16(), want)
