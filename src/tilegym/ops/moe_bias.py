@@ -170,30 +170,57 @@ def moe_experts_bias(
     cfg = config or _moe.choose_config(n, n_experts)
     flat = ids.reshape(-1)
     flat = flat if flat.dtype == torch.int32 and flat.is_contiguous() else flat.int().contiguous()
-    s = stream(hidden.device)
     x = _moe._rows(hidden)
+    consts = dict(alpha=alpha, limit=limit, act=act)
     if cfg.dispatch == "direct":
-        sorted_, pos, bexp, xs, direct_k = None, None, flat, x, top_k
         act_rows, y = _moe._workspace(n * cfg.bm, inter, h, hidden)
-    else:
-        sorted_, pos, bexp = _moe.moe_dispatch(flat, n_experts, cfg.bm, cfg.dispatch)
-        act_rows, y = _moe._workspace(sorted_.numel(), inter, h, hidden)
-        xs, direct_k = hidden.new_empty((sorted_.numel(), h)), 0
-        th = _moe.gather_tile(h)
-        args = (x, sorted_, bexp, xs, top_k, n_experts, cfg.bm, th)
-        grid = (bexp.numel(), math.ceil(h / th), 1)
-        ct.launch(s, grid, _moe.tilegym_moe_gather_rows_kernel, args)
+        launch_gate_up_bias(x, flat, gate_up, gate_up_bias, act_rows, cfg, top_k, **consts)
+        grouped_down_bias(act_rows, flat, down, down_bias, cfg, y)
+        return _moe.combine(y, flat.view(t, top_k), weights, residual, out, n_experts, cfg.bm)
+    sorted_, pos, bexp = _moe.moe_dispatch(flat, n_experts, cfg.bm, cfg.dispatch)
+    act_rows, y = _moe._workspace(sorted_.numel(), inter, h, hidden)
+    grouped_gate_up_bias(x, sorted_, bexp, gate_up, gate_up_bias, top_k, cfg, act_rows, **consts)
+    grouped_down_bias(act_rows, bexp, down, down_bias, cfg, y)
+    return _moe.combine(y, pos.view(t, top_k), weights, residual, out)
+
+
+def grouped_gate_up_bias(
+    hidden, sorted_, bexp, gate_up, gate_up_bias, top_k, cfg, act_rows, *, alpha, limit, act
+) -> torch.Tensor:
+    """Stage 1 on a dispatch's padded rows: the rows' hidden states gathered in block order
+    (``tilegym.ops.moe``'s gather kernel), then the biased gate/up GEMM with ``act``."""
+    h = hidden.shape[1]
+    xs = hidden.new_empty((sorted_.numel(), h))
+    th = _moe.gather_tile(h)
+    args = (hidden, sorted_, bexp, xs, top_k, gate_up.shape[0], cfg.bm, th)
+    grid = (bexp.numel(), math.ceil(h / th), 1)
+    ct.launch(stream(hidden.device), grid, _moe.tilegym_moe_gather_rows_kernel, args)
+    consts = dict(alpha=alpha, limit=limit, act=act)
+    return launch_gate_up_bias(xs, bexp, gate_up, gate_up_bias, act_rows, cfg, 0, **consts)
+
+
+def launch_gate_up_bias(
+    xs, bexp, gate_up, gate_up_bias, act_rows, cfg, direct_k, *, alpha, limit, act
+) -> torch.Tensor:
+    """``act_rows[r] = act(gate_up[e] @ xs[r] + gate_up_bias[e])`` per block row; with
+    ``direct_k`` > 0 (the ``direct`` dispatch) ``xs`` is the hidden states and ``bexp`` the
+    router's flat ids."""
+    inter = gate_up.shape[1] // 2
     gb = (gate_up_bias[:, :inter], gate_up_bias[:, inter:])
     args = (xs, bexp, gate_up[:, :inter], gate_up[:, inter:], *gb, act_rows)
     consts = (float(alpha), float(limit), cfg.bm, cfg.bn_up, cfg.tk, cfg.swap, direct_k, act)
     grid = (bexp.numel(), math.ceil(inter / cfg.bn_up), 1)
-    ct.launch(s, grid, _moe._hinted(tilegym_moe_gate_up_bias_kernel, cfg), (*args, *consts))
+    kernel = _moe._hinted(tilegym_moe_gate_up_bias_kernel, cfg)
+    ct.launch(stream(act_rows.device), grid, kernel, (*args, *consts))
+    return act_rows
+
+
+def grouped_down_bias(act_rows, bexp, down, down_bias, cfg, y) -> torch.Tensor:
+    """Stage 2: ``y[r] = down[e] @ act_rows[r] + down_bias[e]`` for each block row."""
     args = (act_rows, bexp, down, down_bias, y, cfg.bm, cfg.bn_down, cfg.tk, cfg.swap)
-    grid = (bexp.numel(), math.ceil(h / cfg.bn_down), 1)
-    ct.launch(s, grid, _moe._hinted(tilegym_moe_down_bias_kernel, cfg), args)
-    if cfg.dispatch == "direct":
-        return _moe.combine(y, flat.view(t, top_k), weights, residual, out, n_experts, cfg.bm)
-    return _moe.combine(y, pos.view(t, top_k), weights, residual, out)
+    grid = (bexp.numel(), math.ceil(down.shape[1] / cfg.bn_down), 1)
+    ct.launch(stream(y.device), grid, _moe._hinted(tilegym_moe_down_bias_kernel, cfg), args)
+    return y
 
 
 def moe_experts_bias_reference(
