@@ -119,3 +119,26 @@ def test_undo_restores_upstream_forwards_and_frees_the_expert_copies():
 def test_the_patched_model_compiles_with_a_static_cache():
     base, patched, _ = _pair()
     assert_compiles_like_upstream(base, patched)
+
+
+def test_a_model_with_a_foreign_mlp_is_refused_and_left_unpatched():
+    """transformers' MXFP4 kernels swap GptOssMLP for their own module, which the patched layer
+    forward (it passes the residual) cannot call: the patch refuses and undoes itself."""
+
+    class ForeignMLP(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, hidden_states):
+            return self.inner(hidden_states)
+
+    base, patched, handle = _pair()
+    handle.undo()
+    patched.model.layers[1].mlp = ForeignMLP(patched.model.layers[1].mlp)
+    with pytest.raises(TypeError, match="ForeignMLP in GptOssDecoderLayer"):
+        mp.apply_tilegym_kernel(patched)
+    assert "forward" not in vars(patched.model.layers[0])
+    ids, mask = left_padded_batch((0, 4, 9), seed=1)
+    with torch.no_grad():
+        patched(input_ids=ids, attention_mask=mask)  # upstream forwards still run

@@ -9,6 +9,7 @@ module's toolchain problem never hides another's kernels:
 - ``gelu_and_mul``: GeGLU (tanh GELU) activation, likewise (Gemma 3)
 - ``embedding``: token embedding lookup
 - ``gemm``, ``attention``, ``kv_cache``: GEMM and attention kernels (their own modules)
+- ``attention_sinks``, ``moe_bias``: attention with sinks and biased, clamped experts (gpt-oss)
 - ``testing``: relative-error parity checks used by the GPU tests
 
 Every kernel module defines ``aot_signatures()`` for the AOT compile gate.

@@ -332,6 +332,7 @@ def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc
                 if routes.linear and desc.residual_multiplier and _scaled_here(module, part):
                     fused.scaled(module, _SCALED[part], module.config.residual_multiplier)
                 break
+    _check_mlps(model, classes, forwards, desc)
     if routes.rope:  # the decode step's RoPE tables, computed without a host read
         for module in model.modules():
             forward = longrope.branch_free_forward(module)
@@ -344,6 +345,23 @@ def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc
             return gemm.linear(x, self.weight, self.bias)
 
         patcher.instance(head, lm_head_forward)
+
+
+def _check_mlps(model, classes, forwards, desc) -> None:
+    """Refuse a model whose pre-norm layers were patched but one of whose MLPs was not: the
+    patched layer forward hands its MLP the residual, which an upstream forward does not take
+    (gpt-oss loaded with transformers' MXFP4 kernels swaps GptOssMLP for Mxfp4GptOssMLP)."""
+    if "DecoderLayer" not in forwards or desc.post_norm or desc.sandwich_norm:
+        return
+    for module in model.modules():
+        if isinstance(module, classes["DecoderLayer"]):
+            mlp = getattr(module, "mlp", None)
+            if mlp is not None and not getattr(getattr(mlp, "forward", None), _MARK, False):
+                raise TypeError(
+                    f"{type(mlp).__name__} in {type(module).__name__} has no tilegym forward "
+                    "(not the family's MLP or sparse block class); the patched layer cannot "
+                    "call it"
+                )
 
 
 def _apply_attention(wanted: bool, model, handle: PatchHandle, upstream_module: str) -> None:
