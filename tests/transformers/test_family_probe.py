@@ -47,6 +47,8 @@ FEATURES = {
     "olmo3": dict(num_hidden_layers=4, sliding_window=4),
     "olmoe": dict(hidden_size=256, num_experts=8, num_experts_per_tok=2, clip_qkv=0.5),
     "mixtral": dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=4),
+    # gpt-oss: a sliding layer then a full one, sinks, biased router and clamped experts
+    "gpt_oss": dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=4),
 }
 
 
@@ -216,3 +218,20 @@ def test_a_shared_expert_is_refused_by_name():
         match="MoE block parts the MoE forward does not run: shared_expert, shared_expert_gate",
     ):
         describe_structure(model)
+
+
+def test_gpt_oss_is_read_off_its_modules_and_a_missing_sink_is_caught():
+    """gpt-oss: the router attribute, the clamped experts' layout, the sinks and the half-width
+    rotary tables come from the modules; a description without the sinks is refused."""
+    model = _tiny("gpt_oss", **FEATURES["gpt_oss"])
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 2.0)
+    probe = describe_structure(model)
+    family = probe.family
+    assert (family.moe_block, family.moe_router, family.moe_experts) == ("MLP", "router", "clamped")
+    assert family.sinks and family.rope_half_table and family.moe_renormalize is True
+    assert any("attention sinks" in note for note in probe.notes)
+    wrong = dataclasses.replace(family, sinks=False)
+    with pytest.raises(FamilyRefused, match="does not reproduce GptOss"):
+        verify(model, wrong, _apply(wrong))

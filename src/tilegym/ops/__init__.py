@@ -12,6 +12,7 @@ module's toolchain problem never hides another's kernels:
 - ``gated_delta``, ``causal_conv1d``, ``rms_norm_gated``: Qwen3.5's linear attention (gated
   delta rule: chunked prefill and recurrent decode; the short conv with its cache state; the
   gated RMSNorm)
+- ``attention_sinks``, ``moe_bias``: attention with sinks and biased, clamped experts (gpt-oss)
 - ``testing``: relative-error parity checks used by the GPU tests
 
 Every kernel module defines ``aot_signatures()`` for the AOT compile gate.

@@ -20,12 +20,14 @@ import torch
 from torch import Tensor
 
 from tilegym.ops import attention as _attention
+from tilegym.ops import attention_sinks as _sinks
 from tilegym.ops import causal_conv1d as _conv
 from tilegym.ops import gated_delta as _gdn
 from tilegym.ops import gelu_and_mul as _gelu
 from tilegym.ops import gemm as _gemm
 from tilegym.ops import kv_cache as _kv_cache
 from tilegym.ops import moe as _moe
+from tilegym.ops import moe_bias as _moe_bias
 from tilegym.ops import rms_norm as _rms_norm
 from tilegym.ops import rms_norm_gated as _rms_norm_gated
 from tilegym.ops import rope as _rope
@@ -785,3 +787,224 @@ def rms_norm_gated(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
     if _use_op(x):
         return rms_norm_gated_op(x, z, weight, float(eps))
     return _rms_norm_gated.rms_norm_gated(x, z, weight, eps)
+
+
+# ---------------------------------------------------------------------------------------------
+# gpt-oss: attention with sinks, experts with biases and the clamped activation (custom ops and
+# what the glue calls, in one block)
+# ---------------------------------------------------------------------------------------------
+
+
+@_op("prefill_attention_sinks")
+def prefill_attention_sinks_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    sinks: Tensor,
+    scale: float,
+    causal: bool,
+    q_start: int,
+    window: int | None,
+    key_valid: Tensor | None,
+) -> Tensor:
+    with private_buffers():
+        return _sinks.prefill_attention_sinks(
+            q,
+            k,
+            v,
+            sinks,
+            scale=scale,
+            causal=causal,
+            q_start=q_start,
+            window=window,
+            key_valid=key_valid,
+        )
+
+
+@prefill_attention_sinks_op.register_kernel("cpu")
+def _(q, k, v, sinks, scale, causal, q_start, window, key_valid):
+    b, _, sq, _ = q.shape
+    mask = _attention.reference_mask(
+        b, sq, k.shape[2], causal=causal, q_start=q_start, window=window, key_valid=key_valid
+    )
+    return _sinks.reference_attention_sinks(q, k, v, mask, sinks, scale).to(q.dtype).contiguous()
+
+
+@prefill_attention_sinks_op.register_fake
+def _(q, k, v, sinks, scale, causal, q_start, window, key_valid):
+    b, hq, sq, d = q.shape
+    return q.new_empty((b, sq, hq, d))
+
+
+@_op("decode_attention_sinks")
+def decode_attention_sinks_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    sinks: Tensor,
+    scale: float,
+    kv_end: int,
+    position: Tensor | None,
+    window: int | None,
+    key_valid: Tensor | None,
+) -> Tensor:
+    with private_buffers():
+        span = {"position": position} if position is not None else {"kv_end": kv_end}
+        return _sinks.decode_attention_sinks(
+            q, k, v, sinks, scale=scale, window=window, key_valid=key_valid, **span
+        )
+
+
+@decode_attention_sinks_op.register_kernel("cpu")
+def _(q, k, v, sinks, scale, kv_end, position, window, key_valid):
+    last = min(int(position[0]), k.shape[2] - 1) if position is not None else kv_end - 1
+    mask = _attention.reference_mask(
+        q.shape[0], 1, k.shape[2], q_start=last, window=window, key_valid=key_valid
+    )
+    return _sinks.reference_attention_sinks(q, k, v, mask, sinks, scale).to(q.dtype).contiguous()
+
+
+@decode_attention_sinks_op.register_fake
+def _(q, k, v, sinks, scale, kv_end, position, window, key_valid):
+    b, hq, _, d = q.shape
+    return q.new_empty((b, 1, hq, d))
+
+
+@_op("moe_experts_bias")
+def moe_experts_bias_op(
+    hidden: Tensor,
+    ids: Tensor,
+    weights: Tensor,
+    gate_up: Tensor,
+    gate_up_bias: Tensor,
+    down: Tensor,
+    down_bias: Tensor,
+    residual: Tensor | None,
+    alpha: float,
+    limit: float,
+    act: int,
+) -> Tensor:
+    with private_buffers():
+        return _moe_bias.moe_experts_bias(
+            hidden,
+            ids,
+            weights,
+            gate_up,
+            gate_up_bias,
+            down,
+            down_bias,
+            residual,
+            alpha=alpha,
+            limit=limit,
+            act=act,
+        )
+
+
+@moe_experts_bias_op.register_kernel("cpu")
+def _(hidden, ids, weights, gate_up, gate_up_bias, down, down_bias, residual, alpha, limit, act):
+    out = _moe_bias.moe_experts_bias_reference(
+        hidden,
+        ids,
+        weights,
+        gate_up,
+        gate_up_bias,
+        down,
+        down_bias,
+        residual,
+        alpha=alpha,
+        limit=limit,
+        act=act,
+    )
+    return out.to(hidden.dtype)
+
+
+@moe_experts_bias_op.register_fake
+def _(hidden, ids, weights, gate_up, gate_up_bias, down, down_bias, residual, alpha, limit, act):
+    return hidden.new_empty(hidden.shape)
+
+
+def prefill_attention_sinks(
+    q, k, v, sinks, *, scale=None, causal=True, q_start=0, window=None, key_valid=None
+):
+    """``prefill_attention`` with per-head sinks ``[Hq]`` in the softmax (gpt-oss)."""
+    if _use_op(q):
+        return prefill_attention_sinks_op(
+            q, k, v, sinks, _scale(q, scale), bool(causal), int(q_start), window, key_valid
+        )
+    return _sinks.prefill_attention_sinks(
+        q,
+        k,
+        v,
+        sinks,
+        scale=scale,
+        causal=causal,
+        q_start=q_start,
+        window=window,
+        key_valid=key_valid,
+    )
+
+
+def decode_attention_sinks(
+    q, k, v, sinks, *, scale=None, kv_end=None, position=None, window=None, key_valid=None
+):
+    """``decode_attention`` with per-head sinks ``[Hq]`` in the softmax (gpt-oss)."""
+    if _use_op(q):
+        end = k.shape[2] if kv_end is None else int(kv_end)
+        return decode_attention_sinks_op(
+            q, k, v, sinks, _scale(q, scale), end, position, window, key_valid
+        )
+    return _sinks.decode_attention_sinks(
+        q,
+        k,
+        v,
+        sinks,
+        scale=scale,
+        kv_end=kv_end,
+        position=position,
+        window=window,
+        key_valid=key_valid,
+    )
+
+
+def moe_experts_bias(
+    hidden,
+    ids,
+    weights,
+    gate_up,
+    gate_up_bias,
+    down,
+    down_bias,
+    residual=None,
+    *,
+    alpha: float,
+    limit: float,
+    act: int = _moe_bias.ACT_CLAMPED,
+) -> Tensor:
+    """Biased experts gated by ``act`` (``tilegym.ops.moe_bias``), summed with the residual."""
+    if _use_op(hidden):
+        return moe_experts_bias_op(
+            hidden,
+            ids,
+            weights,
+            gate_up,
+            gate_up_bias,
+            down,
+            down_bias,
+            residual,
+            float(alpha),
+            float(limit),
+            int(act),
+        )
+    return _moe_bias.moe_experts_bias(
+        hidden,
+        ids,
+        weights,
+        gate_up,
+        gate_up_bias,
+        down,
+        down_bias,
+        residual,
+        alpha=alpha,
+        limit=limit,
+        act=act,
+    )

@@ -12,7 +12,8 @@ per-key padding validity). Supported envelope, anything else raises ``TilegymAtt
 - causal decoder self-attention (``is_causal``), bf16/fp16, GQA, head_dim 64, 96, 128 or 256
   (the model patch serves ``SUPPORTED_HEAD_DIMS``);
 - 2D padding masks (any pattern of valid keys, e.g. left padding), sliding window;
-- no dropout, softcap, attention sinks, position bias or custom 4D / or/and mask functions.
+- attention sinks (gpt-oss's ``s_aux``: a per-head logit in every softmax row, then dropped);
+- no dropout, softcap, position bias or custom 4D / or/and mask functions.
 
 KV cache: the model works with transformers' default ``DynamicCache``. ``make_cache(model,
 batch_size, max_length)`` returns a ``TileKVCache`` whose layers preallocate
@@ -46,7 +47,12 @@ from transformers.masking_utils import (
 
 from tilegym.ops.attention import SUPPORTED_HEAD_DIMS, aligned_key_valid
 from tilegym.ops.kv_cache import KVBuffer
-from tilegym.ops.library import decode_attention, prefill_attention
+from tilegym.ops.library import (
+    decode_attention,
+    decode_attention_sinks,
+    prefill_attention,
+    prefill_attention_sinks,
+)
 
 NAME = "tilegym"
 
@@ -282,7 +288,7 @@ def compileable_decode_mask(mask: TileMask, kv_offset: int, device) -> TileMask:
 # Attention function
 # ---------------------------------------------------------------------------------------------
 
-_UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias")
+_UNSUPPORTED_KWARGS = ("softcap", "sinks", "position_bias")
 
 
 def _describe_mask(
@@ -317,7 +323,8 @@ def tilegym_attention_forward(
     is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention function: returns ``([B, Sq, Hq, D], None)`` like sdpa."""
+    """transformers attention function: returns ``([B, Sq, Hq, D], None)`` like sdpa; per-head
+    sinks come as ``s_aux`` (``[Hq]``, gpt-oss) and run on the sink kernels."""
     if dropout:
         raise TilegymAttentionError(f"tilegym attention has no dropout (got p={dropout})")
     for name in _UNSUPPORTED_KWARGS:
@@ -327,6 +334,11 @@ def tilegym_attention_forward(
     if groups is not None and query.shape[1] != key.shape[1] * groups:
         raise TilegymAttentionError(
             f"{query.shape[1]} query heads != {key.shape[1]} kv heads x {groups} groups"
+        )
+    sinks = kwargs.get("s_aux")
+    if sinks is not None and tuple(sinks.shape) != (query.shape[1],):
+        raise TilegymAttentionError(
+            f"attention sinks of shape {tuple(sinks.shape)} for {query.shape[1]} query heads"
         )
     q_len, kv_len = query.shape[2], key.shape[2]
     mask = _describe_mask(module, attention_mask, q_len, kv_len, is_causal)
@@ -341,20 +353,23 @@ def tilegym_attention_forward(
             span = {"position": position}
         else:
             span = {"kv_end": min(kv_len, mask.q_start + 1) if mask.causal else kv_len}
-        out = decode_attention(
-            query, key, value, scale=scaling, window=mask.window, key_valid=mask.key_valid, **span
-        )
+        common = dict(scale=scaling, window=mask.window, key_valid=mask.key_valid, **span)
+        if sinks is not None:
+            out = decode_attention_sinks(query, key, value, sinks, **common)
+        else:
+            out = decode_attention(query, key, value, **common)
     else:
-        out = prefill_attention(
-            query,
-            key,
-            value,
+        common = dict(
             scale=scaling,
             causal=mask.causal,
             q_start=mask.q_start,
             window=mask.window,
             key_valid=mask.key_valid,
         )
+        if sinks is not None:
+            out = prefill_attention_sinks(query, key, value, sinks, **common)
+        else:
+            out = prefill_attention(query, key, value, **common)
     return out, None
 
 

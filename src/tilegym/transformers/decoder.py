@@ -136,7 +136,9 @@ def make_attention_forward(
     with ``family.clip_qkv`` q, k and v are clamped to +-``config.clip_qkv`` after the q/k norms
     (OLMoE; a PyTorch clamp, skipped while the config leaves it unset);
     a residual multiplier (Granite) is folded into the o_proj weight the residual GEMM reads.
-    The softmax scale is the module's ``scaling`` (Granite: ``config.attention_multiplier``)."""
+    The softmax scale is the module's ``scaling`` (Granite: ``config.attention_multiplier``).
+    With ``family.sinks`` the module's sinks go to the attention function as ``s_aux``; with
+    ``family.rope_half_table`` the RoPE kernels get the half-width tables repeated (gpt-oss)."""
     names = family.qkv
     torch_rope = upstream_rope(family)
 
@@ -169,6 +171,8 @@ def make_attention_forward(
             q, k, v = (getattr(self, n)(hidden_states) for n in names)
             q, k, v = q.view(bsz, seq, hq, d), k.view(bsz, seq, hk, d), v.view(bsz, seq, hk, d)
         cos, sin = position_embeddings
+        if family.rope_half_table and routes.rope:  # the kernels take head_dim-wide tables
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
         per_head = family.qk_norm and not family.qk_norm_whole
         rope = family.rope_switch is None or bool(getattr(self, family.rope_switch))
         clip = getattr(self.config, "clip_qkv", None) if family.clip_qkv else None
@@ -201,6 +205,8 @@ def make_attention_forward(
             extra["sliding_window"] = getattr(self.config, "sliding_window", None)
         elif hasattr(self, "sliding_window"):
             extra["sliding_window"] = self.sliding_window
+        if family.sinks:  # as upstream passes them (gpt-oss's eager function reads the module's)
+            extra["s_aux"] = self.sinks
         attn_output, attn_weights = attention_interface(
             self,
             q,

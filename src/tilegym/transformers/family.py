@@ -4,7 +4,7 @@ A family (Llama, Qwen3, Mistral, Qwen2, Phi-3, OLMo 2, OLMo 3, Gemma 3, Qwen3-Mo
 Mixtral, Granite, SmolLM3) is a ``Family``: where its upstream classes live and how it differs
 from Llama (q/k norms, packed projections, the activation's name, where its norms sit and their
 form, scaled residual branches, layers without RoPE, clipped q/k/v, a sparse MoE block and how
-its router weighs the experts). Each family's
+its router weighs the experts, attention sinks, biased and clamped experts). Each family's
 ``<key>/modeling_<key>.py`` holds its ``FAMILY``; ``decoder.py`` reads it. This module is shared
 by every family, so no experiment may change it (``tilegym-hooks scope``).
 """
@@ -56,15 +56,26 @@ class Family:
     moe_block: str | None = None  # class suffix of the sparse MLP block (Qwen3-MoE, OLMoE,
     # Mixtral: "SparseMoeBlock"), patched by tilegym.transformers.moe_block; None: every MLP is
     # dense. A family whose every layer is sparse may have no dense <prefix>MLP class (Mixtral)
+    # or name it as its sparse block ("MLP": gpt-oss's GptOssMLP), which is then not dense
     moe_renormalize: bool | None = None  # the top-k routing weights are divided by their sum:
     # None reads the router's norm_topk_prob (Qwen3-MoE, OLMoE); True always (Mixtral's router
-    # has no switch); False never
+    # has no switch; gpt-oss's softmax over the top-k logits is the same); False never
     residual_multiplier: bool = False  # each sub-block's output is scaled by the config's
     # residual_multiplier before its residual add, residual + out * m (Granite); pre-norm only
     rope_switch: str | None = None  # the attention's attribute that is false on layers without
     # RoPE (NoPE), which skip the rotation (SmolLM3: "use_rope", from config.no_rope_layers)
     clip_qkv: bool = False  # q, k and v are clamped to +-config.clip_qkv (when set) after the
     # q/k norms, before RoPE (OLMoE)
+    moe_router: str = "gate"  # the MoE block's router attribute (gpt-oss: "router"); its linear
+    # carries the bias it has (gpt-oss's router has one)
+    moe_experts: str = "silu"  # the experts' form: "silu" (unbiased SwiGLU, [gate; up] rows
+    # [E, 2I, H]) or "clamped" (gpt-oss: biased GEMMs, gate/up interleaved in a transposed
+    # [E, H, 2I] weight, gate <= limit, |up| <= limit, gate * sigmoid(alpha * gate) * (up + 1)
+    # with the experts' alpha and limit)
+    sinks: bool = False  # the attention's per-head ``sinks`` logits join each softmax row and are
+    # dropped (gpt-oss); handed to the attention function as ``s_aux``, as upstream does
+    rope_half_table: bool = False  # the rotary tables hold head_dim / 2 columns and q/k rotate
+    # by halves (gpt-oss); the RoPE kernels get them repeated to head_dim (the same rotation)
     forwards: Mapping[str, Callable] = field(default_factory=dict, compare=False)
     # the family's own forward builders by upstream class suffix ("RMSNorm", "MLP",
     # "Attention", "DecoderLayer", "MoeBlock"), each with the shared builder's signature: how an

@@ -47,8 +47,10 @@ OUTSIDE_SCALES = ("embedding_multiplier", "logits_scaling")
 PRE_NORM_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 POST_NORM_PARTS = {"self_attn", "mlp", "post_attention_layernorm", "post_feedforward_layernorm"}
 SANDWICH_PARTS = PRE_NORM_PARTS | POST_NORM_PARTS | {"pre_feedforward_layernorm"}
-#: children of a sparse MoE block the MoE forward runs (``tilegym.transformers.moe_block``)
-MOE_BLOCK_PARTS = {"gate", "experts"}
+#: children of a sparse MoE block the MoE forward runs (``tilegym.transformers.moe_block``):
+#: the router (``gate``; gpt-oss: ``router``, ``Family.moe_router``) and the experts
+MOE_ROUTERS = ("gate", "router")
+MOE_BLOCK_PARTS = {"experts"}
 #: the packed expert layout the MoE ops take (attributes transformers' experts classes carry)
 MOE_EXPERTS_LAYOUT = {
     "has_gate": True,
@@ -57,6 +59,11 @@ MOE_EXPERTS_LAYOUT = {
     "is_concatenated": True,
     "has_post_expert_norm": False,
 }
+#: gpt-oss's expert layout (``Family.moe_experts`` "clamped"): biased, the gate and up
+#: interleaved in one transposed [E, H, 2I] weight, with the clamp's ``alpha`` and ``limit``
+MOE_CLAMPED_LAYOUT = dict(MOE_EXPERTS_LAYOUT, has_bias=True, is_transposed=True)
+MOE_CLAMPED_LAYOUT["is_concatenated"] = False
+MOE_CLAMPED_ATTRS = ("alpha", "limit", "gate_up_proj_bias", "down_proj_bias")
 #: largest |logit difference| (fp32, CPU) between the patched and upstream tiny models
 LOGIT_TOLERANCE = 1e-4
 
@@ -159,11 +166,18 @@ def describe_structure(model) -> Probe:
         )
     attn, mlp = layer.self_attn, layer.mlp
     notes = []
-    moe_block, renormalize = None, None
+    moe_block, renormalize, router, experts_form = None, None, "gate", "silu"
     sparse = next((la.mlp for la in _layers(model) if hasattr(la.mlp, "experts")), None)
     if sparse is not None:  # a sparse block; its dense twin names the MLP projections
-        moe_block, mlp, renormalize = _moe_block(model, sparse, prefix, upstream, problems)
-        notes.append("sparse MoE MLP blocks (softmax top-k router, packed SwiGLU experts)")
+        moe_block, mlp, renormalize, router, experts_form = _moe_block(
+            model, sparse, prefix, upstream, problems
+        )
+        notes.append(
+            "sparse MoE MLP blocks (softmax top-k router, packed SwiGLU experts)"
+            if experts_form == "silu"
+            else "sparse MoE MLP blocks (biased top-k router; biased experts, gate and up "
+            "interleaved, clamped and gated as gpt-oss's)"
+        )
         if renormalize is not None:
             notes.append(
                 "top-k routing weights always renormalized (no norm_topk_prob switch)"
@@ -214,6 +228,12 @@ def describe_structure(model) -> Probe:
     rope_switch = next((a for a in ROPE_SWITCHES if hasattr(attn, a)), None)
     if rope_switch:
         notes.append(f"layers without RoPE where the attention's {rope_switch} is 0 (NoPE)")
+    sinks = isinstance(getattr(attn, "sinks", None), torch.Tensor)
+    if sinks:
+        notes.append("attention sinks: a learned per-head logit in every softmax row")
+    half_table = rope_half_table(model, attn)
+    if half_table:
+        notes.append("half-width rotary tables, q/k rotated by halves (repeated for the kernels)")
     gated_act = GATED_ACTS.get(config_activation(model.config))  # None: a problem above
     if gated_act == "gelu_tanh":
         notes.append("GeGLU MLP (tanh GELU)")
@@ -242,8 +262,28 @@ def describe_structure(model) -> Probe:
         rope_switch=rope_switch,
         moe_renormalize=renormalize,
         clip_qkv=clip_qkv,
+        moe_router=router,
+        moe_experts=experts_form,
+        sinks=sinks,
+        rope_half_table=half_table,
     )
     return Probe(family, tuple(notes))
+
+
+def rope_half_table(model, attn) -> bool:
+    """True when the model's rotary module hands out tables half a head wide (gpt-oss: q/k
+    rotate by halves against ``head_dim / 2`` frequencies), read off one call; False when it
+    has none or the call fails (the numeric check judges what this misses)."""
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    head_dim = getattr(attn, "head_dim", None)
+    if rotary is None or not head_dim:
+        return False
+    try:
+        with torch.no_grad():
+            cos, _ = rotary(torch.zeros(1, 2, 1), torch.arange(2).unsqueeze(0))
+    except Exception:  # a rotary module with another signature: not this form
+        return False
+    return cos.shape[-1] * 2 == head_dim
 
 
 def _config_keys(config) -> set[str]:
@@ -267,18 +307,21 @@ def router_renormalizes(router: torch.nn.Module) -> bool | None:
 
 
 def _moe_block(model, block, prefix: str, upstream, problems: list[str]):
-    """(class suffix, a dense MLP of the family, ``Family.moe_renormalize``) for a sparse MoE
-    block; what the MoE forward does not cover is added to ``problems``. The dense MLP is a
+    """(class suffix, a dense MLP of the family, ``Family.moe_renormalize``, the router's
+    attribute, the experts' form) for a sparse MoE block; what the MoE forward does not cover
+    is added to ``problems``. The dense MLP is a
     layer's own (``mlp_only_layers``) or one built on the meta device, so that its projection
     names are read either way; None where every layer is sparse and there is no MLP class."""
     name = type(block).__name__
     suffix = name[len(prefix) :] if name.startswith(prefix) else None
     if suffix is None or getattr(upstream, name, None) is not type(block):
         problems.append(f"MoE block class {name} is not {prefix}<suffix> of {upstream.__name__}")
-    extra = sorted({n for n, _ in block.named_children()} - MOE_BLOCK_PARTS)
+    children = {n for n, _ in block.named_children()}
+    router_name = next((n for n in MOE_ROUTERS if n in children), MOE_ROUTERS[0])
+    extra = sorted(children - MOE_BLOCK_PARTS - {router_name})
     if extra:
         problems.append(f"MoE block parts the MoE forward does not run: {', '.join(extra)}")
-    router, experts = getattr(block, "gate", None), block.experts
+    router, experts = getattr(block, router_name, None), block.experts
     renormalize = None
     if not all(hasattr(router, a) for a in ("weight", "top_k")):
         problems.append("an MoE router without weight and top_k (softmax top-k)")
@@ -287,16 +330,22 @@ def _moe_block(model, block, prefix: str, upstream, problems: list[str]):
     packed = [getattr(experts, n, None) for n in ("gate_up_proj", "down_proj")]
     if not all(isinstance(p, torch.nn.Parameter) and p.dim() == 3 for p in packed):
         problems.append("MoE experts without packed 3-D gate_up_proj and down_proj weights")
-    odd = [
-        f"{k}={getattr(experts, k)!r}"
-        for k, v in MOE_EXPERTS_LAYOUT.items()
-        if getattr(experts, k, v) != v
-    ]
-    if odd:
-        problems.append(f"an MoE experts layout the MoE ops do not take: {', '.join(odd)}")
+    form = "silu"
+    clamped = all(getattr(experts, k, v) == v for k, v in MOE_CLAMPED_LAYOUT.items())
+    if clamped and all(hasattr(experts, a) for a in MOE_CLAMPED_ATTRS):
+        form = "clamped"
+    else:
+        odd = [
+            f"{k}={getattr(experts, k)!r}"
+            for k, v in MOE_EXPERTS_LAYOUT.items()
+            if getattr(experts, k, v) != v
+        ]
+        if odd:
+            problems.append(f"an MoE experts layout the MoE ops do not take: {', '.join(odd)}")
     dense = next((la.mlp for la in _layers(model) if not hasattr(la.mlp, "experts")), None)
-    if dense is None and not hasattr(upstream, prefix + "MLP"):
-        return suffix, None, renormalize  # every MLP sparse, no dense class (Mixtral)
+    if dense is None and (suffix == "MLP" or not hasattr(upstream, prefix + "MLP")):
+        # every MLP sparse, no dense class (Mixtral) or the sparse block is it (gpt-oss)
+        return suffix, None, renormalize, router_name, form
     if dense is None:
         try:
             with torch.device("meta"):
@@ -304,7 +353,7 @@ def _moe_block(model, block, prefix: str, upstream, problems: list[str]):
         except Exception as exc:  # a constructor taking other arguments: name it, do not crash
             problems.append(f"cannot build {prefix}MLP from the config: {type(exc).__name__}")
             dense = torch.nn.Module()
-    return suffix, dense, renormalize
+    return suffix, dense, renormalize, router_name, form
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Concatenated projection weights (QKV, gate+up) for the fused GEMMs, and projection weights
-with a residual multiplier folded in (Granite), shared by every family."""
+"""Concatenated projection weights (QKV, gate+up) for the fused GEMMs, projection weights
+with a residual multiplier folded in (Granite) and relaid expert weights (gpt-oss), shared by
+every family."""
 
 from __future__ import annotations
 
@@ -60,6 +61,19 @@ class FusedWeights:
         if cached is None:
             cached = weight.detach() * factor
             torch._dynamo.mark_static_address(cached)
+            setattr(module, attr, cached)
+            self._owners.append((weakref.ref(module), attr))
+        return cached
+
+    def derived(self, module: torch.nn.Module, name: str, build) -> tuple[torch.Tensor, ...]:
+        """Tensors ``build()`` derives from ``module``'s weights (e.g. gpt-oss's experts in the
+        MoE kernels' row layout), built once, kept as ``_tilegym_<name>`` and freed on undo."""
+        attr = f"_tilegym_{name}"
+        cached = getattr(module, attr, None)
+        if cached is None:
+            cached = tuple(build())
+            for t in cached:
+                torch._dynamo.mark_static_address(t)
             setattr(module, attr, cached)
             self._owners.append((weakref.ref(module), attr))
         return cached

@@ -1,5 +1,5 @@
 """The cuTile forward of a sparse mixture-of-experts MLP block (the ``SparseMoeBlock`` of
-Qwen3-MoE, OLMoE and Mixtral).
+Qwen3-MoE, OLMoE and Mixtral, gpt-oss's ``GptOssMLP``).
 
 A family with such a block names its class suffix in ``Family.moe_block``. The block holds a
 router ``gate`` (``weight`` ``[E, H]``, ``top_k``; whether the top-k weights are renormalized
@@ -21,6 +21,12 @@ them; Mixtral's router keeps them in fp32, so in bf16 the cuTile route rounds th
 than upstream does (the same values in fp32). Mixtral's training-time router jitter is not
 applied (``router_jitter_noise`` acts only in training mode; generation never trains).
 
+gpt-oss (``Family.moe_router`` "router", ``Family.moe_experts`` "clamped"): the router's linear
+has a bias, and its softmax over the top-k logits is the renormalized top-k of the softmax
+(``moe_route`` with renormalization). Its experts have biased GEMMs and the clamped activation
+(``moe_experts_bias``) on their weights relaid once into the row layout (``prepare``, kept by
+the patch's ``FusedWeights``: one more copy of the expert weights while patched).
+
 Under ``linear`` the router module itself is not called, so its outputs are not recorded for
 ``output_router_logits`` (the training-time load-balancing loss); generation never asks for them.
 """
@@ -31,15 +37,51 @@ from collections.abc import Callable
 
 import torch
 
-from tilegym.ops.library import moe_experts, moe_route
+from tilegym.ops.library import moe_experts, moe_experts_bias, moe_route
+from tilegym.ops.moe_bias import ACT_CLAMPED, expert_rows
+from tilegym.transformers.fused_weights import FusedWeights
+
+EXPERT_FORMS = ("silu", "clamped")
 
 
-def make_moe_block_forward(routes, gemm, family) -> Callable:
+def _rows(experts: torch.nn.Module, fused) -> tuple[torch.Tensor, ...]:
+    """gpt-oss's experts in the kernels' row layout, built once per module."""
+
+    def build():
+        return expert_rows(
+            experts.gate_up_proj,
+            experts.gate_up_proj_bias,
+            experts.down_proj,
+            experts.down_proj_bias,
+        )
+
+    return fused.derived(experts, "expert_rows", build)
+
+
+def _fused_experts(routes, family) -> bool:
+    """True when the experts run as one cuTile op (``linear`` and ``swiglu``)."""
+    if family.moe_experts not in EXPERT_FORMS:
+        raise ValueError(f"Family.moe_experts {family.moe_experts!r} not one of {EXPERT_FORMS}")
+    if family.moe_experts == "clamped":
+        return routes.linear and routes.swiglu
+    return routes.linear and routes.swiglu and routes.act == "silu"
+
+
+def prepare(block: torch.nn.Module, routes, fused, family) -> None:
+    """What the block's forward reads, built at patch time (before anything is compiled)."""
+    if family.moe_experts == "clamped" and _fused_experts(routes, family):
+        _rows(block.experts, fused)
+
+
+def make_moe_block_forward(routes, gemm, family, fused=None) -> Callable:
     """``XSparseMoeBlock.forward`` with an optional ``residual`` (``routes``: the layer's
     ``Routes``; ``gemm``: ``tilegym.ops.library`` when ``routes.linear``; ``family``: its
-    ``Family``, whose ``moe_renormalize`` says whether the top-k weights are renormalized)."""
-    # the experts kernels compute SiLU-gated experts (``Routes.act``)
-    fused_experts = routes.linear and routes.swiglu and routes.act == "silu"
+    ``Family``, whose ``moe_renormalize`` says whether the top-k weights are renormalized,
+    ``moe_router`` where the router is and ``moe_experts`` the experts' form; ``fused``: the
+    patch's ``FusedWeights``, which keeps relaid expert weights)."""
+    fused = FusedWeights() if fused is None else fused
+    fused_experts = _fused_experts(routes, family)
+    clamped = family.moe_experts == "clamped"
     renormalize = family.moe_renormalize
 
     def forward(
@@ -48,14 +90,20 @@ def make_moe_block_forward(routes, gemm, family) -> Callable:
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         res = None if residual is None else residual.reshape(-1, shape[-1])
-        router, experts = self.gate, self.experts
+        router, experts = getattr(self, family.moe_router), self.experts
         if routes.linear:
-            logits = gemm.linear(x, router.weight)
+            logits = gemm.linear(x, router.weight, getattr(router, "bias", None))
             norm = router.norm_topk_prob if renormalize is None else renormalize
             weights, ids = moe_route(logits, router.top_k, bool(norm))
         else:
             _, weights, ids = router(x)
-        if fused_experts:
+        if fused_experts and clamped:
+            gu, gub, down, db = _rows(experts, fused)
+            alpha, limit = experts.alpha, experts.limit
+            out = moe_experts_bias(
+                x, ids, weights, gu, gub, down, db, res, alpha=alpha, limit=limit, act=ACT_CLAMPED
+            )
+        elif fused_experts:
             out = moe_experts(x, ids, weights, experts.gate_up_proj, experts.down_proj, res)
         else:
             out = experts(x, ids.to(torch.int64), weights)

@@ -214,8 +214,11 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
     classes = {
         part: getattr(upstream, f"{prefix}{part}")
         for part in ("RMSNorm", "MLP", "Attention", "DecoderLayer")
-        if part != "MLP" or not desc.moe_block or hasattr(upstream, f"{prefix}MLP")
-    }  # a family whose every MLP is sparse may have no dense MLP class (Mixtral)
+        if part != "MLP"
+        or not desc.moe_block
+        or (desc.moe_block != "MLP" and hasattr(upstream, f"{prefix}MLP"))
+    }  # a family whose every MLP is sparse may have no dense MLP class (Mixtral), or call its
+    # sparse block MLP (gpt-oss), patched as the sparse block only
     if desc.moe_block:  # the sparse MLP block, called by the layer forward with the residual
         classes["MoeBlock"] = getattr(upstream, f"{prefix}{desc.moe_block}")
     unknown = sorted(set(desc.forwards) - set(_BUILDERS))
@@ -276,7 +279,7 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         )
         forwards["DecoderLayer"] = builder("DecoderLayer")(routes, desc)
         if desc.moe_block:
-            forwards["MoeBlock"] = builder("MoeBlock")(routes, gemm, desc)
+            forwards["MoeBlock"] = builder("MoeBlock")(routes, gemm, desc, fused)
         forwards = {part: fn for part, fn in forwards.items() if part in classes}
 
     try:
@@ -324,9 +327,12 @@ def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc
                     fused.build(module, desc.qkv)
                 if routes.linear and part == "MLP" and unbiased(module, desc.gate_up):
                     fused.build(module, desc.gate_up)
+                if part == "MoeBlock":  # relaid expert weights, before anything compiles
+                    importlib.import_module(MOE_GLUE).prepare(module, routes, fused, desc)
                 if routes.linear and desc.residual_multiplier and _scaled_here(module, part):
                     fused.scaled(module, _SCALED[part], module.config.residual_multiplier)
                 break
+    _check_mlps(model, classes, forwards, desc)
     if routes.rope:  # the decode step's RoPE tables, computed without a host read
         for module in model.modules():
             forward = longrope.branch_free_forward(module)
@@ -339,6 +345,23 @@ def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc
             return gemm.linear(x, self.weight, self.bias)
 
         patcher.instance(head, lm_head_forward)
+
+
+def _check_mlps(model, classes, forwards, desc) -> None:
+    """Refuse a model whose pre-norm layers were patched but one of whose MLPs was not: the
+    patched layer forward hands its MLP the residual, which an upstream forward does not take
+    (gpt-oss loaded with transformers' MXFP4 kernels swaps GptOssMLP for Mxfp4GptOssMLP)."""
+    if "DecoderLayer" not in forwards or desc.post_norm or desc.sandwich_norm:
+        return
+    for module in model.modules():
+        if isinstance(module, classes["DecoderLayer"]):
+            mlp = getattr(module, "mlp", None)
+            if mlp is not None and not getattr(getattr(mlp, "forward", None), _MARK, False):
+                raise TypeError(
+                    f"{type(mlp).__name__} in {type(module).__name__} has no tilegym forward "
+                    "(not the family's MLP or sparse block class); the patched layer cannot "
+                    "call it"
+                )
 
 
 def _apply_attention(wanted: bool, model, handle: PatchHandle, upstream_module: str) -> None:

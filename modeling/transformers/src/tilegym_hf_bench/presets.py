@@ -77,6 +77,12 @@ PRESETS: dict[str, Preset] = {
     "tiny-mixtral": Preset(
         "tiny-mixtral", "mixtral", "Mixtral-8x7B, 2 small layers", "tiny-mixtral.json", True
     ),
+    # 4 of its 24 layers (two sliding/full periods): the bf16 model, the fp32 reference and the
+    # patch's relaid expert copy fit one H200 (see its _source)
+    "gpt_oss": Preset("gpt_oss", "gpt_oss", "openai/gpt-oss-20b", "gpt_oss.json", False),
+    "tiny-gpt_oss": Preset(
+        "tiny-gpt_oss", "gpt_oss", "gpt-oss-20b, 2 small layers", "tiny-gpt_oss.json", True
+    ),
 }
 
 

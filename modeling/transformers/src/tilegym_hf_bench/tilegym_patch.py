@@ -24,6 +24,7 @@ MODEL_PATCH_KWARGS = {
     "olmo3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "olmoe": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "mixtral": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "gpt_oss": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
 }
 
 

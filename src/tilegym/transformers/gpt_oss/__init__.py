@@ -1,0 +1,1 @@
+"""gpt-oss (openai/gpt-oss-20b architecture): cuTile forwards and inventory."""
