@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tilegym.ops import gated_delta as gd
-from tilegym.ops.testing import assert_close_rel, rel_err
+from tilegym.ops.testing import assert_close_rel, launch_fits, rel_err
 
 qwen3_5 = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
 
@@ -127,25 +127,6 @@ def launches(monkeypatch):
     return seen
 
 
-def _matches(sig, args) -> bool:
-    from cuda.tile.compilation import ArrayConstraint, ScalarConstraint
-
-    dtypes = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32}
-    params = sig.parameters if hasattr(sig, "parameters") else sig.params
-    if len(params) != len(args):
-        return False
-    for p, a in zip(params, args, strict=True):
-        if isinstance(p, ArrayConstraint):
-            if not isinstance(a, torch.Tensor) or a.dim() != p.ndim or dtypes[a.dtype] != p.dtype:
-                return False
-        elif isinstance(p, ScalarConstraint):
-            if isinstance(a, bool) or not isinstance(a, int | float):
-                return False
-        elif type(p.value) is not type(a) or p.value != a:
-            return False
-    return True
-
-
 @pytest.mark.parametrize("heads", [(16, 16, 128, 128), (16, 32, 128, 128)])
 def test_aot_signatures_cover_the_launches(launches, heads, gen):
     hk, hv, dk, dv = heads
@@ -158,7 +139,7 @@ def test_aot_signatures_cover_the_launches(launches, heads, gen):
     names = []
     for kernel, _, args in launches:
         names.append(kernel._pyfunc.__name__)
-        assert any(_matches(s, args) for s in sigs[kernel]), (kernel._pyfunc.__name__, args)
+        assert any(launch_fits(s, args) for s in sigs[kernel]), (kernel._pyfunc.__name__, args)
     assert set(names) == {k._pyfunc.__name__ for k in sigs}
 
 

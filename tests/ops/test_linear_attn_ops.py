@@ -10,7 +10,7 @@ import torch
 
 from tilegym.ops import causal_conv1d as cc
 from tilegym.ops import rms_norm_gated as rg
-from tilegym.ops.testing import assert_close_rel
+from tilegym.ops.testing import assert_close_rel, launch_fits
 
 qwen3_5 = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
 
@@ -63,25 +63,6 @@ def test_gated_norm_reference_matches_transformers(dtype, gen):
 # ---------------------------------------------------------------------------------------------
 
 
-def _matches(sig, args) -> bool:
-    from cuda.tile.compilation import ArrayConstraint, ScalarConstraint
-
-    dtypes = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32}
-    params = sig.parameters if hasattr(sig, "parameters") else sig.params
-    if len(params) != len(args):
-        return False
-    for p, a in zip(params, args, strict=True):
-        if isinstance(p, ArrayConstraint):
-            if not isinstance(a, torch.Tensor) or a.dim() != p.ndim or dtypes[a.dtype] != p.dtype:
-                return False
-        elif isinstance(p, ScalarConstraint):
-            if isinstance(a, bool) or not isinstance(a, int | float):
-                return False
-        elif type(p.value) is not type(a) or p.value != a:
-            return False
-    return True
-
-
 @pytest.fixture
 def launches(monkeypatch):
     seen = []
@@ -109,7 +90,7 @@ def test_aot_signatures_cover_the_launches(launches, gen):
     rg.rms_norm_gated(x, x, torch.ones(128, dtype=torch.bfloat16), 1e-6)
     assert {k for k, _, _ in launches} == set(sigs)
     for kernel, _, args in launches:
-        assert any(_matches(s, args) for s in sigs[kernel]), (kernel._pyfunc.__name__, args)
+        assert any(launch_fits(s, args) for s in sigs[kernel]), (kernel._pyfunc.__name__, args)
 
 
 @pytest.mark.slow

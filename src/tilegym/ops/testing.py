@@ -27,3 +27,26 @@ def assert_close_rel(out: torch.Tensor, ref: torch.Tensor, tol: float | None = N
     if not err <= tol:
         raise AssertionError(f"relative error {err:.3e} exceeds {tol:.1e} ({out.dtype})")
     return err
+
+
+def launch_fits(sig, args) -> bool:
+    """Whether one ``ct.launch``'s arguments fit an AOT signature: arrays by dtype and rank,
+    runtime scalars as numbers, constants by type and value (the CPU tests that check every
+    launch has a declared signature)."""
+    import cuda.tile as ct
+    from cuda.tile.compilation import ArrayConstraint, ScalarConstraint
+
+    dtypes = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32}
+    params = sig.parameters if hasattr(sig, "parameters") else sig.params
+    if len(params) != len(args):
+        return False
+    for p, a in zip(params, args, strict=True):
+        if isinstance(p, ArrayConstraint):
+            if not isinstance(a, torch.Tensor) or a.dim() != p.ndim or dtypes[a.dtype] != p.dtype:
+                return False
+        elif isinstance(p, ScalarConstraint):
+            if isinstance(a, bool) or not isinstance(a, int | float):
+                return False
+        elif type(p.value) is not type(a) or p.value != a:
+            return False
+    return True
