@@ -2,7 +2,8 @@
 # checkout's sources, and one experiment round through `tilegym-bot experiment run`.
 #
 # The caller sets: out (a directory for the results), repo (the throwaway repository), root
-# (this checkout), and calls `loop_repo` once, then `loop_run` per experiment.
+# (this checkout), and calls `loop_repo` once, then `loop_run` per experiment. LOOP_RUN_ARGS
+# (words) go to every `experiment run`, e.g. "--sampling-budget 240" to cap each round.
 
 bot=()
 
@@ -28,7 +29,8 @@ loop_repo() {  # the throwaway repository: this checkout's sources, one commit o
 loop_run() {  # NAME DESCRIPTION [experiment-run flags] -- [bench args]: one round, then advance
   local name=$1 description=$2; shift 2
   local t0=$SECONDS status=0
-  "${bot[@]}" experiment run --description "$description" "$@" \
+  # shellcheck disable=SC2086  # LOOP_RUN_ARGS is a word list
+  "${bot[@]}" experiment run --description "$description" ${LOOP_RUN_ARGS:-} "$@" \
     > "$out/$name.decision.json" 2> "$out/$name.stderr" || status=$?
   printf '== %s: exit %s after %s s\n' "$name" "$status" "$((SECONDS - t0))"
   tail -n 5 "$out/$name.stderr"
