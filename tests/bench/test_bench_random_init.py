@@ -41,3 +41,20 @@ def test_gemma3_preset_bf16_tracks_fp32_on_the_cpu():
     with torch.no_grad():
         err = rel_err(model(input_ids=ids).logits.float(), ref(input_ids=ids).logits.float())
     assert err < MAX_BASELINE_REL_ERR / 4, err
+
+
+def test_a_models_own_random_init_is_seeded_like_the_rest():
+    """gpt-oss's attention draws its sinks from the global generator in its own init: two
+    processes (model worker, measuring process) must still build the same weights from one
+    seed, whatever the global generator holds; another seed gives other values."""
+    torch.manual_seed(123)
+    a = random_model("tiny-gpt_oss", "cpu", 0).model
+    torch.manual_seed(456)
+    b = random_model("tiny-gpt_oss", "cpu", 0).model
+    c = random_model("tiny-gpt_oss", "cpu", 1).model
+    sinks = [n for n, _ in a.named_parameters() if n.endswith("sinks")]
+    assert sinks
+    pa, pb, pc = (dict(m.named_parameters()) for m in (a, b, c))
+    for name in pa:
+        assert torch.equal(pa[name], pb[name]), name
+    assert not torch.equal(pa[sinks[0]], pc[sinks[0]])
