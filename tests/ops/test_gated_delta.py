@@ -64,11 +64,13 @@ def test_references_match_transformers(shape, with_state, gen):
     hf_chunk = qwen3_5.torch_chunk_gated_delta_rule(qr, kr, v, g=g, beta=beta, **kw)
     rec = gd.recurrent_reference(q, k, v, g, beta, s0)
     chunk = gd.chunk_reference(q, k, v, g, beta, s0)
+    # fp32, the chunked and recurrent orders of summation: 1.4e-5 apart at T = 64 for one seed
+    # (outputs ~1e-2); a wrong gate or beta is off by ~1e-1
     for mine in (rec, chunk):
         for got, want in zip(mine, hf_rec, strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=5e-5)
     for got, want in zip(chunk, hf_chunk, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=5e-5)
 
 
 def test_gates_reference_is_the_module_math(gen):
