@@ -1,7 +1,7 @@
 """gpt-oss patched against upstream on the CPU (fp32): attention sinks, alternating sliding and
 full layers, biased q/k/v/o, half-width YaRN tables, the biased top-k router and the clamped
 experts. Logits and greedy tokens of a left-padded batch, sinks and clamps that bind, a static
-cache past the window (ring buffers) eager and compiled."""
+cache past the window (ring buffers) eager and compiled, patched and upstream."""
 
 from __future__ import annotations
 
@@ -113,6 +113,23 @@ def test_undo_restores_upstream_forwards_and_frees_the_expert_copies():
     handle.undo()
     assert not hasattr(experts, "_tilegym_expert_rows")
     assert "forward" not in vars(patched.model.layers[0].mlp)
+
+
+def test_the_upstream_model_compiles_with_a_static_cache_past_the_window():
+    """The PyTorch side of the benchmark's static mode: upstream gpt-oss (its default experts
+    implementation, eager attention with sinks) with a static cache, the whole decode step
+    compiled in one graph, generates its eager tokens; 8 new tokens after 11 over a window of 4
+    wrap the sliding layer's ring buffer. Decides whether static mode can run for gpt_oss
+    (on a GPU Inductor also captures CUDA graphs, which a CPU cannot check)."""
+    from transformers import CompileConfig
+
+    base, _, _ = _pair()
+    torch._dynamo.reset()
+    ids, mask = left_padded_batch((0, 4, 9), seed=1)
+    cfg = CompileConfig(fullgraph=True, backend="aot_eager")
+    cfg._compile_all_devices = True
+    got = greedy(base, ids, mask, new_tokens=8, cache_implementation="static", compile_config=cfg)
+    assert torch.equal(got, greedy(base, ids, mask, new_tokens=8))
 
 
 @pytest.mark.slow
