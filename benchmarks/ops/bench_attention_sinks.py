@@ -39,7 +39,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import Stats, format_table, interleaved  # noqa: E402
+from _timing import Stats, flush_mode, format_table, interleaved  # noqa: E402
 
 HQ, HKV, D = 64, 8, 64  # gpt-oss-20b
 SCALE = D**-0.5
@@ -227,7 +227,8 @@ def main(argv=None) -> int:
 
     env = (
         f"gpu={torch.cuda.get_device_name()} torch={torch.__version__} "
-        f"transformers={transformers.__version__} cuda-tile={ct.__version__}"
+        f"transformers={transformers.__version__} cuda-tile={ct.__version__} "
+        f"L2 flush={flush_mode()}"
     )
     print(env, flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -19,8 +19,12 @@ routing is gpt-oss's router on random logits (top-4, softmax over the four).
 
 Both sides are timed eagerly and as CUDA-graph replays (the benchmark's static decode mode
 captures the decode step), interleaved call by call, the L2 flushed before each call (the
-weights come from HBM, as in a forward pass); medians after warm-up, spread = (p90 - p10) /
-median. Each side's output is checked against the fp32 reference first.
+weights come from HBM, as in a forward pass; ``TILEGYM_BENCH_FLUSH=read`` leaves clean lines,
+as a model's previous kernels mostly do, where the default write flush leaves dirty ones the
+timed kernel writes back; DESIGN: qwen3_moe's experts were 2.3x their copy-bandwidth floor
+after a write flush, 1.69x inside the model);
+medians after warm-up, spread = (p90 - p10) / median. Each side's output is checked against
+the fp32 reference first.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import Stats, format_table, interleaved  # noqa: E402
+from _timing import Stats, flush_mode, format_table, interleaved  # noqa: E402
 
 SHAPE = {"hidden": 2880, "inter": 2880, "experts": 32, "top_k": 4}  # gpt-oss-20b
 H200_HBM_TBPS = 4.8
@@ -235,7 +239,7 @@ def main(argv=None) -> int:
         return 1
     impl, desc = transformers_default()
     print(f"transformers default experts implementation: {impl!r} -> {desc}", flush=True)
-    print(f"floor: routed experts' bytes at {args.tbps} TB/s", flush=True)
+    print(f"floor: routed experts' bytes at {args.tbps} TB/s; L2 flush: {flush_mode()}", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     rows, records = [], []
     for t in args.tokens:
