@@ -1,13 +1,17 @@
 """gpt-oss patched against upstream on the CPU (fp32): attention sinks, alternating sliding and
 full layers, biased q/k/v/o, half-width YaRN tables, the biased top-k router and the clamped
 experts. Logits and greedy tokens of a left-padded batch, sinks and clamps that bind, a static
-cache past the window (ring buffers) eager and compiled."""
+cache past the window (ring buffers) eager and compiled, patched and upstream; a tiny MXFP4
+checkpoint loaded dequantized."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 from cpu_generate import (
+    SMALL,
     assert_compiles_like_upstream,
     assert_same_as_upstream,
     greedy,
@@ -115,6 +119,23 @@ def test_undo_restores_upstream_forwards_and_frees_the_expert_copies():
     assert "forward" not in vars(patched.model.layers[0].mlp)
 
 
+def test_the_upstream_model_compiles_with_a_static_cache_past_the_window():
+    """The PyTorch side of the benchmark's static mode: upstream gpt-oss (its default experts
+    implementation, eager attention with sinks) with a static cache, the whole decode step
+    compiled in one graph, generates its eager tokens; 8 new tokens after 11 over a window of 4
+    wrap the sliding layer's ring buffer. Decides whether static mode can run for gpt_oss
+    (on a GPU Inductor also captures CUDA graphs, which a CPU cannot check)."""
+    from transformers import CompileConfig
+
+    base, _, _ = _pair()
+    torch._dynamo.reset()
+    ids, mask = left_padded_batch((0, 4, 9), seed=1)
+    cfg = CompileConfig(fullgraph=True, backend="aot_eager")
+    cfg._compile_all_devices = True
+    got = greedy(base, ids, mask, new_tokens=8, cache_implementation="static", compile_config=cfg)
+    assert torch.equal(got, greedy(base, ids, mask, new_tokens=8))
+
+
 @pytest.mark.slow
 def test_the_patched_model_compiles_with_a_static_cache():
     base, patched, _ = _pair()
@@ -142,3 +163,56 @@ def test_a_model_with_a_foreign_mlp_is_refused_and_left_unpatched():
     ids, mask = left_padded_batch((0, 4, 9), seed=1)
     with torch.no_grad():
         patched(input_ids=ids, attention_mask=mask)  # upstream forwards still run
+
+
+#: MXFP4's 16 FP4 (e2m1) values by their 4-bit code, as the format defines them
+FP4 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def _mxfp4_values(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """A checkpoint's ``*_blocks`` ``[E, R, G, 16]`` (two FP4 codes a byte, low nibble first)
+    and ``*_scales`` ``[E, R, G]`` (E8M0, bias 127) as the ``[E, G * 32, R]`` parameter."""
+    e, r, g, b = blocks.shape
+    codes = torch.stack((blocks & 15, blocks >> 4), dim=-1).long()
+    vals = FP4[codes].reshape(e, r, g, 2 * b) * torch.exp2(scales.float() - 127)[..., None]
+    return vals.reshape(e, r, g * 2 * b).transpose(1, 2)
+
+
+def test_an_mxfp4_checkpoint_loaded_dequantized_is_patched_and_computes_upstream(tmp_path):
+    """The published checkpoints store the experts as MXFP4 blocks and scales. A tiny one in
+    that format, loaded with ``Mxfp4Config(dequantize=True)`` (what transformers also falls
+    back to without its Triton MXFP4 kernels), keeps ``GptOssMLP`` with plain ``GptOssExperts``
+    parameters holding the decoded values; the patch applies every flag and computes the
+    upstream model (fp32)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, Mxfp4Config
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("gpt_oss", **{**SMALL, **GPT_OSS})
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    gen = torch.Generator().manual_seed(1)
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        e, cols, rows = tensors.pop(name).shape  # [E, in, out]: blocks run along "in"
+        shape = (e, rows, cols // 32)
+        tensors[f"{name}_blocks"] = torch.randint(0, 256, (*shape, 16), generator=gen).byte()
+        tensors[f"{name}_scales"] = torch.randint(121, 128, shape, generator=gen).byte()
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw["quantization_config"] = {"quant_method": "mxfp4"}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+
+    quant = Mxfp4Config(dequantize=True)
+    load = AutoModelForCausalLM.from_pretrained
+    base = load(tmp_path, quantization_config=quant).eval().float()  # 5.17 decodes to bf16
+    for i, layer in enumerate(base.model.layers):
+        assert type(layer.mlp).__name__ == "GptOssMLP"
+        for proj in ("gate_up_proj", "down_proj"):
+            key = f"model.layers.{i}.mlp.experts.{proj}"
+            want = _mxfp4_values(tensors[f"{key}_blocks"], tensors[f"{key}_scales"])
+            assert torch.equal(getattr(layer.mlp.experts, proj).detach(), want)
+    patched = load(tmp_path, quantization_config=quant).eval().float()
+    handle = mp.apply_tilegym_kernel(patched)
+    assert handle.applied == list(mp.FLAGS), handle.not_applied
+    ids, mask = left_padded_batch((0, 4, 9), seed=1)
+    assert_same_as_upstream(base, patched, ids, mask)

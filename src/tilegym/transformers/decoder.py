@@ -131,7 +131,8 @@ def make_attention_forward(
     takes_kwargs,
     family: Family,
 ) -> Callable:
-    """``XAttention.forward``: fused QKV GEMM, (q/k norm +) RoPE kernel, o_proj(+residual).
+    """``XAttention.forward``: fused QKV GEMM, (q/k norm +) RoPE kernel, o_proj(+residual; a
+    biased o_proj adds its bias in the plain GEMM and leaves the residual to the layer).
     A layer whose ``family.rope_switch`` attribute is false skips RoPE (SmolLM3's NoPE layers);
     with ``family.clip_qkv`` q, k and v are clamped to +-``config.clip_qkv`` after the q/k norms
     (OLMoE; a PyTorch clamp, skipped while the config leaves it unset);
@@ -224,7 +225,10 @@ def make_attention_forward(
                 w = fused.scaled(self, "o_proj", residual_scale(self, family))
                 return gemm.linear_residual(attn_output, w, residual), attn_weights
             return gemm.linear(attn_output, self.o_proj.weight), attn_weights
-        out = self.o_proj(attn_output)
+        if routes.linear:  # a biased o_proj (gpt-oss): the bias rides in the GEMM's epilogue
+            out = gemm.linear(attn_output, self.o_proj.weight, self.o_proj.bias)
+        else:
+            out = self.o_proj(attn_output)
         if residual is None:
             return out, attn_weights
         return add_scaled(residual, out, residual_scale(self, family)), attn_weights

@@ -2,7 +2,7 @@
 
 Llama's pre-norm layer with four differences the description names. The attention has learned
 per-head sinks in its softmax (the sink kernels) and biased q/k/v/o projections (the fused QKV
-GEMM adds its bias; o_proj keeps upstream's biased linear); the layers alternate a 128-token
+GEMM and o_proj's GEMM add their biases in the epilogue); the layers alternate a 128-token
 sliding window and full attention (``layer_types``; each attention's own ``sliding_window``;
 under a static cache the sliding layers are ring buffers, as Gemma 3's and OLMo 3's). The YaRN
 rotary tables are half-width and q/k rotate by halves: the RoPE kernels get them repeated. Every
