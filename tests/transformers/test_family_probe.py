@@ -49,6 +49,8 @@ FEATURES = {
     "mixtral": dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=4),
     # gpt-oss: a sliding layer then a full one, sinks, biased router and clamped experts
     "gpt_oss": dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=4),
+    # Qwen3.5: one layer_types period (three gated delta net layers, one gated attention)
+    "qwen3_5_text": dict(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4),
 }
 
 
@@ -234,4 +236,30 @@ def test_gpt_oss_is_read_off_its_modules_and_a_missing_sink_is_caught():
     assert any("attention sinks" in note for note in probe.notes)
     wrong = dataclasses.replace(family, sinks=False)
     with pytest.raises(FamilyRefused, match="does not reproduce GptOss"):
+        verify(model, wrong, _apply(wrong))
+
+
+def test_a_linear_attention_mixer_the_glue_cannot_run_is_refused_by_name():
+    """Qwen3-Next's gated delta net packs its projections as in_proj_qkvz / in_proj_ba: the
+    probe names the mixer and what it lacks instead of describing a family."""
+    pytest.importorskip("transformers.models.qwen3_next")
+    model = _tiny(
+        "qwen3_next",
+        num_hidden_layers=4,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+    )
+    with pytest.raises(FamilyRefused, match="mixer Qwen3NextGatedDeltaNet .lacks in_proj_qkv"):
+        describe_structure(model)
+
+
+def test_qwen3_5_without_its_output_gate_is_caught_by_the_numbers():
+    """The gate is read off q_proj's width; described without it the glue cannot run Qwen3.5."""
+    model = _tiny("qwen3_5_text", **FEATURES["qwen3_5_text"])
+    probe = describe_structure(model)
+    assert probe.family.attn_output_gate and probe.family.linear_attention == "GatedDeltaNet"
+    wrong = dataclasses.replace(probe.family, attn_output_gate=False)
+    with pytest.raises(Exception, match="shape|size|does not reproduce"):
         verify(model, wrong, _apply(wrong))
