@@ -41,3 +41,21 @@ def test_gemma3_preset_bf16_tracks_fp32_on_the_cpu():
     with torch.no_grad():
         err = rel_err(model(input_ids=ids).logits.float(), ref(input_ids=ids).logits.float())
     assert err < MAX_BASELINE_REL_ERR / 4, err
+
+
+def test_a_models_own_random_init_is_seeded_like_the_rest():
+    """Qwen3.5's gated delta nets draw A_log from the global generator in their own init: two
+    processes (model worker, measuring process) must still build the same weights from one
+    seed, whatever the global generator holds; another seed gives other values."""
+    torch.manual_seed(123)
+    a = random_model("tiny-qwen3_5", "cpu", 0).model
+    torch.manual_seed(456)
+    b = random_model("tiny-qwen3_5", "cpu", 0).model
+    c = random_model("tiny-qwen3_5", "cpu", 1).model
+    a_log = [n for n, _ in a.named_parameters() if n.endswith("A_log")]
+    assert len(a_log) == 3
+    pa, pb, pc = (dict(m.named_parameters()) for m in (a, b, c))
+    for name in pa:
+        assert torch.equal(pa[name], pb[name]), name
+    assert not torch.equal(pa[a_log[0]], pc[a_log[0]])
+    assert float(pa[a_log[0]].float().exp().min()) >= 0.01  # the model's own A in [0.01, 16]

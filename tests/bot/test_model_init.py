@@ -183,6 +183,41 @@ def test_gemma3_is_covered_and_scaffolds_its_registered_description(project, tmp
     assert namespace["FAMILY"] == mp.FAMILIES["gemma3"].description()
 
 
+def test_qwen3_5_is_covered_and_scaffolds_its_registered_description(project, tmp_path, capsys):
+    """Qwen3.5-0.8B's text model as its preset has it (gated delta net layers, gated attention
+    output, zero-centred norms, partial M-RoPE): model init checks one layer_types period
+    and reads off the Family the repository registers by hand in its qwen3_5 folder."""
+    from tilegym.transformers import monkey_patch as mp
+
+    root, repo = project
+    _without_family(root, repo, "qwen3_5_text")
+    config = _preset_config(tmp_path, "qwen3_5")
+    args = ["-C", str(root), "model", "init", "qwen3_5_text", "--config", str(config)]
+    assert main([*args, "--key", "qwen35"]) == 0, capsys.readouterr().err
+    assert "checked: the patched 4-layer model reproduces the upstream one" in (
+        capsys.readouterr().out
+    )
+    namespace: dict = {}
+    path = root / "src/tilegym/transformers/qwen3_5_text/modeling_qwen3_5_text.py"
+    exec(path.read_text(), namespace)
+    assert namespace["FAMILY"] == mp.FAMILIES["qwen3_5"].description()
+
+
+def test_qwen3_next_is_refused_naming_the_mixer_it_lacks(project, capsys):
+    """Qwen3-Next's gated delta net packs q, k, v, z (and b, a) per key head into
+    in_proj_qkvz / in_proj_ba: no glue splits that layout, so model init refuses by name and
+    writes nothing."""
+    pytest.importorskip("transformers.models.qwen3_next")
+    root, repo = project
+    before = repo.head.commit.hexsha
+    assert main(["-C", str(root), "model", "init", "qwen3_next"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: model init qwen3_next: not covered by the existing ops: ")
+    assert "linear-attention mixer Qwen3NextGatedDeltaNet (lacks in_proj_qkv, in_proj_z" in err
+    assert repo.head.commit.hexsha == before
+    assert not (root / "src/tilegym/transformers/qwen3_next").exists()
+
+
 def test_a_model_type_an_existing_family_patches_is_refused(project, tmp_path, capsys):
     """The gemma3 folder patches gemma3_text (its MODEL_TYPE): a second family for that model
     type is refused before anything is checked or written."""

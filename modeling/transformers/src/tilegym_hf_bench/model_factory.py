@@ -5,7 +5,9 @@ Random weights are drawn on the target device from a seeded generator after buil
 with transformers' default init switched off (the default init is slow on CPU and the weights are
 overwritten anyway): matrices N(0, initializer_range), biases 0, and norms as the model's own
 init sets them: scale 1 for most, but 0 for Gemma's ``(1 + weight)`` norms, whose scale 1 doubled
-every norm of the random gemma3 and put its bf16 logits 0.93 away from fp32's.
+every norm of the random gemma3 and put its bf16 logits 0.93 away from fp32's. Modules holding
+only 1-D parameters (norms; Qwen3.5's gated delta nets: A_log, dt_bias) get the model's own init
+under a generator seeded from ``seed``.
 """
 
 from __future__ import annotations
@@ -58,9 +60,17 @@ def init_random_(model: torch.nn.Module, seed: int, device: str) -> None:
             p.zero_()
         else:
             p.fill_(1.0)
-    for module in model.modules():
-        if _is_norm(module):
-            model._init_weights(module)
+    # A module's own init may draw from the global generator (Qwen3.5's gated delta nets draw
+    # A_log uniformly): seeded here, so the model worker and the measuring process, which
+    # build the model apart, hold the same weights (unseeded, tiny-qwen3_5's cuTile side was
+    # 0.14 from a reference whose A_log differed)
+    cuda = torch.device(device).type == "cuda"
+    devices = [torch.device(device).index or 0] if cuda else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for module in model.modules():
+            if _is_norm(module):
+                model._init_weights(module)
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
 
