@@ -209,3 +209,19 @@ def test_the_decode_step_compiles_with_a_static_cache():
     cfg._compile_all_devices = True
     got = greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
     assert torch.equal(got, greedy(base, ids, mask))
+
+
+@pytest.mark.parametrize("off", ["attn", "rms_norm", "linear"])
+def test_each_flag_off_still_computes_the_upstream_model(monkeypatch, off):
+    """A flag off leaves its part upstream: with ``attn`` off the gated delta nets are
+    upstream's (no linear-attention op runs) and still get the patched layer's residual."""
+    base, patched, handle = _pair(**{off: False})
+    assert off in handle.not_applied
+    calls = _Calls(monkeypatch)
+    ids, mask = left_padded_batch((0, 4, 9), seed=1)
+    with torch.no_grad():
+        want = base(input_ids=ids, attention_mask=mask).logits
+        got = patched(input_ids=ids, attention_mask=mask).logits
+    valid = mask.bool()
+    torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-4)
+    assert ("gated_delta_chunk" in calls.n) == (off != "attn")

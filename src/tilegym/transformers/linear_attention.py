@@ -51,14 +51,16 @@ IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 
 
 def make_gated_delta_net_forward(
-    upstream_forward: Callable, routes=None, fused=None, gemm=None
+    upstream_forward: Callable, routes=None, fused=None, gemm=None, kernels: bool = True
 ) -> Callable:
     """``XGatedDeltaNet.forward`` on the cuTile ops (``upstream_forward``: the class's own, for
     the cases kept upstream). The cache comes as ``cache`` (5.2x), ``cache_params`` (5.17's
     layer) or ``past_key_values`` (the shared layer forward's kwargs under 5.17). With
     ``routes.linear`` (and ``fused``, ``gemm``: the patch's weights and GEMM ops) the
-    projections are cuTile GEMMs; a ``residual`` is added to the output either way."""
-    on_gemm = routes is not None and routes.linear and gemm is not None
+    projections are cuTile GEMMs; a ``residual`` is added to the output either way. With
+    ``kernels`` off (the ``attn`` flag off) the mixer is upstream's, only taking the residual
+    the patched decoder layer hands it."""
+    on_gemm = kernels and routes is not None and routes.linear and gemm is not None
 
     def forward(
         self,
@@ -72,7 +74,7 @@ def make_gated_delta_net_forward(
     ):
         cache = next((c for c in (cache, cache_params, past_key_values) if c is not None), None)
         idx = self.layer_idx
-        if cache is not None and getattr(cache.layers[idx], "record_past", False):
+        if not kernels or (cache is not None and getattr(cache.layers[idx], "record_past", False)):
             out = upstream_forward(self, hidden_states, cache, attention_mask, **kwargs)
             return out if residual is None else residual + out
         h = _padding_masked(hidden_states, attention_mask)
@@ -120,9 +122,9 @@ def make_gated_delta_net_forward(
     return forward
 
 
-def make_linear_attention_forward(routes, fused, gemm, family) -> Callable:
+def make_linear_attention_forward(routes, fused, gemm, family, kernels: bool = True) -> Callable:
     """The builder ``monkey_patch`` calls for ``Family.linear_attention``'s class: the
     gated-delta-net forward above, falling back to that upstream class's own forward."""
     upstream = importlib.import_module(family.upstream_module)
     cls = getattr(upstream, f"{family.class_prefix}{family.linear_attention}")
-    return make_gated_delta_net_forward(cls.forward, routes, fused, gemm)
+    return make_gated_delta_net_forward(cls.forward, routes, fused, gemm, kernels)

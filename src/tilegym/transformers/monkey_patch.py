@@ -286,8 +286,11 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         if desc.moe_block:
             forwards["MoeBlock"] = builder("MoeBlock")(routes, gemm, desc, fused)
         forwards = {part: fn for part, fn in forwards.items() if part in classes}
-    if desc.linear_attention and flags["attn"]:
-        forwards["LinearAttention"] = builder("LinearAttention")(routes, fused, gemm, desc)
+    if desc.linear_attention and (flags["attn"] or "DecoderLayer" in forwards):
+        # with attn off the mixer stays upstream's, wrapped to take the patched layer's residual
+        forwards["LinearAttention"] = builder("LinearAttention")(
+            routes, fused, gemm, desc, kernels=flags["attn"]
+        )
 
     try:
         if model is None:
