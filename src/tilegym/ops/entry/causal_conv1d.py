@@ -19,8 +19,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, 
 
 def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor):
     """A decode step ``[B, 1, C]`` against ``conv_state`` ``[B, C, K]`` (the last K inputs),
-    which is shifted in place."""
-    return _ops.causal_conv1d_update(x, conv_state, weight)
+    which is shifted in place: ``(out, conv_state)``."""
+    return _ops.causal_conv1d_update(x, conv_state, weight), conv_state
 
 
 def aot_signatures(definition) -> dict:
