@@ -77,6 +77,8 @@ class Family:
     # dropped (gpt-oss); handed to the attention function as ``s_aux``, as upstream does
     rope_half_table: bool = False  # the rotary tables hold head_dim / 2 columns and q/k rotate
     # by halves (gpt-oss); the RoPE kernels get them repeated to head_dim (the same rotation)
+    moe_shared_expert: bool = False  # the sparse block also runs ``shared_expert`` (a dense MLP
+    # of the family's class) scaled by sigmoid(``shared_expert_gate``(x)) and adds it (Qwen3-Next)
     attn_output_gate: bool = False  # q_proj yields [q; gate] per head (twice q's rows) and the
     # attention output is scaled by sigmoid(gate) before o_proj (Qwen3.5, Qwen3-Next)
     linear_attention: str | None = None  # class suffix of the linear-attention token mixer of

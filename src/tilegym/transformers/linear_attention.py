@@ -10,8 +10,9 @@ upstream keeps it: the conv state through ``cache.update_conv_state`` (prefill) 
 (decode). A cache that is recording its past (speculative rollback) falls back to upstream.
 
 Built by a family's patch (``Family.linear_attention``) with the ``linear`` route, the four
-input projections run as one cuTile GEMM over their concatenated weights and out_proj as the
-GEMM that adds the layer's residual (the decoder layer hands it over as ``residual``).
+input projections (Qwen3-Next's two packed ones, relaid once) run as one cuTile GEMM and
+out_proj as the GEMM that adds the layer's residual (the decoder layer hands it over as
+``residual``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,53 @@ def _cached_states(cache, idx: int):
 
 #: Qwen3.5's input projections, in the order their fused GEMM's output holds them
 IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+#: Qwen3-Next's: q, k, v, z and b, a interleaved per key head, relaid once into IN_PROJ's order
+PACKED_IN_PROJ = ("in_proj_qkvz", "in_proj_ba")
+
+
+def _packed(module) -> bool:
+    return all(hasattr(module, n) for n in PACKED_IN_PROJ)
+
+
+def _relaid_in_proj(module) -> tuple[torch.Tensor]:
+    """Qwen3-Next's packed projection rows ``[per key head: q, k, v, z]`` and ``[per key head:
+    b, a]`` reordered to ``[q; k; v; z; b; a]`` (each over the heads in order), the layout of
+    Qwen3.5's four projections, so that one GEMM and the same splits serve both."""
+    hk, dk, dv = module.num_k_heads, module.head_k_dim, module.head_v_dim
+    r = module.num_v_heads // hk
+    qkvz = module.in_proj_qkvz.weight.detach()
+    ba = module.in_proj_ba.weight.detach()
+    q, k, v, z = qkvz.view(hk, 2 * dk + 2 * r * dv, -1).split([dk, dk, r * dv, r * dv], dim=1)
+    b, a = ba.view(hk, 2 * r, -1).split([r, r], dim=1)
+    rows = [t.reshape(-1, qkvz.shape[-1]) for t in (q, k, v, z, b, a)]
+    return (torch.cat(rows, dim=0).contiguous(),)
+
+
+def prepare(module, fused) -> None:
+    """The input projections' GEMM weight, built at patch time (before anything compiles)."""
+    _in_proj_weight(module, fused)
+
+
+def _in_proj_weight(module, fused) -> torch.Tensor:
+    if _packed(module):
+        return fused.derived(module, "in_proj_relaid", lambda: _relaid_in_proj(module))[0]
+    return fused.get(module, IN_PROJ)[0]
+
+
+def _projections(module, h):
+    """(conv input [B, T, 2 Dk Hk + Dv Hv], z, b, a) from the module's own projections."""
+    if not _packed(module):
+        return (
+            module.in_proj_qkv(h),
+            module.in_proj_z(h),
+            module.in_proj_b(h),
+            module.in_proj_a(h),
+        )
+    q, k, v, z, b, a = module.fix_query_key_value_ordering(
+        module.in_proj_qkvz(h), module.in_proj_ba(h)
+    )
+    flat = [t.reshape(t.shape[0], t.shape[1], -1) for t in (q, k, v, z)]
+    return torch.cat(flat[:3], dim=-1), flat[3], b, a
 
 
 def make_gated_delta_net_forward(
@@ -81,15 +129,11 @@ def make_gated_delta_net_forward(
         bsz, n_tok, _ = h.shape
         conv_state, rec_state = _cached_states(cache, idx)
         if on_gemm:
-            w, _ = fused.get(self, IN_PROJ)
-            proj = gemm.linear(h, w)
-            cuts = [getattr(self, n).out_features for n in IN_PROJ]
-            mixed, z, b, a = proj.split(cuts, dim=-1)
+            proj = gemm.linear(h, _in_proj_weight(self, fused))
+            cuts = [2 * self.key_dim + self.value_dim, self.value_dim]
+            mixed, z, b, a = proj.split([*cuts, self.num_v_heads, self.num_v_heads], dim=-1)
         else:
-            mixed = self.in_proj_qkv(h)
-            z = self.in_proj_z(h)
-            b = self.in_proj_b(h)
-            a = self.in_proj_a(h)
+            mixed, z, b, a = _projections(self, h)
         w = self.conv1d.weight.squeeze(1)
         if conv_state is not None and n_tok == 1:
             mixed_conv = lib.causal_conv1d_update(mixed, conv_state, w, self.conv1d.bias)

@@ -340,7 +340,7 @@ def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc
                 if part == "MoeBlock":  # relaid expert weights, before anything compiles
                     importlib.import_module(MOE_GLUE).prepare(module, routes, fused, desc)
                 if part == "LinearAttention" and routes.linear:  # fused input projections
-                    fused.build(module, importlib.import_module(LINEAR_ATTENTION_GLUE).IN_PROJ)
+                    importlib.import_module(LINEAR_ATTENTION_GLUE).prepare(module, fused)
                 if routes.linear and desc.residual_multiplier and _scaled_here(module, part):
                     fused.scaled(module, _SCALED[part], module.config.residual_multiplier)
                 break
