@@ -203,19 +203,26 @@ def test_qwen3_5_is_covered_and_scaffolds_its_registered_description(project, tm
     assert namespace["FAMILY"] == mp.FAMILIES["qwen3_5"].description()
 
 
-def test_qwen3_next_is_refused_naming_the_mixer_it_lacks(project, capsys):
-    """Qwen3-Next's gated delta net packs q, k, v, z (and b, a) per key head into
-    in_proj_qkvz / in_proj_ba: no glue splits that layout, so model init refuses by name and
-    writes nothing."""
+def test_qwen3_next_is_covered_and_scaffolds_its_registered_description(project, tmp_path, capsys):
+    """Qwen3-Next as its preset has it (packed gated delta net projections, MoE with a shared
+    expert on every layer): model init checks one layer_types period with few small experts and
+    reads off the Family the repository registers by hand."""
+    from tilegym.transformers import monkey_patch as mp
+
     pytest.importorskip("transformers.models.qwen3_next")
     root, repo = project
-    before = repo.head.commit.hexsha
-    assert main(["-C", str(root), "model", "init", "qwen3_next"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: model init qwen3_next: not covered by the existing ops: ")
-    assert "linear-attention mixer Qwen3NextGatedDeltaNet (lacks in_proj_qkv, in_proj_z" in err
-    assert repo.head.commit.hexsha == before
-    assert not (root / "src/tilegym/transformers/qwen3_next").exists()
+    _without_family(root, repo, "qwen3_next")
+    config = _preset_config(tmp_path, "qwen3_next")
+    args = ["-C", str(root), "model", "init", "qwen3_next", "--config", str(config)]
+    assert main([*args, "--key", "qwen3next"]) == 0, capsys.readouterr().err
+    assert "checked: the patched 4-layer model reproduces the upstream one" in (
+        capsys.readouterr().out
+    )
+    namespace: dict = {}
+    exec(
+        (root / "src/tilegym/transformers/qwen3_next/modeling_qwen3_next.py").read_text(), namespace
+    )
+    assert namespace["FAMILY"] == mp.FAMILIES["qwen3_next"].description()
 
 
 def test_a_model_type_an_existing_family_patches_is_refused(project, tmp_path, capsys):

@@ -18,19 +18,9 @@ qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from tilegym.transformers import monkey_patch as mp  # noqa: E402
-from tilegym.transformers.family import Family  # noqa: E402
 from tilegym.transformers.linear_attention import _relaid_in_proj  # noqa: E402
+from tilegym.transformers.qwen3_next.modeling_qwen3_next import FAMILY  # noqa: E402
 
-FAMILY = Family(
-    "transformers.models.qwen3_next.modeling_qwen3_next",
-    "Qwen3Next",
-    qk_norm=True,
-    norm_unit_offset=True,
-    moe_block="SparseMoeBlock",
-    moe_shared_expert=True,
-    attn_output_gate=True,
-    linear_attention="GatedDeltaNet",
-)
 # one layer_types period; two value heads per key head (the packed layout's interleave shows)
 EXTRA = dict(
     num_hidden_layers=4,
@@ -57,6 +47,13 @@ def _pair(description=FAMILY, **flags):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
     patched = copy.deepcopy(base)
     return base, patched, mp.apply_family(patched, description, **flags)
+
+
+def test_the_registered_family_patches_every_flag():
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("qwen3_next", **{**SMALL, **EXTRA})
+    model = AutoModelForCausalLM.from_config(config).eval()
+    assert mp.apply_tilegym_kernel(model).applied == list(mp.FLAGS)
 
 
 @pytest.mark.parametrize("off", [None, "linear", "swiglu", "attn"])

@@ -70,6 +70,10 @@ MOE_CLAMPED_ATTRS = ("alpha", "limit", "gate_up_proj_bias", "down_proj_bias")
 LINEAR_MIXER = "linear_attn"
 GATED_DELTA_PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "norm")
 GATED_DELTA_PARTS += ("out_proj", "A_log", "dt_bias")
+#: Qwen3-Next's packed form of the four input projections (relaid once by the glue)
+GATED_DELTA_PACKED = ("in_proj_qkvz", "in_proj_ba", "fix_query_key_value_ordering")
+#: a sparse block's sigmoid-gated shared expert (``Family.moe_shared_expert``; Qwen3-Next)
+MOE_SHARED_PARTS = {"shared_expert", "shared_expert_gate"}
 #: largest |logit difference| (fp32, CPU) between the patched and upstream tiny models
 LOGIT_TOLERANCE = 1e-4
 
@@ -184,11 +188,18 @@ def describe_structure(model) -> Probe:
             "conv1d, gated RMSNorm)"
         )
     moe_block, renormalize, router, experts_form = None, None, "gate", "silu"
+    shared_expert = False
     sparse = next((la.mlp for la in _layers(model) if hasattr(la.mlp, "experts")), None)
     if sparse is not None:  # a sparse block; its dense twin names the MLP projections
         moe_block, mlp, renormalize, router, experts_form = _moe_block(
             model, sparse, prefix, upstream, problems
         )
+        shared_expert = {n for n, _ in sparse.named_children()} >= MOE_SHARED_PARTS
+        if shared_expert:
+            kind = type(sparse.shared_expert)
+            if kind is not getattr(upstream, prefix + "MLP", None):
+                problems.append(f"a shared expert of class {kind.__name__}, not {prefix}MLP")
+            notes.append("a shared expert scaled by sigmoid(shared_expert_gate(x)) in each block")
         notes.append(
             "sparse MoE MLP blocks (softmax top-k router, packed SwiGLU experts)"
             if experts_form == "silu"
@@ -288,6 +299,7 @@ def describe_structure(model) -> Probe:
         rope_half_table=half_table,
         attn_output_gate=output_gate,
         linear_attention=linear_attention,
+        moe_shared_expert=shared_expert,
     )
     return Probe(family, tuple(notes))
 
@@ -312,12 +324,14 @@ def _linear_mixer(layers, attention_layer, problems: list[str]) -> str | None:
     prefix = type(attention_layer).__name__.removesuffix("DecoderLayer")
     name = type(mixer).__name__
     missing = [p for p in GATED_DELTA_PARTS if not hasattr(mixer, p)]
+    if all(hasattr(mixer, p) for p in GATED_DELTA_PACKED):  # Qwen3-Next's packed projections
+        missing = [p for p in missing if p not in GATED_DELTA_PARTS[:4]]
     if not name.startswith(prefix) or missing:
         lacks = f" (lacks {', '.join(missing)})" if missing else ""
         problems.append(
             f"linear-attention mixer {name}{lacks}: the gated delta net glue runs "
-            f"{prefix}GatedDeltaNet-style mixers with {', '.join(GATED_DELTA_PARTS[:4])}; "
-            "no cuTile op computes this one"
+            f"{prefix}GatedDeltaNet-style mixers with {', '.join(GATED_DELTA_PARTS[:4])} "
+            f"(or packed: {', '.join(GATED_DELTA_PACKED[:2])}); no cuTile op computes this one"
         )
         return None
     own = {n for n, _ in attention_layer.named_children()} - {"self_attn"}
@@ -378,7 +392,8 @@ def _moe_block(model, block, prefix: str, upstream, problems: list[str]):
         problems.append(f"MoE block class {name} is not {prefix}<suffix> of {upstream.__name__}")
     children = {n for n, _ in block.named_children()}
     router_name = next((n for n in MOE_ROUTERS if n in children), MOE_ROUTERS[0])
-    extra = sorted(children - MOE_BLOCK_PARTS - {router_name})
+    shared = MOE_SHARED_PARTS if children >= MOE_SHARED_PARTS else set()
+    extra = sorted(children - MOE_BLOCK_PARTS - {router_name} - shared)
     if extra:
         problems.append(f"MoE block parts the MoE forward does not run: {', '.join(extra)}")
     router, experts = getattr(block, router_name, None), block.experts

@@ -90,6 +90,18 @@ PRESETS: dict[str, Preset] = {
     "tiny-qwen3_5": Preset(
         "tiny-qwen3_5", "qwen3_5_text", "Qwen3.5-0.8B, 4 small layers", "tiny-qwen3_5.json", True
     ),
+    # 4 of its 48 layers (one layer_types period): the bf16 model and the fp32 reference fit one
+    # H200 (see its _source)
+    "qwen3_next": Preset(
+        "qwen3_next", "qwen3_next", "Qwen/Qwen3-Next-80B-A3B-Instruct", "qwen3_next.json", False
+    ),
+    "tiny-qwen3_next": Preset(
+        "tiny-qwen3_next",
+        "qwen3_next",
+        "Qwen3-Next-80B-A3B, 4 small layers",
+        "tiny-qwen3_next.json",
+        True,
+    ),
 }
 
 
