@@ -18,7 +18,7 @@ UNREDUCED_MAX_PARAMS = 8_500_000_000  # above ~8B a preset is a layer-reduced va
 COUNT = re.compile(r"\d{1,3}(?:,\d{3}){2,}")  # "7,248,023,552"
 #: tiny presets with more than 2 layers: one whole period of a per-layer pattern (SmolLM3's
 #: every 4th layer has no RoPE)
-TINY_LAYERS = {"tiny-smollm3": 4, "tiny-olmo3": 4}
+TINY_LAYERS = {"tiny-smollm3": 4, "tiny-olmo3": 4, "tiny-qwen3_5": 4, "tiny-qwen3_next": 4}
 
 
 def annotations(key: str) -> dict:

@@ -43,18 +43,24 @@ def test_gemma3_preset_bf16_tracks_fp32_on_the_cpu():
     assert err < MAX_BASELINE_REL_ERR / 4, err
 
 
-def test_a_models_own_random_init_is_seeded_like_the_rest():
-    """gpt-oss's attention draws its sinks from the global generator in its own init: two
-    processes (model worker, measuring process) must still build the same weights from one
-    seed, whatever the global generator holds; another seed gives other values."""
+@pytest.mark.parametrize(
+    ("key", "suffix", "count"), [("tiny-gpt_oss", "sinks", 2), ("tiny-qwen3_5", "A_log", 3)]
+)
+def test_a_models_own_random_init_is_seeded_like_the_rest(key, suffix, count):
+    """gpt-oss's attention draws its sinks, Qwen3.5's gated delta nets A_log, from the global
+    generator in their own init: two processes (model worker, measuring process) must still
+    build the same weights from one seed, whatever the global generator holds; another seed
+    gives other values."""
     torch.manual_seed(123)
-    a = random_model("tiny-gpt_oss", "cpu", 0).model
+    a = random_model(key, "cpu", 0).model
     torch.manual_seed(456)
-    b = random_model("tiny-gpt_oss", "cpu", 0).model
-    c = random_model("tiny-gpt_oss", "cpu", 1).model
-    sinks = [n for n, _ in a.named_parameters() if n.endswith("sinks")]
-    assert sinks
+    b = random_model(key, "cpu", 0).model
+    c = random_model(key, "cpu", 1).model
+    own = [n for n, _ in a.named_parameters() if n.endswith(suffix)]
+    assert len(own) == count
     pa, pb, pc = (dict(m.named_parameters()) for m in (a, b, c))
     for name in pa:
         assert torch.equal(pa[name], pb[name]), name
-    assert not torch.equal(pa[sinks[0]], pc[sinks[0]])
+    assert not torch.equal(pa[own[0]], pc[own[0]])
+    if suffix == "A_log":
+        assert float(pa[own[0]].float().exp().min()) >= 0.01  # the model's own A in [0.01, 16]

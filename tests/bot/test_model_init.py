@@ -183,6 +183,48 @@ def test_gemma3_is_covered_and_scaffolds_its_registered_description(project, tmp
     assert namespace["FAMILY"] == mp.FAMILIES["gemma3"].description()
 
 
+def test_qwen3_5_is_covered_and_scaffolds_its_registered_description(project, tmp_path, capsys):
+    """Qwen3.5-0.8B's text model as its preset has it (gated delta net layers, gated attention
+    output, zero-centred norms, partial M-RoPE): model init checks one layer_types period
+    and reads off the Family the repository registers by hand in its qwen3_5 folder."""
+    from tilegym.transformers import monkey_patch as mp
+
+    root, repo = project
+    _without_family(root, repo, "qwen3_5_text")
+    config = _preset_config(tmp_path, "qwen3_5")
+    args = ["-C", str(root), "model", "init", "qwen3_5_text", "--config", str(config)]
+    assert main([*args, "--key", "qwen35"]) == 0, capsys.readouterr().err
+    assert "checked: the patched 4-layer model reproduces the upstream one" in (
+        capsys.readouterr().out
+    )
+    namespace: dict = {}
+    path = root / "src/tilegym/transformers/qwen3_5_text/modeling_qwen3_5_text.py"
+    exec(path.read_text(), namespace)
+    assert namespace["FAMILY"] == mp.FAMILIES["qwen3_5"].description()
+
+
+def test_qwen3_next_is_covered_and_scaffolds_its_registered_description(project, tmp_path, capsys):
+    """Qwen3-Next as its preset has it (packed gated delta net projections, MoE with a shared
+    expert on every layer): model init checks one layer_types period with few small experts and
+    reads off the Family the repository registers by hand."""
+    from tilegym.transformers import monkey_patch as mp
+
+    pytest.importorskip("transformers.models.qwen3_next")
+    root, repo = project
+    _without_family(root, repo, "qwen3_next")
+    config = _preset_config(tmp_path, "qwen3_next")
+    args = ["-C", str(root), "model", "init", "qwen3_next", "--config", str(config)]
+    assert main([*args, "--key", "qwen3next"]) == 0, capsys.readouterr().err
+    assert "checked: the patched 4-layer model reproduces the upstream one" in (
+        capsys.readouterr().out
+    )
+    namespace: dict = {}
+    exec(
+        (root / "src/tilegym/transformers/qwen3_next/modeling_qwen3_next.py").read_text(), namespace
+    )
+    assert namespace["FAMILY"] == mp.FAMILIES["qwen3_next"].description()
+
+
 def test_a_model_type_an_existing_family_patches_is_refused(project, tmp_path, capsys):
     """The gemma3 folder patches gemma3_text (its MODEL_TYPE): a second family for that model
     type is refused before anything is checked or written."""

@@ -49,6 +49,16 @@ FEATURES = {
     "mixtral": dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=4),
     # gpt-oss: a sliding layer then a full one, sinks, biased router and clamped experts
     "gpt_oss": dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=4),
+    # Qwen3.5: one layer_types period (three gated delta net layers, one gated attention)
+    "qwen3_5_text": dict(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4),
+    # Qwen3-Next: the same period, packed gated delta net projections, MoE with a shared expert
+    "qwen3_next": dict(
+        num_hidden_layers=4,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        num_experts=8,
+        num_experts_per_tok=2,
+    ),
 }
 
 
@@ -210,13 +220,30 @@ def test_a_description_without_the_clip_or_the_renormalization_is_refused(key, f
         verify(model, bad, _apply(bad))
 
 
-def test_a_shared_expert_is_refused_by_name():
-    """Qwen2-MoE adds a gated shared expert to its sparse block: no op runs it."""
+def test_a_sigmoid_gated_shared_expert_is_described_and_reproduced():
+    """Qwen2-MoE adds the sigmoid-gated shared expert Qwen3-Next has to its sparse block: the
+    probe reads it (``moe_shared_expert``) and the patched tiny model reproduces upstream
+    (attention left to PyTorch: Qwen2-MoE's mask function is outside the attention kernels'
+    envelope); described without it, the numbers refuse it."""
     model = _tiny("qwen2_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
-    with pytest.raises(
-        FamilyRefused,
-        match="MoE block parts the MoE forward does not run: shared_expert, shared_expert_gate",
-    ):
+    family = describe_structure(model).family
+    assert family.moe_shared_expert and family.moe_block == "SparseMoeBlock"
+
+    def apply(description):
+        return lambda m: mp.apply_family(m, description, attn=False)
+
+    assert verify(model, family, apply(family)) <= 1e-4
+    bad = dataclasses.replace(family, moe_shared_expert=False)
+    with pytest.raises(FamilyRefused, match=r"model\.layers\.0 \("):
+        verify(model, bad, apply(bad))
+
+
+def test_a_shared_expert_of_another_class_is_refused_by_name():
+    """The shared expert runs as the family's dense MLP; another class is named."""
+    model = _tiny("qwen2_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+    for layer in model.model.layers:
+        layer.mlp.shared_expert = torch.nn.Sequential(layer.mlp.shared_expert)
+    with pytest.raises(FamilyRefused, match="a shared expert of class Sequential, not Qwen2MoeMLP"):
         describe_structure(model)
 
 
@@ -234,4 +261,26 @@ def test_gpt_oss_is_read_off_its_modules_and_a_missing_sink_is_caught():
     assert any("attention sinks" in note for note in probe.notes)
     wrong = dataclasses.replace(family, sinks=False)
     with pytest.raises(FamilyRefused, match="does not reproduce GptOss"):
+        verify(model, wrong, _apply(wrong))
+
+
+def test_a_linear_attention_mixer_the_glue_cannot_run_is_refused_by_name():
+    """A gated delta net with neither Qwen3.5's four projections nor Qwen3-Next's packed two:
+    the probe names the mixer and what it lacks instead of describing a family."""
+    pytest.importorskip("transformers.models.qwen3_next")
+    model = _tiny("qwen3_next", **FEATURES["qwen3_next"])
+    for layer in model.model.layers:
+        if hasattr(layer, "linear_attn"):
+            del layer.linear_attn.in_proj_ba
+    with pytest.raises(FamilyRefused, match="mixer Qwen3NextGatedDeltaNet .lacks in_proj_qkv"):
+        describe_structure(model)
+
+
+def test_qwen3_5_without_its_output_gate_is_caught_by_the_numbers():
+    """The gate is read off q_proj's width; described without it the glue cannot run Qwen3.5."""
+    model = _tiny("qwen3_5_text", **FEATURES["qwen3_5_text"])
+    probe = describe_structure(model)
+    assert probe.family.attn_output_gate and probe.family.linear_attention == "GatedDeltaNet"
+    wrong = dataclasses.replace(probe.family, attn_output_gate=False)
+    with pytest.raises(Exception, match="shape|size|does not reproduce"):
         verify(model, wrong, _apply(wrong))

@@ -54,7 +54,7 @@ def test_dispatch_refuses_unknown_model_type_and_lists_supported():
     with pytest.raises(
         mp.UnsupportedModelType,
         match="gpt2.*supported: gemma3_text, gpt_oss, granite, llama, mistral, mixtral, olmo2, "
-        "olmo3, olmoe, phi3, qwen2, qwen3, qwen3_moe, smollm3",
+        "olmo3, olmoe, phi3, qwen2, qwen3, qwen3_5_text, qwen3_moe, qwen3_next, smollm3",
     ):
         mp.apply_tilegym_kernel(model)
 

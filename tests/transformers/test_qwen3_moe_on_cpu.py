@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig
 import tilegym.transformers.moe_block as moe_block
 from tilegym.kernel_inventory.parity import load_reference
 from tilegym.transformers import monkey_patch as mp
-from tilegym.transformers.family_probe import FamilyRefused, describe_structure, verify
+from tilegym.transformers.family_probe import describe_structure, verify
 
 UPSTREAM = "transformers.models.qwen3_moe.modeling_qwen3_moe"
 SMALL = dict(
@@ -232,8 +232,9 @@ def test_the_family_is_dispatched_and_described_as_registered():
     assert verify(model, probe.family, lambda m: mp.apply_family(m, probe.family)) <= 1e-4
 
 
-def test_a_block_with_a_shared_expert_is_refused_by_name():
-    """Qwen2-MoE's block adds a gated shared expert the MoE forward does not run."""
+def test_a_block_with_a_shared_expert_is_described_with_it():
+    """Qwen2-MoE's block adds a sigmoid-gated shared expert, which the MoE forward runs since
+    Qwen3-Next (``Family.moe_shared_expert``; the numbers: test_family_probe.py)."""
     torch.manual_seed(0)
     config = AutoConfig.for_model(
         "qwen2_moe",
@@ -249,8 +250,8 @@ def test_a_block_with_a_shared_expert_is_refused_by_name():
         vocab_size=64,
     )
     model = AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(FamilyRefused, match="MoE block parts .*shared_expert, shared_expert_gate"):
-        describe_structure(model)
+    family = describe_structure(model).family
+    assert family.moe_shared_expert and family.moe_block == "SparseMoeBlock"
 
 
 @pytest.mark.slow

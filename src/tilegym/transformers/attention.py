@@ -555,11 +555,30 @@ class TileKVLayer(CacheLayerMixin):
         return None
 
 
-class TileKVCache(Cache):
-    """transformers ``Cache`` of ``TileKVLayer``s, one per decoder layer."""
+#: layer types whose cache holds conv / recurrent states instead of keys and values
+#: (transformers' ``LinearAttentionLayer``, as its ``DynamicCache`` builds for them)
+STATE_LAYER_TYPES = ("linear_attention", "conv")
 
-    def __init__(self, num_layers: int, initial_capacity: int = 0):
-        super().__init__(layers=[TileKVLayer(initial_capacity) for _ in range(num_layers)])
+
+class TileKVCache(Cache):
+    """transformers ``Cache`` of ``TileKVLayer``s, one per decoder layer; a hybrid model's
+    linear-attention layers (``layer_types``, Qwen3.5) get transformers' own state layer."""
+
+    def __init__(
+        self, num_layers: int, initial_capacity: int = 0, layer_types: list[str] | None = None
+    ):
+        from transformers.cache_utils import LinearAttentionLayer
+
+        kinds = list(layer_types or ())[:num_layers]
+        kinds += ["full_attention"] * (num_layers - len(kinds))
+        super().__init__(
+            layers=[
+                LinearAttentionLayer()
+                if kind in STATE_LAYER_TYPES
+                else TileKVLayer(initial_capacity)
+                for kind in kinds
+            ]
+        )
 
 
 def make_cache(model: torch.nn.Module, batch_size: int, max_length: int) -> TileKVCache:
@@ -574,7 +593,11 @@ def make_cache(model: torch.nn.Module, batch_size: int, max_length: int) -> Tile
         raise ValueError(f"batch_size and max_length must be positive ({batch_size}, {max_length})")
     cfg = model.config
     text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    return TileKVCache(text_cfg.num_hidden_layers, initial_capacity=max_length)
+    return TileKVCache(
+        text_cfg.num_hidden_layers,
+        initial_capacity=max_length,
+        layer_types=getattr(text_cfg, "layer_types", None),
+    )
 
 
 CACHE_KWARGS = ("past_key_values", "cache")

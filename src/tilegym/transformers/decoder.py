@@ -139,8 +139,13 @@ def make_attention_forward(
     a residual multiplier (Granite) is folded into the o_proj weight the residual GEMM reads.
     The softmax scale is the module's ``scaling`` (Granite: ``config.attention_multiplier``).
     With ``family.sinks`` the module's sinks go to the attention function as ``s_aux``; with
-    ``family.rope_half_table`` the RoPE kernels get the half-width tables repeated (gpt-oss)."""
+    ``family.rope_half_table`` the RoPE kernels get the half-width tables repeated (gpt-oss).
+    With ``family.attn_output_gate`` q_proj holds [q; gate] per head and the attention output
+    is scaled by ``sigmoid(gate)`` before o_proj (Qwen3.5; PyTorch's sigmoid and multiply, as
+    upstream). Tables narrower than the head (partial rotary, Qwen3.5's 0.25) take the
+    q/k norms and the RoPE kernel apart: the fused kernel rotates whole heads only."""
     names = family.qkv
+    q_width = 2 if family.attn_output_gate else 1
     torch_rope = upstream_rope(family)
 
     def forward(
@@ -158,19 +163,23 @@ def make_attention_forward(
         bsz, seq = input_shape
         d = self.head_dim
         hq, hk = self.config.num_attention_heads, self.config.num_key_value_heads
-        qkv = None
+        qkv, gate = None, None
         if routes.linear:
             w, b = fused.get(self, names)
             qkv = gemm.linear(hidden_states, w, b)
         elif len(names) == 1:
             qkv = getattr(self, names[0])(hidden_states)
+        nq = q_width * hq * d
         if qkv is not None:
-            q = qkv[..., : hq * d].view(bsz, seq, hq, d)
-            k = qkv[..., hq * d : (hq + hk) * d].view(bsz, seq, hk, d)
-            v = qkv[..., (hq + hk) * d :].view(bsz, seq, hk, d)
+            q = qkv[..., :nq].view(bsz, seq, hq, q_width * d)
+            k = qkv[..., nq : nq + hk * d].view(bsz, seq, hk, d)
+            v = qkv[..., nq + hk * d :].view(bsz, seq, hk, d)
         else:
             q, k, v = (getattr(self, n)(hidden_states) for n in names)
-            q, k, v = q.view(bsz, seq, hq, d), k.view(bsz, seq, hk, d), v.view(bsz, seq, hk, d)
+            q = q.view(bsz, seq, hq, q_width * d)
+            k, v = k.view(bsz, seq, hk, d), v.view(bsz, seq, hk, d)
+        if family.attn_output_gate:  # upstream's chunk of the [q; gate] head
+            q, gate = q[..., :d], q[..., d:].reshape(bsz, seq, hq * d)
         cos, sin = position_embeddings
         if family.rope_half_table and routes.rope:  # the kernels take head_dim-wide tables
             cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
@@ -182,7 +191,8 @@ def make_attention_forward(
             k = self.k_norm(k.reshape(bsz, seq, hk * d)).view(bsz, seq, hk, d)
         if clip is not None and not per_head:
             q, k, v = (t.clamp(-clip, clip) for t in (q, k, v))
-        if per_head and rope and routes.rope and routes.rms_norm and clip is None:
+        full_rotary = cos.shape[-1] == d
+        if per_head and rope and routes.rope and routes.rms_norm and clip is None and full_rotary:
             qw, kw, eps = self.q_norm.weight, self.k_norm.weight, norm_eps(self.q_norm)
             q, k = qk_norm_rope(q, k, qw, kw, eps, cos, sin, family.norm_unit_offset)
         else:
@@ -220,6 +230,8 @@ def make_attention_forward(
             **kwargs,
         )
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        if gate is not None:
+            attn_output = attn_output * torch.sigmoid(gate)
         if routes.linear and self.o_proj.bias is None:
             if residual is not None:
                 w = fused.scaled(self, "o_proj", residual_scale(self, family))
@@ -251,7 +263,10 @@ def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
     beat PyTorch's on the H200, so the library has none. A residual multiplier (Granite's
     ``residual + out * m``) rides in the o_proj/down_proj weights the residual GEMMs read; the
     add+RMSNorm kernel has no scale, so there (``linear`` off) the scaling is PyTorch's multiply.
-    Post-norm (OLMo 2) and sandwich-norm (Gemma 3) families have their own layer forwards below."""
+    Post-norm (OLMo 2) and sandwich-norm (Gemma 3) families have their own layer forwards below.
+    A layer with a linear-attention mixer (``family.linear_attention``: Qwen3.5's
+    ``linear_attn``) calls it where the others call ``self_attn``, with the residual to fold
+    into its out_proj GEMM and the cache under both names the releases use."""
     offset = family.norm_unit_offset
 
     def forward(
@@ -264,27 +279,38 @@ def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
     ) -> torch.Tensor:
         residual = hidden_states
         normed = self.input_layernorm(hidden_states)
-        fold = routes.linear and self.self_attn.o_proj.bias is None
-        attn_out, _ = self.self_attn(
-            hidden_states=normed,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            position_embeddings=position_embeddings,
-            residual=residual if fold else None,
-            **kwargs,
-        )
+        mixer = getattr(self, "linear_attn", None) if family.linear_attention else None
+        if mixer is not None:
+            fold = routes.linear and mixer.out_proj.bias is None
+            attn_out = mixer(
+                hidden_states=normed,
+                attention_mask=attention_mask,
+                residual=residual if fold else None,
+                **kwargs,
+            )
+        else:
+            fold = routes.linear and self.self_attn.o_proj.bias is None
+            attn_out, _ = self.self_attn(
+                hidden_states=normed,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                position_embeddings=position_embeddings,
+                residual=residual if fold else None,
+                **kwargs,
+            )
         norm = self.post_attention_layernorm
         if fold:
             hidden_states = attn_out
             normed = norm(hidden_states)
         elif routes.rms_norm:
-            scale = residual_scale(self.self_attn, family)
+            scale = residual_scale(mixer or self.self_attn, family)
             branch = attn_out if scale is None else attn_out * scale
             hidden_states, normed = add_rms_norm(
                 branch, residual, norm.weight, norm_eps(norm), offset
             )
         else:
-            hidden_states = add_scaled(residual, attn_out, residual_scale(self.self_attn, family))
+            scale = residual_scale(mixer or self.self_attn, family)
+            hidden_states = add_scaled(residual, attn_out, scale)
             normed = norm(hidden_states)
         return self.mlp(normed, residual=hidden_states)
 

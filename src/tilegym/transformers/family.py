@@ -6,7 +6,8 @@ from Llama (q/k norms, packed projections, the activation's name, where its norm
 form, scaled residual branches, layers without RoPE, clipped q/k/v, a sparse MoE block and how
 its router weighs the experts, attention sinks, biased and clamped experts). Each family's
 ``<key>/modeling_<key>.py`` holds its ``FAMILY``; ``decoder.py`` reads it. This module is shared
-by every family, so no experiment may change it (``tilegym-hooks scope``).
+by every family, so no experiment may change it (``tilegym-hooks scope``). Qwen3.5 adds a
+gated attention output and linear-attention (gated delta rule) layers.
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ class Family:
     # dropped (gpt-oss); handed to the attention function as ``s_aux``, as upstream does
     rope_half_table: bool = False  # the rotary tables hold head_dim / 2 columns and q/k rotate
     # by halves (gpt-oss); the RoPE kernels get them repeated to head_dim (the same rotation)
+    moe_shared_expert: bool = False  # the sparse block also runs ``shared_expert`` (a dense MLP
+    # of the family's class) scaled by sigmoid(``shared_expert_gate``(x)) and adds it (Qwen3-Next)
+    attn_output_gate: bool = False  # q_proj yields [q; gate] per head (twice q's rows) and the
+    # attention output is scaled by sigmoid(gate) before o_proj (Qwen3.5, Qwen3-Next)
+    linear_attention: str | None = None  # class suffix of the linear-attention token mixer of
+    # the layers that have one as ``linear_attn`` instead of ``self_attn`` (Qwen3.5:
+    # "GatedDeltaNet"), patched by tilegym.transformers.linear_attention; None: none has one
     forwards: Mapping[str, Callable] = field(default_factory=dict, compare=False)
     # the family's own forward builders by upstream class suffix ("RMSNorm", "MLP",
     # "Attention", "DecoderLayer", "MoeBlock"), each with the shared builder's signature: how an

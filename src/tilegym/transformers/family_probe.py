@@ -64,6 +64,16 @@ MOE_EXPERTS_LAYOUT = {
 MOE_CLAMPED_LAYOUT = dict(MOE_EXPERTS_LAYOUT, has_bias=True, is_transposed=True)
 MOE_CLAMPED_LAYOUT["is_concatenated"] = False
 MOE_CLAMPED_ATTRS = ("alpha", "limit", "gate_up_proj_bias", "down_proj_bias")
+#: a linear-attention layer's token mixer (``Family.linear_attention``) and what the gated
+#: delta net glue (``tilegym.transformers.linear_attention``) reads of it: Qwen3.5's four
+#: input projections, the depthwise conv, the gates' parameters, the gated norm, out_proj
+LINEAR_MIXER = "linear_attn"
+GATED_DELTA_PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "norm")
+GATED_DELTA_PARTS += ("out_proj", "A_log", "dt_bias")
+#: Qwen3-Next's packed form of the four input projections (relaid once by the glue)
+GATED_DELTA_PACKED = ("in_proj_qkvz", "in_proj_ba", "fix_query_key_value_ordering")
+#: a sparse block's sigmoid-gated shared expert (``Family.moe_shared_expert``; Qwen3-Next)
+MOE_SHARED_PARTS = {"shared_expert", "shared_expert_gate"}
 #: largest |logit difference| (fp32, CPU) between the patched and upstream tiny models
 LOGIT_TOLERANCE = 1e-4
 
@@ -139,7 +149,11 @@ def describe_structure(model) -> Probe:
     """The ``Family`` an instance's classes and modules describe (no numbers checked yet);
     ``FamilyRefused`` names every uncovered feature found."""
     problems = config_problems(model.config)
-    layer = _layers(model)[0]
+    layers = _layers(model)
+    # a hybrid model's (Qwen3.5's) attention layer describes the family; its linear-attention
+    # layers differ in their token mixer only
+    layer = next((la for la in layers if hasattr(la, "self_attn")), layers[0])
+    linear_attention = _linear_mixer(layers, layer, problems)
     name = type(layer).__name__
     if not name.endswith("DecoderLayer"):
         raise FamilyRefused(f"decoder layer class {name} is not <Prefix>DecoderLayer")
@@ -164,14 +178,28 @@ def describe_structure(model) -> Probe:
             "an RMSNorm that is neither Llama's (weight * x / rms(x)) nor Gemma's "
             "((1 + weight) * x / rms(x))"
         )
+    if not hasattr(layer, "self_attn"):
+        raise FamilyRefused(f"{name} has no self_attn in any layer: no attention to patch")
     attn, mlp = layer.self_attn, layer.mlp
     notes = []
+    if linear_attention:
+        notes.append(
+            f"linear-attention layers ({prefix}{linear_attention}: gated delta rule, causal "
+            "conv1d, gated RMSNorm)"
+        )
     moe_block, renormalize, router, experts_form = None, None, "gate", "silu"
+    shared_expert = False
     sparse = next((la.mlp for la in _layers(model) if hasattr(la.mlp, "experts")), None)
     if sparse is not None:  # a sparse block; its dense twin names the MLP projections
         moe_block, mlp, renormalize, router, experts_form = _moe_block(
             model, sparse, prefix, upstream, problems
         )
+        shared_expert = {n for n, _ in sparse.named_children()} >= MOE_SHARED_PARTS
+        if shared_expert:
+            kind = type(sparse.shared_expert)
+            if kind is not getattr(upstream, prefix + "MLP", None):
+                problems.append(f"a shared expert of class {kind.__name__}, not {prefix}MLP")
+            notes.append("a shared expert scaled by sigmoid(shared_expert_gate(x)) in each block")
         notes.append(
             "sparse MoE MLP blocks (softmax top-k router, packed SwiGLU experts)"
             if experts_form == "silu"
@@ -185,6 +213,9 @@ def describe_structure(model) -> Probe:
                 else "top-k routing weights never renormalized (no norm_topk_prob switch)"
             )
     qkv = _names(attn, QKV, "qkv_proj", "attention projections", problems)
+    output_gate = output_gated(model.config, attn, qkv)
+    if output_gate:
+        notes.append("q_proj holds [q; gate] per head, output scaled by sigmoid(gate)")
     gate_up, act = GATE_UP, "act_fn"
     if mlp is not None:  # None: every MLP is sparse and the family has no dense one (Mixtral)
         gate_up = _names(mlp, GATE_UP, "gate_up_proj", "MLP projections", problems)
@@ -266,8 +297,51 @@ def describe_structure(model) -> Probe:
         moe_experts=experts_form,
         sinks=sinks,
         rope_half_table=half_table,
+        attn_output_gate=output_gate,
+        linear_attention=linear_attention,
+        moe_shared_expert=shared_expert,
     )
     return Probe(family, tuple(notes))
+
+
+def output_gated(config, attn, qkv: tuple[str, ...]) -> bool:
+    """True when a separate q_proj has twice the query heads' rows: [q; gate] per head, the
+    output scaled by sigmoid(gate) (Qwen3.5). The numeric check judges the gate's form."""
+    q = getattr(attn, qkv[0], None) if len(qkv) == 3 else None
+    head_dim = getattr(attn, "head_dim", None)
+    heads = getattr(config, "num_attention_heads", None)
+    return bool(q is not None and head_dim and heads and q.out_features == 2 * heads * head_dim)
+
+
+def _linear_mixer(layers, attention_layer, problems: list[str]) -> str | None:
+    """The class suffix of the linear-attention mixer (``linear_attn``) some layers have instead
+    of ``self_attn``, or None; a mixer the gated delta net glue cannot run, or a linear layer
+    whose other parts differ from the attention layer's, is added to ``problems``."""
+    hybrid = [la for la in layers if hasattr(la, LINEAR_MIXER)]
+    if not hybrid:
+        return None
+    mixer = getattr(hybrid[0], LINEAR_MIXER)
+    prefix = type(attention_layer).__name__.removesuffix("DecoderLayer")
+    name = type(mixer).__name__
+    missing = [p for p in GATED_DELTA_PARTS if not hasattr(mixer, p)]
+    if all(hasattr(mixer, p) for p in GATED_DELTA_PACKED):  # Qwen3-Next's packed projections
+        missing = [p for p in missing if p not in GATED_DELTA_PARTS[:4]]
+    if not name.startswith(prefix) or missing:
+        lacks = f" (lacks {', '.join(missing)})" if missing else ""
+        problems.append(
+            f"linear-attention mixer {name}{lacks}: the gated delta net glue runs "
+            f"{prefix}GatedDeltaNet-style mixers with {', '.join(GATED_DELTA_PARTS[:4])} "
+            f"(or packed: {', '.join(GATED_DELTA_PACKED[:2])}); no cuTile op computes this one"
+        )
+        return None
+    own = {n for n, _ in attention_layer.named_children()} - {"self_attn"}
+    theirs = {n for n, _ in hybrid[0].named_children()} - {LINEAR_MIXER}
+    if own != theirs:
+        problems.append(
+            f"linear-attention layers with other parts than the attention layers: "
+            f"{', '.join(sorted(own ^ theirs))}"
+        )
+    return name[len(prefix) :]
 
 
 def rope_half_table(model, attn) -> bool:
@@ -318,7 +392,8 @@ def _moe_block(model, block, prefix: str, upstream, problems: list[str]):
         problems.append(f"MoE block class {name} is not {prefix}<suffix> of {upstream.__name__}")
     children = {n for n, _ in block.named_children()}
     router_name = next((n for n in MOE_ROUTERS if n in children), MOE_ROUTERS[0])
-    extra = sorted(children - MOE_BLOCK_PARTS - {router_name})
+    shared = MOE_SHARED_PARTS if children >= MOE_SHARED_PARTS else set()
+    extra = sorted(children - MOE_BLOCK_PARTS - {router_name} - shared)
     if extra:
         problems.append(f"MoE block parts the MoE forward does not run: {', '.join(extra)}")
     router, experts = getattr(block, router_name, None), block.experts

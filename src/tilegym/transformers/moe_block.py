@@ -27,6 +27,11 @@ has a bias, and its softmax over the top-k logits is the renormalized top-k of t
 (``moe_experts_bias``) on their weights relaid once into the row layout (``prepare``, kept by
 the patch's ``FusedWeights``: one more copy of the expert weights while patched).
 
+Qwen3-Next (``Family.moe_shared_expert``): the block also holds ``shared_expert`` (the family's
+dense MLP, patched as such) and ``shared_expert_gate`` (a ``[1, H]`` linear); their
+``sigmoid(gate(x)) * shared_expert(x)`` joins the residual the experts op adds (upstream adds it
+to the experts' sum; the same terms, summed in another order).
+
 Under ``linear`` the router module itself is not called, so its outputs are not recorded for
 ``output_router_logits`` (the training-time load-balancing loss); generation never asks for them.
 """
@@ -91,6 +96,11 @@ def make_moe_block_forward(routes, gemm, family, fused=None) -> Callable:
         x = hidden_states.reshape(-1, shape[-1])
         res = None if residual is None else residual.reshape(-1, shape[-1])
         router, experts = getattr(self, family.moe_router), self.experts
+        if family.moe_shared_expert:
+            gate = self.shared_expert_gate
+            g = gemm.linear(x, gate.weight, gate.bias) if routes.linear else gate(x)
+            shared = torch.sigmoid(g) * self.shared_expert(x)
+            res = shared if res is None else res + shared
         if routes.linear:
             logits = gemm.linear(x, router.weight, getattr(router, "bias", None))
             norm = router.norm_topk_prob if renormalize is None else renormalize

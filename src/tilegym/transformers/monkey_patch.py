@@ -48,12 +48,15 @@ SHARED_GLUE = "tilegym.transformers.decoder"
 experiment's scope)."""
 
 MOE_GLUE = "tilegym.transformers.moe_block"
+LINEAR_ATTENTION_GLUE = "tilegym.transformers.linear_attention"
 _BUILDERS = {  # upstream class suffix -> (module, the shared builder of its forward)
     "RMSNorm": (SHARED_GLUE, "make_rms_norm_forward"),
     "MLP": (SHARED_GLUE, "make_mlp_forward"),
     "Attention": (SHARED_GLUE, "make_attention_forward"),
     "DecoderLayer": (SHARED_GLUE, "make_decoder_layer_forward"),
     "MoeBlock": (MOE_GLUE, "make_moe_block_forward"),  # Family.moe_block's class
+    # Family.linear_attention's class, on the cuTile ops with the ``attn`` flag
+    "LinearAttention": (LINEAR_ATTENTION_GLUE, "make_linear_attention_forward"),
 }
 
 
@@ -221,6 +224,8 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
     # sparse block MLP (gpt-oss), patched as the sparse block only
     if desc.moe_block:  # the sparse MLP block, called by the layer forward with the residual
         classes["MoeBlock"] = getattr(upstream, f"{prefix}{desc.moe_block}")
+    if desc.linear_attention:  # the token mixer of the linear-attention layers
+        classes["LinearAttention"] = getattr(upstream, f"{prefix}{desc.linear_attention}")
     unknown = sorted(set(desc.forwards) - set(_BUILDERS))
     if unknown:
         raise ValueError(
@@ -281,6 +286,11 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         if desc.moe_block:
             forwards["MoeBlock"] = builder("MoeBlock")(routes, gemm, desc, fused)
         forwards = {part: fn for part, fn in forwards.items() if part in classes}
+    if desc.linear_attention and (flags["attn"] or "DecoderLayer" in forwards):
+        # with attn off the mixer stays upstream's, wrapped to take the patched layer's residual
+        forwards["LinearAttention"] = builder("LinearAttention")(
+            routes, fused, gemm, desc, kernels=flags["attn"]
+        )
 
     try:
         if model is None:
@@ -329,6 +339,8 @@ def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc
                     fused.build(module, desc.gate_up)
                 if part == "MoeBlock":  # relaid expert weights, before anything compiles
                     importlib.import_module(MOE_GLUE).prepare(module, routes, fused, desc)
+                if part == "LinearAttention" and routes.linear:  # fused input projections
+                    importlib.import_module(LINEAR_ATTENTION_GLUE).prepare(module, fused)
                 if routes.linear and desc.residual_multiplier and _scaled_here(module, part):
                     fused.scaled(module, _SCALED[part], module.config.residual_multiplier)
                 break

@@ -6,7 +6,8 @@ with transformers' default init switched off (the default init is slow on CPU an
 overwritten anyway): matrices N(0, initializer_range), biases 0, and norms as the model's own
 init sets them: scale 1 for most, but 0 for Gemma's ``(1 + weight)`` norms, whose scale 1 doubled
 every norm of the random gemma3 and put its bf16 logits 0.93 away from fp32's. Modules holding
-only 1-D parameters of their own (norms; gpt-oss's attention: its sinks) get the model's own init
+only 1-D parameters of their own (norms; gpt-oss's attention: its sinks; Qwen3.5's gated delta
+nets: A_log, dt_bias) get the model's own init
 under a generator seeded from ``seed``.
 """
 
@@ -61,9 +62,10 @@ def init_random_(model: torch.nn.Module, seed: int, device: str) -> None:
         else:
             p.fill_(1.0)
     # A module's own init may draw from the global generator (gpt-oss's attention draws its
-    # sinks): seeded here, so the model worker and the measuring process, which build the
-    # model apart, hold the same weights (unseeded, tiny-gpt_oss's correctness case passed or
-    # failed from run to run with one seed)
+    # sinks, Qwen3.5's gated delta nets A_log): seeded here, so the model worker and the
+    # measuring process, which build the model apart, hold the same weights (unseeded, one seed
+    # gave different sinks or A_log in the two processes and a correctness case passed or failed
+    # from run to run)
     cuda = torch.device(device).type == "cuda"
     devices = [torch.device(device).index or 0] if cuda else []
     with torch.random.fork_rng(devices=devices):

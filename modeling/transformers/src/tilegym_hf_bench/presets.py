@@ -83,6 +83,25 @@ PRESETS: dict[str, Preset] = {
     "tiny-gpt_oss": Preset(
         "tiny-gpt_oss", "gpt_oss", "gpt-oss-20b, 2 small layers", "tiny-gpt_oss.json", True
     ),
+    # qwen3_5: the text model (model type qwen3_5_text) of the multimodal Qwen3.5, patched by
+    # the family folder src/tilegym/transformers/qwen3_5 (flags keyed by the model type)
+    "qwen3_5": Preset("qwen3_5", "qwen3_5_text", "Qwen/Qwen3.5-0.8B", "qwen3_5.json", False),
+    # 4 layers: one whole layer_types period (three gated delta net layers, one full)
+    "tiny-qwen3_5": Preset(
+        "tiny-qwen3_5", "qwen3_5_text", "Qwen3.5-0.8B, 4 small layers", "tiny-qwen3_5.json", True
+    ),
+    # 4 of its 48 layers (one layer_types period): the bf16 model and the fp32 reference fit one
+    # H200 (see its _source)
+    "qwen3_next": Preset(
+        "qwen3_next", "qwen3_next", "Qwen/Qwen3-Next-80B-A3B-Instruct", "qwen3_next.json", False
+    ),
+    "tiny-qwen3_next": Preset(
+        "tiny-qwen3_next",
+        "qwen3_next",
+        "Qwen3-Next-80B-A3B, 4 small layers",
+        "tiny-qwen3_next.json",
+        True,
+    ),
 }
 
 

@@ -25,6 +25,8 @@ MODEL_PATCH_KWARGS = {
     "olmoe": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "mixtral": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "gpt_oss": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "qwen3_5_text": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "qwen3_next": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
 }
 
 
