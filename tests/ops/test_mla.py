@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from tilegym.ops import mla
+from tilegym.ops.attention import reference_mask
 from tilegym.ops.testing import assert_close_rel
 
 
@@ -244,6 +245,67 @@ def test_split_plan_covers_every_key_tile(blocks, span):
         assert splits > 1  # a lone sequence spreads its cache over the SMs
 
 
+def _prefill_inputs(b, h, s, t, gen, device="cpu", dtype=torch.float32, dn=32, dr=16, dv=16):
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
+
+    return rnd(b, h, s, dn), rnd(b, h, s, dr), rnd(b, h, t, dn), rnd(b, 1, t, dr), rnd(b, h, t, dv)
+
+
+def test_prefill_reference_is_upstream_eager_attention_over_expanded_keys():
+    """The prefill reference equals transformers' DeepSeek-V2 eager attention on the keys
+    ``[k_nope, k_pe]`` (rope key shared by the heads) and the narrower values (fp64)."""
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import eager_attention_forward
+
+    gen = torch.Generator().manual_seed(11)
+    b, h, s, t = 2, 3, 7, 12
+    qn, qp, kn, kp, v = _prefill_inputs(b, h, s, t, gen, dtype=torch.float64)
+    valid = torch.ones(b, t, dtype=torch.bool)
+    valid[1, :4] = False
+    mask = reference_mask(b, s, t, key_valid=valid)
+    mod = torch.nn.Module()
+    mod.num_key_value_groups, mod.training = 1, False
+    q = torch.cat([qn, qp], -1)
+    k = torch.cat([kn, kp.expand(-1, h, -1, -1)], -1)
+    add = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(
+        ~mask, torch.finfo(torch.float64).min
+    )
+    want, _ = eager_attention_forward(mod, q, k, v, add, scaling=0.2)
+    got = mla.reference_mla_prefill(qn, qp, kn, kp, v, mask, 0.2, dtype=torch.float64)
+    # eager's softmax runs in fp32; rows that see keys only
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_cpu_prefill_op_matches_reference_and_the_last_row_is_the_decode():
+    from tilegym.ops import library
+
+    gen = torch.Generator().manual_seed(12)
+    b, h, s, t = 2, 4, 9, 9
+    qn, qp, kn, kp, v = _prefill_inputs(b, h, s, t, gen)
+    valid = torch.ones(b, t, dtype=torch.bool)
+    valid[0, :3] = False
+    got = library.mla_prefill(qn, qp, kn, kp, v, scale=0.3, key_valid=valid)
+    mask = reference_mask(b, s, t, key_valid=valid)
+    torch.testing.assert_close(got, mla.reference_mla_prefill(qn, qp, kn, kp, v, mask, 0.3))
+    assert torch.equal(got[0, :3], torch.zeros_like(got[0, :3]))  # padding rows see nothing
+    # a chunk at the end of a longer cache (q_start > 0)
+    part = library.mla_prefill(qn[:, :, 5:], qp[:, :, 5:], kn, kp, v, scale=0.3, key_valid=valid)
+    torch.testing.assert_close(part, got[:, 5:])
+    opcheck_args = (qn.bfloat16(), qp.bfloat16(), kn.bfloat16(), kp.bfloat16(), v.bfloat16())
+    torch.library.opcheck(library.mla_prefill_op, (*opcheck_args, 0.3, 0, valid))
+
+
+def test_bad_prefill_inputs_get_one_clear_error():
+    gen = torch.Generator().manual_seed(13)
+    qn, qp, kn, kp, v = (x.bfloat16() for x in _prefill_inputs(1, 2, 3, 5, gen))
+    with pytest.raises(mla.MlaInputError, match="shapes do not fit"):
+        mla.mla_prefill(qn, qp, kn, kp.expand(-1, 2, -1, -1), v, scale=0.1)
+    with pytest.raises(mla.MlaInputError, match="powers of two"):
+        mla.mla_prefill(qn[..., :24], qp, kn[..., :24], kp, v, scale=0.1)
+    with pytest.raises(mla.MlaInputError, match="CUDA"):
+        mla.mla_prefill(qn, qp, kn, kp, v, scale=0.1)
+
+
 @pytest.mark.slow
 def test_aot_signatures_compile_for_sm90():
     from cuda.tile.compilation import export_kernel
@@ -251,13 +313,14 @@ def test_aot_signatures_compile_for_sm90():
     from tilegym.ops import attention as att
 
     sigs = mla.aot_signatures()
-    assert set(sigs) == {mla.mla_decode_kernel, att.decode_reduce_kernel}
+    assert set(sigs) == {mla.mla_decode_kernel, att.decode_reduce_kernel, mla.mla_prefill_kernel}
     assert len(sigs[mla.mla_decode_kernel]) == 8
     # parts + padding by kv_end; one split by device position; the reduction at D = 512
     picks = [
         (mla.mla_decode_kernel, sigs[mla.mla_decode_kernel][0]),
         (mla.mla_decode_kernel, sigs[mla.mla_decode_kernel][7]),
         (att.decode_reduce_kernel, sigs[att.decode_reduce_kernel][-1]),
+        (mla.mla_prefill_kernel, sigs[mla.mla_prefill_kernel][0]),
     ]
     for kernel, sig in picks:
         buf = io.BytesIO()
@@ -398,3 +461,25 @@ def test_absorbed_decode_step_matches_transformers_expanded_bf16(b, t, pads, gen
     bf16_err = (outs[torch.bfloat16].double() - ref).abs().max().item()
     tile_err = (outs["cutile"].double() - ref).abs().max().item()
     assert tile_err <= 1.5 * bf16_err + 1e-3, (tile_err, bf16_err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("b", "s", "t", "pads"),
+    [
+        (1, 1, 1, None),
+        (2, 37, 37, (0, 11)),
+        (8, 200, 200, (0, 150, 33, 0, 1, 2, 3, 199)),
+        (2, 77, 333, None),  # a chunk at the end of a longer cache
+        (1, 2048, 2048, None),
+    ],
+)
+def test_prefill_matches_fp32_reference(b, s, t, pads, gen, poison_empty):
+    qn, qp, kn, kp, v = _prefill_inputs(
+        b, 16, s, t, gen, "cuda", torch.bfloat16, dn=128, dr=64, dv=128
+    )
+    valid = None if pads is None else _padded(b, t, pads)
+    got = mla.mla_prefill(qn, qp, kn, kp, v, scale=0.1352, key_valid=valid)
+    mask = reference_mask(b, s, t, key_valid=valid, device="cuda")
+    assert torch.isfinite(got).all()
+    assert_close_rel(got, mla.reference_mla_prefill(qn, qp, kn, kp, v, mask, 0.1352))

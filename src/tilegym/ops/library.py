@@ -1054,3 +1054,44 @@ def mla_decode(q_latent, q_pe, ckv, kpe, *, scale, kv_end=None, position=None, k
     return _mla.mla_decode(
         q_latent, q_pe, ckv, kpe, scale=scale, kv_end=kv_end, position=position, key_valid=key_valid
     )
+
+
+@_op("mla_prefill")
+def mla_prefill_op(
+    q_nope: Tensor,
+    q_pe: Tensor,
+    k_nope: Tensor,
+    k_pe: Tensor,
+    v: Tensor,
+    scale: float,
+    q_start: int,
+    key_valid: Tensor | None,
+) -> Tensor:
+    with private_buffers():
+        return _mla.mla_prefill(
+            q_nope, q_pe, k_nope, k_pe, v, scale=scale, q_start=q_start, key_valid=key_valid
+        )
+
+
+@mla_prefill_op.register_kernel("cpu")
+def _(q_nope, q_pe, k_nope, k_pe, v, scale, q_start, key_valid):
+    b, _, s, _ = q_nope.shape
+    mask = _attention.reference_mask(b, s, k_nope.shape[2], q_start=q_start, key_valid=key_valid)
+    ref = _mla.reference_mla_prefill(q_nope, q_pe, k_nope, k_pe, v, mask, scale)
+    return ref.to(q_nope.dtype).contiguous()
+
+
+@mla_prefill_op.register_fake
+def _(q_nope, q_pe, k_nope, k_pe, v, scale, q_start, key_valid):
+    b, h, s, _ = q_nope.shape
+    return q_nope.new_empty((b, s, h, v.shape[3]))
+
+
+def mla_prefill(q_nope, q_pe, k_nope, k_pe, v, *, scale, q_start=None, key_valid=None):
+    """Causal MLA attention of new tokens over expanded keys/values (``ops/mla.py``)."""
+    q_start = k_nope.shape[2] - q_nope.shape[2] if q_start is None else int(q_start)
+    if _use_op(q_nope):
+        return mla_prefill_op(q_nope, q_pe, k_nope, k_pe, v, float(scale), q_start, key_valid)
+    return _mla.mla_prefill(
+        q_nope, q_pe, k_nope, k_pe, v, scale=scale, q_start=q_start, key_valid=key_valid
+    )

@@ -20,7 +20,14 @@ key and its first 512 columns as the value: one (batch, head block, key split) b
 latent tile once and uses it for both MMAs (keys on the MMA rows, as the shared decode's
 ``cols`` form). Splits are combined by the shared ``decode_reduce_kernel`` at ``D = L``.
 
-The key range is ``[0, kv_end)`` or, for a static cache's captured decode step, ``[0,
+``mla_prefill`` is the prompt's causal attention over expanded keys and values, as upstream
+computes it (the latent through ``kv_b_proj``): one flash kernel whose key is the head's
+``k_nope`` (128) plus the shared ``k_pe`` (64) in two MMAs, and whose value is 128 wide. The
+shared prefill kernel takes one head width for q, k and v from 64/96/128/256; padding 192 and
+128 to 256 would have cost a copy of q, k and v and a third more MMA work, so this is a
+variant beside it (the shared kernel's signatures stay as they are).
+
+The decode key range is ``[0, kv_end)`` or, for a static cache's captured decode step, ``[0,
 position[0]]`` read on the device; ``key_valid`` ``[B, T]`` drops padding keys. Rows with no
 visible key give 0. The scale is the module's ``scaling`` (DeepSeek-V3's YaRN mscale included).
 """
@@ -259,6 +266,162 @@ def mla_decode(
 
 
 # --------------------------------------------------------------------------------------------
+# Prefill over expanded keys and values (qk head 192 = nope 128 + rope 64, v head 128)
+# --------------------------------------------------------------------------------------------
+
+MLA_PREFILL_TILE_M = 64
+MLA_PREFILL_TILE_N = 64
+
+
+@ct.kernel(occupancy=1)
+def mla_prefill_kernel(
+    QN,
+    QP,
+    KN,
+    KP,
+    V,
+    Out,
+    KeyValid,
+    qk_scale: float,
+    q_start: int,
+    DN: ConstInt,
+    DR: ConstInt,
+    DV: ConstInt,
+    HQ: ConstInt,
+    TILE_M: ConstInt,
+    TILE_N: ConstInt,
+    HAS_PAD: ConstBool,
+):
+    """One (query tile, batch * head) block of causal attention whose key is the head's
+    ``k_nope`` and the shared ``k_pe`` (two MMAs, no concatenated or padded 192-wide copy) and
+    whose value is ``DV`` wide: the flash prefill with split keys and its own value width."""
+    num_m = ct.num_blocks(0)
+    bm = num_m - 1 - ct.bid(0)  # heaviest causal tiles first
+    bh = ct.bid(1)
+    b = bh // HQ
+    h = bh % HQ
+    skv = KN.shape[2]
+    q_lo = bm * TILE_M
+    rows = q_lo + q_start + ct.arange(TILE_M, dtype=ct.int32)[:, None]
+    col_tile = ct.arange(TILE_N, dtype=ct.int32)[None, :]
+    qn = ct.load(QN, index=(b, h, bm, 0), shape=(1, 1, TILE_M, DN), padding_mode=_ZERO)
+    qp = ct.load(QP, index=(b, h, bm, 0), shape=(1, 1, TILE_M, DR), padding_mode=_ZERO)
+    qn = qn.reshape((TILE_M, DN))
+    qp = qp.reshape((TILE_M, DR))
+    m_i = ct.full((TILE_M, 1), _NEG_BIG, dtype=ct.float32)
+    l_i = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
+    acc = ct.full((TILE_M, DV), 0.0, dtype=ct.float32)
+    kv_hi = min(skv, q_lo + q_start + TILE_M)
+    j_full_hi = min(skv // TILE_N, (q_lo + q_start + 1) // TILE_N)
+    for j in range(0, ct.cdiv(kv_hi, TILE_N)):
+        kn = ct.load(
+            KN,
+            index=(b, h, 0, j),
+            shape=(1, 1, DN, TILE_N),
+            order=(0, 1, 3, 2),
+            padding_mode=_ZERO,
+            latency=2,
+        ).reshape((DN, TILE_N))
+        kp = ct.load(
+            KP,
+            index=(b, 0, 0, j),
+            shape=(1, 1, DR, TILE_N),
+            order=(0, 1, 3, 2),
+            padding_mode=_ZERO,
+            latency=2,
+        ).reshape((DR, TILE_N))
+        qk = ct.mma(qn, kn, ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32))
+        qk = ct.mma(qp, kp, qk)
+        if HAS_PAD or j >= j_full_hi:
+            cols = j * TILE_N + col_tile
+            ok = (cols < skv) & (cols <= rows)
+            if HAS_PAD:
+                kv_ok = ct.load(KeyValid, index=(b, j), shape=(1, TILE_N), padding_mode=_ZERO)
+                ok = ok & (kv_ok != 0)
+            qk = ct.where(ok, qk, -math.inf)
+        m_new = ct.maximum(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)
+        p = ct.exp2(qk * qk_scale - m_new, flush_to_zero=True)
+        alpha = ct.exp2(m_i - m_new, flush_to_zero=True)
+        l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
+        acc = acc * alpha
+        v = ct.load(
+            V, index=(b, h, j, 0), shape=(1, 1, TILE_N, DV), padding_mode=_ZERO, latency=4
+        ).reshape((TILE_N, DV))
+        acc = ct.mma(p.astype(QN.dtype), v, acc)
+        m_i = m_new
+    l_safe = ct.where(l_i == 0.0, 1.0, l_i)
+    acc = acc / l_safe
+    ct.store(Out, index=(b, h, bm, 0), tile=acc.reshape((1, 1, TILE_M, DV)).astype(Out.dtype))
+
+
+def _check_prefill(q_nope, q_pe, k_nope, k_pe, v) -> tuple[int, int, int, int, int]:
+    if any(x.ndim != 4 for x in (q_nope, q_pe, k_nope, k_pe, v)):
+        raise MlaInputError("q_nope, q_pe, k_nope, k_pe and v must be 4D [B, heads, seq, dim]")
+    b, h, s, dn = q_nope.shape
+    dr, t, dv = q_pe.shape[3], k_nope.shape[2], v.shape[3]
+    if (
+        q_pe.shape != (b, h, s, dr)
+        or k_nope.shape != (b, h, t, dn)
+        or k_pe.shape != (b, 1, t, dr)
+        or v.shape != (b, h, t, dv)
+    ):
+        raise MlaInputError(
+            f"shapes do not fit: q_nope {tuple(q_nope.shape)}, q_pe {tuple(q_pe.shape)}, "
+            f"k_nope {tuple(k_nope.shape)}, k_pe {tuple(k_pe.shape)}, v {tuple(v.shape)}"
+        )
+    if not all(_pow2(d) and d >= 16 for d in (dn, dr, dv)):
+        raise MlaInputError(f"head widths nope {dn}, rope {dr}, v {dv} must be powers of two >= 16")
+    dtypes = {x.dtype for x in (q_nope, q_pe, k_nope, k_pe, v)}
+    if len(dtypes) != 1 or q_nope.dtype not in (torch.bfloat16, torch.float16):
+        raise MlaInputError(f"dtypes {sorted(map(str, dtypes))}: need one of bf16/fp16 for all")
+    if not all(x.is_cuda for x in (q_nope, q_pe, k_nope, k_pe, v)):
+        raise MlaInputError("cuTile MLA prefill needs CUDA tensors")
+    return b, h, s, t, dv
+
+
+def mla_prefill(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    q_start: int | None = None,
+    key_valid: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of ``S`` new tokens (query row ``i`` sees keys ``j <= i + q_start``,
+    default ``T - S``; ``key_valid`` ``[B, T]`` drops padding keys) with keys ``[k_nope_h,
+    k_pe]`` and values ``v``: returns ``[B, S, H, DV]`` (transformers' output layout)."""
+    b, h, s, t, dv = _check_prefill(q_nope, q_pe, k_nope, k_pe, v)
+    q_start = t - s if q_start is None else int(q_start)
+    if q_start < 0:
+        raise MlaInputError(f"causal attention needs q_start >= 0, got {q_start}")
+    tensors = [_att._unit_last_stride(x) for x in (q_nope, q_pe, k_nope, k_pe, v)]
+    kv_arg = _att._key_valid_arg(key_valid, b, t)
+    if out is None:
+        out = torch.empty((b, s, h, dv), dtype=q_nope.dtype, device=q_nope.device)
+    tm, tn = MLA_PREFILL_TILE_M, MLA_PREFILL_TILE_N
+    args = (
+        *tensors,
+        out.transpose(1, 2),
+        kv_arg if kv_arg is not None else _att._dummy_mask(q_nope.device),
+        float(scale) * LOG2E,
+        q_start,
+        q_nope.shape[3],
+        q_pe.shape[3],
+        dv,
+        h,
+        tm,
+        tn,
+        kv_arg is not None,
+    )
+    ct.launch(stream(), (-(-s // tm), b * h, 1), mla_prefill_kernel, args)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # PyTorch references
 # --------------------------------------------------------------------------------------------
 
@@ -300,6 +463,28 @@ def reference_mla_decode(
     any_key = vis.any(dim=-1, keepdim=True)
     p = torch.softmax(s.masked_fill(~any_key, 0.0), dim=-1).masked_fill(~vis, 0.0)
     return torch.einsum("bht,btl->bhl", p, c)
+
+
+def reference_mla_prefill(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``mla_prefill`` in ``dtype`` with a dense boolean mask ``[B, 1, S, T]``: keys
+    ``[k_nope, k_pe]``, values ``v``; rows with no visible key give 0. ``[B, S, H, DV]``."""
+    h = q_nope.shape[1]
+    q = torch.cat([q_nope, q_pe], dim=-1).to(dtype)
+    k = torch.cat([k_nope, k_pe.expand(-1, h, -1, -1)], dim=-1).to(dtype)
+    s = (q @ k.transpose(2, 3)) * scale
+    any_key = mask.any(dim=-1, keepdim=True)
+    s = s.masked_fill(~mask, -math.inf).masked_fill(~any_key, 0.0)
+    p = torch.softmax(s, dim=-1).masked_fill(~mask, 0.0)
+    return (p @ v.to(dtype)).transpose(1, 2)
 
 
 def split_kv_b_weight(weight: torch.Tensor, num_heads: int, nope_dim: int, v_dim: int):
@@ -346,9 +531,24 @@ def mla_decode_signatures(latent: int = 512, rope: int = 64, dtype=ct.bfloat16) 
     ]
 
 
-def aot_signatures(latent: int = 512, rope: int = 64) -> dict:
-    """``{kernel: [KernelSignature, ...]}`` at DeepSeek-V2-Lite's widths (latent 512, rope 64):
-    the decode kernel and the shared split reduction at ``D = latent``."""
+def mla_prefill_signatures(heads: int, nope: int, rope: int, v_dim: int, dtype=ct.bfloat16):
+    """The prefill kernel with and without padding."""
+    from cuda.tile.compilation import ScalarConstraint
+
+    arr = _att.array_constraint
+    head = [arr(dtype, 4)] * 6 + [arr(ct.int8, 2), ScalarConstraint(ct.float32)]
+    head += [ScalarConstraint(ct.int32), nope, rope, v_dim, heads]
+    return [
+        _att._sig(head + [MLA_PREFILL_TILE_M, MLA_PREFILL_TILE_N, pad]) for pad in (True, False)
+    ]
+
+
+def aot_signatures(
+    latent: int = 512, rope: int = 64, heads: int = 16, nope: int = 128, v_dim: int = 128
+) -> dict:
+    """``{kernel: [KernelSignature, ...]}`` at DeepSeek-V2-Lite's widths (16 heads, latent 512,
+    rope 64, nope 128, v 128): the decode kernel, the shared split reduction at ``D = latent``
+    and the prefill kernel."""
     red = [
         _att._sig(
             [_att.array_constraint(ct.float32, 3), _att.array_constraint(ct.float32, 2)]
@@ -356,4 +556,8 @@ def aot_signatures(latent: int = 512, rope: int = 64) -> dict:
         )
         for nsp in (2, 4, 8, 16, 32, 64)
     ]
-    return {mla_decode_kernel: mla_decode_signatures(latent, rope), _att.decode_reduce_kernel: red}
+    return {
+        mla_decode_kernel: mla_decode_signatures(latent, rope),
+        _att.decode_reduce_kernel: red,
+        mla_prefill_kernel: mla_prefill_signatures(heads, nope, rope, v_dim),
+    }
