@@ -1,0 +1,295 @@
+"""cuTile forwards for DeepSeek-V2 (architecture of deepseek-ai/DeepSeek-V2-Lite).
+
+Llama's pre-norm layer (the shared RMSNorm, dense MLP and layer forwards) with two parts of its
+own, each the family's builder (``Family.forwards``):
+
+**Multi-head latent attention** (``DeepseekV2Attention``). q comes from ``q_proj`` (V2-Lite) or
+the low-rank ``q_a_proj`` -> ``q_a_layernorm`` -> ``q_b_proj``; ``kv_a_proj_with_mqa`` gives the
+512-wide latent (normed by ``kv_a_layernorm``) and a 64-wide rope key shared by the heads. With
+``linear`` the first projections are one GEMM (``[q_proj; kv_a_proj_with_mqa]``). RoPE is the
+interleaved (complex-number) form; with ``rope`` and ``linear`` the rope rows of the projection
+weights are permuted once at patch time (each head's pairs ``(x0, x1), (x2, x3), ...`` become
+``x0, x2, ..., x1, x3, ...``), which turns the rotation into the half-split one the shared RoPE
+kernel computes (its tables: the complex table's real and imaginary parts, repeated). q and k
+are permuted alike, so every score is unchanged; the cache then holds the rope key in that
+permuted order, which only the patched model reads.
+
+With ``attn`` (transformers' attention switched to "tilegym": its compact masks) attention runs
+on ``tilegym.ops.mla``: the prompt on the prefill kernel over keys and values expanded through
+``kv_b_proj`` (as upstream; k = nope 128 + the shared rope 64, v 128), each decode step on the
+latent kernel in the absorbed form: ``q_nope`` through ``W_UK`` into the latent space, scores
+against the cached latent plus the rope key, the latent context through ``W_UV``; the expanded
+``T x H x 320`` keys and values are never built. Without ``attn`` the model's own attention
+function runs on the expanded keys, as upstream.
+
+**Cache layout**: the one upstream keeps (transformers 5.17 and 5.24 alike): per layer the
+normed latent ``[B, 1, T, 512]`` as the cache's keys and the rotated rope key ``[B, 1, T, 64]``
+as its values, 576 values per token and layer (the expanded form: ``H x 320`` = 5120 for
+V2-Lite's 16 heads). ``DynamicCache`` and the static cache hold two tensors of different widths
+per layer as they are; the forward writes them with the cache's own ``update`` (a static layer:
+``index_copy_`` at its device length, captured in the compiled decode step), and the decode
+kernel reads the whole static buffer with its key range from the mask's device position. The
+``TileKVCache`` (one width for keys and values) is not used for MLA (``attention.use_tile_cache``
+leaves such a model on ``DynamicCache``).
+
+**Sparse block** (``DeepseekV2Moe``): the router's logits stay upstream's fp32 linear (the GEMM
+kernels take bf16/fp16); V2's greedy top-k of the softmax is the shared routing kernel
+(``moe_route`` without renormalization) times ``routed_scaling_factor``; group-limited routing
+runs as ``tilegym.ops.deepseek_route`` (PyTorch). The routed experts are the shared grouped expert
+kernels (``moe_experts``, packed ``[E, 2I, H]`` / ``[E, H, I]`` as Qwen3-MoE's) with the layer's
+residual summed in, and the shared experts (a dense ``DeepseekV2MLP``, patched as every MLP) add
+that sum in their down GEMM's epilogue: ``residual + routed + shared`` in two launches' epilogues.
+The first ``first_k_dense_replace`` layers are dense MLPs. In bf16 the sum is rounded in another
+order than upstream's ``residual + (routed + shared)`` (equal in fp32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers.models.deepseek_v2 import modeling_deepseek_v2 as upstream
+
+from tilegym.ops import library
+from tilegym.ops.deepseek_route import deepseek_v2_route
+from tilegym.ops.mla import absorb_query, latent_to_heads, split_kv_b_weight
+from tilegym.transformers.attention import NAME, TileMask, device_position
+from tilegym.transformers.family import Family
+from tilegym.transformers.fused_weights import FusedWeights
+from tilegym.transformers.kv_update import update_cache
+
+
+def rope_permutation(rope_dim: int) -> torch.Tensor:
+    """Row order taking interleaved rope pairs to the half-split layout: evens, then odds."""
+    return torch.cat([torch.arange(0, rope_dim, 2), torch.arange(1, rope_dim, 2)])
+
+
+def permuted_rows(weight: torch.Tensor, period: int, start: int, rope_dim: int) -> torch.Tensor:
+    """``weight`` with rows ``[start, start + rope_dim)`` of every ``period`` rows permuted by
+    ``rope_permutation`` (a head's rope rows of q, or the rope rows of the latent projection)."""
+    w = weight.detach().view(-1, period, weight.shape[-1]).clone()
+    idx = start + rope_permutation(rope_dim).to(weight.device)
+    w[:, start : start + rope_dim] = w[:, idx]
+    return w.view_as(weight)
+
+
+def _q_name(attn) -> str:
+    return "q_proj" if attn.q_lora_rank is None else "q_a_proj"
+
+
+def _first_projection(attn, fused: FusedWeights, permute: bool) -> tuple[torch.Tensor, ...]:
+    """(weight, bias) of ``[q_proj or q_a_proj; kv_a_proj_with_mqa]`` as one GEMM, the rope rows
+    permuted when the RoPE kernel rotates them; built once per module."""
+    names = (_q_name(attn), "kv_a_proj_with_mqa")
+    if not permute:
+        return fused.get(attn, names)
+
+    def build():
+        q, kv = getattr(attn, names[0]), attn.kv_a_proj_with_mqa
+        r, lat = attn.qk_rope_head_dim, attn.kv_lora_rank
+        qw = q.weight.detach()
+        if attn.q_lora_rank is None:
+            qw = permuted_rows(qw, attn.qk_head_dim, attn.qk_nope_head_dim, r)
+        kvw = permuted_rows(kv.weight, lat + r, lat, r)
+        out = [torch.cat([qw, kvw])]
+        if q.bias is not None or kv.bias is not None:
+            qb = q.bias if q.bias is not None else qw.new_zeros(qw.shape[0])
+            kvb = kv.bias.detach() if kv.bias is not None else kvw.new_zeros(kvw.shape[0])
+            if attn.q_lora_rank is None:
+                qb = permuted_rows(qb[:, None], attn.qk_head_dim, attn.qk_nope_head_dim, r)[:, 0]
+            kvb = permuted_rows(kvb[:, None], lat + r, lat, r)[:, 0]
+            out.append(torch.cat([qb.detach(), kvb]))
+        return out
+
+    got = fused.derived(attn, "mla_first_projection", build)
+    return got[0], (got[1] if len(got) > 1 else None)
+
+
+def _q_b_weight(attn, fused: FusedWeights, permute: bool) -> torch.Tensor:
+    """``q_b_proj``'s weight, its heads' rope rows permuted when the RoPE kernel rotates them."""
+    if not permute:
+        return attn.q_b_proj.weight
+    build = lambda: [  # noqa: E731
+        permuted_rows(
+            attn.q_b_proj.weight, attn.qk_head_dim, attn.qk_nope_head_dim, attn.qk_rope_head_dim
+        )
+    ]
+    return fused.derived(attn, "mla_q_b_weight", build)[0]
+
+
+def rope_tables(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The complex rotary table ``[B, S, R/2]`` as the half-split kernel's ``cos``/``sin``
+    ``[B, S, R]`` (fp32, as upstream rotates)."""
+    cos, sin = freqs_cis.real, freqs_cis.imag
+    return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+
+
+def _describe(mask, s: int, t: int, past: int | None) -> TileMask:
+    """The attention's compact mask (a TileMask from the tilegym mask builder, or none: causal,
+    the new tokens at the end of the keys)."""
+    if isinstance(mask, TileMask):
+        return mask
+    if mask is not None:
+        raise TypeError(f"MLA attention under 'tilegym' got a {type(mask).__name__} mask")
+    return TileMask(s, t, t - s if past is None else past)
+
+
+def make_attention_forward(
+    routes, fused, gemm, eager_fn, all_attention, takes_kwargs, family
+) -> Callable:
+    """``DeepseekV2Attention.forward`` with an optional ``residual`` (returned added to the
+    output): fused first projection, the RoPE kernel on permuted rows, MLA prefill and latent
+    decode kernels under the "tilegym" attention, the o_proj GEMM adding the residual."""
+    permute = routes.rope and routes.linear
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask=None,
+        past_key_values=None,
+        cache=None,
+        position_embeddings: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+        **kwargs,
+    ):
+        cache = cache if cache is not None else past_key_values
+        b, s = hidden_states.shape[:-1]
+        h, n, r = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim
+        lat, dv = self.kv_lora_rank, self.v_head_dim
+        if routes.linear:
+            w, bias = _first_projection(self, fused, permute)
+            both = gemm.linear(hidden_states, w, bias)
+            q, ckv = both[..., : -(lat + r)], both[..., -(lat + r) :]
+            if self.q_lora_rank is not None:
+                q = gemm.linear(self.q_a_layernorm(q), _q_b_weight(self, fused, permute), None)
+        else:
+            if self.q_lora_rank is None:
+                q = self.q_proj(hidden_states)
+            else:
+                q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+            ckv = self.kv_a_proj_with_mqa(hidden_states)
+        q = q.view(b, s, h, n + r).transpose(1, 2)
+        q_nope, q_pe = q[..., :n], q[..., n:]
+        k_lat = self.kv_a_layernorm(ckv[..., :lat]).view(b, 1, s, lat)
+        k_pe = ckv[..., lat:].view(b, 1, s, r)
+        freqs = position_embeddings.to(q_pe.device)
+        if permute:
+            cos, sin = rope_tables(freqs)
+            q_pe, k_pe = library.apply_rope(q_pe, k_pe, cos.to(q.dtype), sin.to(q.dtype))
+        else:
+            q_pe, k_pe = upstream.apply_rotary_emb(q_pe, k_pe, freqs)
+        tile = self.config._attn_implementation == NAME
+        past = None
+        if cache is not None:
+            if tile and s > 1 and not isinstance(attention_mask, TileMask):
+                past = int(cache.get_seq_length(self.layer_idx))  # the prompt's start
+            # the cache's own update: a TileMask's device position must not route a static
+            # layer to the shared one-width cache write
+            k_lat, k_pe = update_cache(
+                cache, self.layer_idx, k_lat, k_pe, None, takes_kwargs, kwargs
+            )
+        if tile:
+            out = _mla(self, q_nope, q_pe, k_lat, k_pe, attention_mask, past, s, gemm, routes)
+        else:
+            out = _upstream_attention(
+                self, q_nope, q_pe, k_lat, k_pe, attention_mask, all_attention, eager_fn, kwargs
+            )
+        out = out.reshape(b, s, h * dv)
+        if routes.linear and self.o_proj.bias is None:
+            if residual is not None:
+                return gemm.linear_residual(out, self.o_proj.weight, residual), None
+            return gemm.linear(out, self.o_proj.weight), None
+        out = self.o_proj(out)
+        return (out if residual is None else residual + out), None
+
+    return forward
+
+
+def _kv_b(attn, x: torch.Tensor, gemm, routes) -> torch.Tensor:
+    if routes.linear:
+        return gemm.linear(x, attn.kv_b_proj.weight)
+    return attn.kv_b_proj(x)
+
+
+def _mla(attn, q_nope, q_pe, k_lat, k_pe, mask, past, s, gemm, routes) -> torch.Tensor:
+    """Attention output ``[B, S, H, V]`` on the MLA kernels under a compact mask."""
+    b, h, n, dv = q_nope.shape[0], attn.num_heads, attn.qk_nope_head_dim, attn.v_head_dim
+    t = k_lat.shape[2]
+    m = _describe(mask, s, t, past)
+    position = device_position(m)
+    if s == 1:  # the absorbed form over the latent cache
+        w_uk, w_uv = split_kv_b_weight(attn.kv_b_proj.weight, h, n, dv)
+        q_lat = absorb_query(q_nope[:, :, 0], w_uk)
+        span = {"position": position} if position is not None else {"kv_end": min(t, m.q_start + 1)}
+        ctx = library.mla_decode(
+            q_lat, q_pe[:, :, 0], k_lat, k_pe, scale=attn.scaling, key_valid=m.key_valid, **span
+        )
+        return latent_to_heads(ctx, w_uv)[:, None]
+    q_start = int(position[0]) if position is not None else m.q_start
+    kv = _kv_b(attn, k_lat[:, 0], gemm, routes).view(b, t, h, n + dv)
+    k_nope, v = kv[..., :n].transpose(1, 2), kv[..., n:].transpose(1, 2)
+    return library.mla_prefill(
+        q_nope, q_pe, k_nope, k_pe, v, scale=attn.scaling, q_start=q_start, key_valid=m.key_valid
+    )
+
+
+def _upstream_attention(attn, q_nope, q_pe, k_lat, k_pe, mask, all_attention, eager_fn, kwargs):
+    """The model's own attention function over the expanded keys and values, as upstream."""
+    query = torch.cat((q_nope, q_pe), dim=-1)
+    key, value = attn.expand_kv(k_lat, k_pe)
+    fn = all_attention.get_interface(attn.config._attn_implementation, eager_fn)
+    out, _ = fn(attn, query, key, value, mask, dropout=0.0, scaling=attn.scaling, **kwargs)
+    return out
+
+
+def make_moe_forward(routes, gemm, family, fused=None) -> Callable:
+    """``DeepseekV2Moe.forward`` with an optional ``residual``: the router's fp32 logits,
+    greedy routing on the shared routing kernel (group-limited: PyTorch), the routed experts on
+    the grouped expert kernels with the residual summed in, the shared experts' down GEMM adding
+    that sum."""
+    fused_experts = routes.linear and routes.swiglu and routes.act == "silu"
+
+    def forward(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        res = None if residual is None else residual.reshape(-1, shape[-1])
+        gate = self.gate
+        if routes.linear:
+            logits = torch.nn.functional.linear(x.float(), gate.weight.float())
+            if gate.topk_method == "greedy":
+                weights, ids = library.moe_route(logits, gate.top_k, False)
+                if gate.routed_scaling_factor != 1.0:
+                    weights = weights * gate.routed_scaling_factor
+            else:
+                weights, ids = deepseek_v2_route(
+                    logits,
+                    top_k=gate.top_k,
+                    method=gate.topk_method,
+                    n_group=gate.num_group,
+                    topk_group=gate.topk_group,
+                    scaling=gate.routed_scaling_factor,
+                )
+        else:
+            _, weights, ids = gate(x)
+        if fused_experts:
+            out = library.moe_experts(
+                x, ids, weights, self.experts.gate_up_proj, self.experts.down_proj, res
+            )
+        else:
+            out = self.experts(x, ids.to(torch.int64), weights)
+            if res is not None:
+                out = res + out
+        return self.shared_experts(x, residual=out).reshape(shape)
+
+    return forward
+
+
+FAMILY = Family(
+    "transformers.models.deepseek_v2.modeling_deepseek_v2",
+    "DeepseekV2",
+    qkv=("kv_a_proj_with_mqa",),  # one projection: nothing concatenated at patch time
+    moe_block="Moe",
+    forwards={"Attention": make_attention_forward, "MoeBlock": make_moe_forward},
+)
