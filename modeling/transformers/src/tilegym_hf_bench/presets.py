@@ -83,6 +83,18 @@ PRESETS: dict[str, Preset] = {
     "tiny-gpt_oss": Preset(
         "tiny-gpt_oss", "gpt_oss", "gpt-oss-20b, 2 small layers", "tiny-gpt_oss.json", True
     ),
+    # 8 of its 27 layers (the dense first one, 7 sparse): the bf16 model and the fp32 reference
+    # fit one H200 (see its _source)
+    "deepseek_v2": Preset(
+        "deepseek_v2", "deepseek_v2", "deepseek-ai/DeepSeek-V2-Lite", "deepseek_v2.json", False
+    ),
+    "tiny-deepseek_v2": Preset(
+        "tiny-deepseek_v2",
+        "deepseek_v2",
+        "DeepSeek-V2-Lite, 2 small layers",
+        "tiny-deepseek_v2.json",
+        True,
+    ),
 }
 
 

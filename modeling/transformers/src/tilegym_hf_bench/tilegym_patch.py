@@ -25,6 +25,7 @@ MODEL_PATCH_KWARGS = {
     "olmoe": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "mixtral": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "gpt_oss": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "deepseek_v2": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
 }
 
 

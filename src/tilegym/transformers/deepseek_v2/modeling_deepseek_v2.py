@@ -226,10 +226,19 @@ def _mla(attn, q_nope, q_pe, k_lat, k_pe, mask, past, s, gemm, routes) -> torch.
         )
         return latent_to_heads(ctx, w_uv)[:, None]
     q_start = int(position[0]) if position is not None else m.q_start
-    kv = _kv_b(attn, k_lat[:, 0], gemm, routes).view(b, t, h, n + dv)
+    t = min(t, q_start + s)  # a static buffer's later slots are never visible: not expanded
+    kv = _kv_b(attn, k_lat[:, 0, :t], gemm, routes).view(b, t, h, n + dv)
     k_nope, v = kv[..., :n].transpose(1, 2), kv[..., n:].transpose(1, 2)
+    valid = None if m.key_valid is None else m.key_valid[:, :t]
     return library.mla_prefill(
-        q_nope, q_pe, k_nope, k_pe, v, scale=attn.scaling, q_start=q_start, key_valid=m.key_valid
+        q_nope,
+        q_pe,
+        k_nope,
+        k_pe[:, :, :t],
+        v,
+        scale=attn.scaling,
+        q_start=q_start,
+        key_valid=valid,
     )
 
 
