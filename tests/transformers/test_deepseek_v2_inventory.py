@@ -31,10 +31,9 @@ def _scale(name: str) -> float:
 
 
 def test_the_solutions_scale_is_the_lite_modules_scaling():
+    from tilegym_hf_bench.presets import PRESETS, config_dict
     from transformers import AutoConfig
     from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Attention
-
-    from tilegym_hf_bench.presets import PRESETS, config_dict
 
     cfg = AutoConfig.for_model(**dict(config_dict(PRESETS["deepseek_v2"]), num_hidden_layers=1))
     scaling = DeepseekV2Attention(cfg, 0).scaling
