@@ -62,3 +62,45 @@ def test_prefill_reference_is_the_causal_mla_prefill():
     got = _run("deepseek_v2_mla_prefill")(qn, qp, kn, kp, v)
     want = mla.reference_mla_prefill(qn, qp, kn, kp, v, reference_mask(b, s, t), scale)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_norm_and_linear_references_are_the_upstream_modules():
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2RMSNorm
+
+    gen = torch.Generator().manual_seed(2)
+    for name, h in (("deepseek_v2_rms_norm", 2048), ("deepseek_v2_kv_a_layernorm", 512)):
+        norm = DeepseekV2RMSNorm(h, eps=1e-6)
+        with torch.no_grad():
+            norm.weight.normal_(1.0, 0.2, generator=gen)
+        x = torch.randn(5, h, generator=gen)
+        with torch.no_grad():
+            torch.testing.assert_close(_run(name)(x, norm.weight.detach()), norm(x))
+    x, res = torch.randn(5, 2048, generator=gen), torch.randn(5, 2048, generator=gen)
+    w = torch.randn(2048, 2048, generator=gen) * 0.02
+    got = _run("deepseek_v2_linear_o_proj_residual")(x, w, res)
+    torch.testing.assert_close(got, res + x @ w.T)
+
+
+def test_expert_reference_composes_to_the_upstream_experts():
+    """The gate/up Definition's activations through each expert's down weight, weighted and
+    summed, are transformers' DeepseekV2Experts output."""
+    from transformers import DeepseekV2Config
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Experts
+
+    gen = torch.Generator().manual_seed(3)
+    cfg = DeepseekV2Config(
+        hidden_size=32, num_attention_heads=2, n_routed_experts=6, moe_intermediate_size=24
+    )
+    experts = DeepseekV2Experts(cfg)
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, 0.2, generator=gen)
+        experts.down_proj.normal_(0, 0.2, generator=gen)
+    t, k = 7, 3
+    x = torch.randn(t, 32, generator=gen)
+    ids = torch.stack([torch.randperm(6, generator=gen)[:k] for _ in range(t)])
+    w = torch.rand(t, k, generator=gen)
+    act = _run("deepseek_v2_experts_gate_up_silu")(x, ids.to(torch.int32), experts.gate_up_proj)
+    down = experts.down_proj.detach()
+    got = torch.einsum("tki,tkhi,tk->th", act, down[ids], w)
+    with torch.no_grad():
+        torch.testing.assert_close(got, experts(x, ids, w), rtol=1e-5, atol=1e-5)
