@@ -62,6 +62,21 @@ FEATURES = {
         qk_nope_head_dim=32,
         v_head_dim=32,
     ),
+    # DeepSeek-V3: the same, with its biased sigmoid router over groups
+    "deepseek_v3": dict(
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        first_k_dense_replace=1,
+        moe_intermediate_size=48,
+        num_key_value_heads=4,
+        q_lora_rank=None,
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+    ),
 }
 
 

@@ -26,6 +26,7 @@ MODEL_PATCH_KWARGS = {
     "mixtral": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "gpt_oss": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "deepseek_v2": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "deepseek_v3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
 }
 
 

@@ -1,9 +1,11 @@
-"""DeepSeek-V2 (multi-head latent attention, shared-expert MoE) patched against upstream on the
-CPU (fp32): logits at every unpadded position and greedy tokens of a left-padded batch, with a
-dynamic cache (the latent decode in the absorbed form), a static cache (its device position)
-and the static decode step compiled; q low-rank or plain, greedy and group-limited routing, a
-routed scaling factor, YaRN's softmax-scale mscale, and each flag off in turn. The run is
-checked to go through the MLA kernels' ops (prefill once per layer, then the latent decode)."""
+"""DeepSeek-V2 and V3 (multi-head latent attention, shared-expert MoE) patched against upstream
+on the CPU (fp32): logits at every unpadded position, every decode step's logits and greedy
+tokens of a left-padded batch, with a dynamic cache (the latent decode in the absorbed form), a
+static cache (its device position) and the static decode step compiled; q low-rank or plain,
+V2's greedy and group-limited routing, V3's biased sigmoid router with group limits, with and
+without renormalization, a routed scaling factor, YaRN's softmax-scale mscale, V3's RoPE
+interleaved or by halves, and each flag off in turn. The run is checked to go through the MLA
+kernels' ops (prefill once per layer, then the latent decode)."""
 
 from __future__ import annotations
 
@@ -38,10 +40,21 @@ LORA_GROUPED = dict(
     TINY, q_lora_rank=48, topk_method="group_limited_greedy", n_group=4, topk_group=2
 )
 SCALED = dict(TINY, routed_scaling_factor=2.5, rope_parameters={"rope_type": "default"})
+# V3: the biased sigmoid router over 4 groups keeping 2, renormalized, scaled; interleaved RoPE
+V3 = dict(TINY, q_lora_rank=48)
+V3_PLAIN = dict(TINY, q_lora_rank=None, rope_interleave=False, norm_topk_prob=False)
+CASES = [
+    ("deepseek_v2", TINY),
+    ("deepseek_v2", LORA_GROUPED),
+    ("deepseek_v2", SCALED),
+    ("deepseek_v3", V3),
+    ("deepseek_v3", V3_PLAIN),
+]
+IDS = ["v2-lite", "v2-lora-grouped", "v2-scaled", "v3", "v3-plain"]
 
 
-def _pair(extra, **flags):
-    path = Path(tilegym.transformers.__file__).parent / "deepseek_v2" / "small_config.json"
+def _pair(model, extra, **flags):
+    path = Path(tilegym.transformers.__file__).parent / model / "small_config.json"
     d = {**json.loads(path.read_text()), **extra}
     if d["rope_parameters"].get("rope_type") == "default":
         d["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
@@ -54,6 +67,9 @@ def _pair(extra, **flags):
                 p.normal_(0, 0.5)
             elif ".self_attn." in name and p.ndim == 2 and "o_proj" not in name:
                 p.normal_(0, 0.2)
+        for name, b in base.named_buffers():  # V3's choice bias: make it count
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0, 0.3)
     patched = copy.deepcopy(base)
     return base, patched, mp.apply_tilegym_kernel(patched, **flags)
 
@@ -106,12 +122,10 @@ def _same(base, patched, ids, mask, **kw):
     assert torch.equal(tokens, want_tokens)
 
 
-@pytest.mark.parametrize(
-    "extra", [TINY, LORA_GROUPED, SCALED], ids=["lite", "lora-grouped", "scaled"]
-)
+@pytest.mark.parametrize(("model", "extra"), CASES, ids=IDS)
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-def test_the_patched_model_computes_the_upstream_one(extra, cache, monkeypatch):
-    base, patched, handle = _pair(extra)
+def test_the_patched_model_computes_the_upstream_one(model, extra, cache, monkeypatch):
+    base, patched, handle = _pair(model, extra)
     assert handle.applied == list(mp.FLAGS), handle.not_applied
     count = _Count(monkeypatch)
     ids, mask = left_padded_batch((0, 4, 9), seed=1)
@@ -122,43 +136,60 @@ def test_the_patched_model_computes_the_upstream_one(extra, cache, monkeypatch):
     assert count.calls["mla_decode_op"] == 7 * layers  # the 7 decode steps of 8 new tokens
 
 
+@pytest.mark.parametrize("model", ["deepseek_v2", "deepseek_v3"])
 @pytest.mark.parametrize("flag", ["attn", "linear", "rope", "rms_norm", "swiglu"])
-def test_each_flag_off_still_computes_the_upstream_model(flag):
+def test_each_flag_off_still_computes_the_upstream_model(model, flag):
     """attn off: the model's own attention over expanded keys; linear off: upstream
     projections and upstream's complex rotation (the permuted rows ride in the fused GEMM);
     rope off: upstream's rotation; the rest as in every family."""
-    base, patched, handle = _pair(LORA_GROUPED, **{flag: False})
+    base, patched, handle = _pair(
+        model, LORA_GROUPED if model == "deepseek_v2" else V3, **{flag: False}
+    )
     assert flag in handle.not_applied
     ids, mask = left_padded_batch((0, 4, 9), seed=2)
     _same(base, patched, ids, mask)
 
 
-def test_the_cache_keeps_upstreams_latent_layout():
+@pytest.mark.parametrize("model", ["deepseek_v2", "deepseek_v3"])
+def test_the_cache_keeps_upstreams_latent_layout(model):
     """Per layer the normed latent [B, 1, T, L] and the rope key [B, 1, T, R]: the latent
-    equals upstream's, the rope key is upstream's with each head's pairs split into evens then
-    odds (the RoPE kernel's layout)."""
+    equals upstream's; V2's rope key is upstream's with each head's pairs split into evens then
+    odds (the RoPE kernel's layout), V3's is upstream's (its rotation writes that layout)."""
     from transformers import DynamicCache
 
-    from tilegym.transformers.deepseek_v2.modeling_deepseek_v2 import rope_permutation
+    from tilegym.transformers.mla import rope_permutation
 
-    base, patched, _ = _pair(TINY)
+    base, patched, _ = _pair(model, TINY)
     ids, mask = left_padded_batch((0, 4, 9), seed=3)
     caches = [DynamicCache(config=base.config), DynamicCache(config=base.config)]
     with torch.no_grad():
-        for model, cache in zip((base, patched), caches, strict=True):
-            model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+        for net, cache in zip((base, patched), caches, strict=True):
+            net(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
     perm = rope_permutation(TINY["qk_rope_head_dim"])
+    if model == "deepseek_v3":
+        perm = torch.arange(TINY["qk_rope_head_dim"])
     for want, got in zip(caches[0].layers, caches[1].layers, strict=True):
         assert got.keys.shape == (3, 1, 11, TINY["kv_lora_rank"])
         assert got.values.shape == (3, 1, 11, TINY["qk_rope_head_dim"])
-        torch.testing.assert_close(got.keys, want.keys, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(got.values, want.values[..., perm], rtol=1e-5, atol=1e-5)
+        # padding positions hold whatever a row without keys gives (never attended)
+        valid = mask.bool()
+        got_k, want_k = got.keys[:, 0][valid], want.keys[:, 0][valid]
+        torch.testing.assert_close(got_k, want_k, rtol=1e-5, atol=1e-5)
+        got_r, want_r = got.values[:, 0][valid], want.values[:, 0][valid][..., perm]
+        torch.testing.assert_close(got_r, want_r, rtol=1e-5, atol=1e-5)
 
 
-def test_first_layers_are_dense_and_the_rest_sparse_with_shared_experts():
-    _, patched, _ = _pair(TINY)
-    kinds = [type(layer.mlp).__name__ for layer in patched.model.layers]
-    assert kinds == ["DeepseekV2MLP", "DeepseekV2Moe", "DeepseekV2Moe"]
+@pytest.mark.parametrize(
+    ("model", "kinds"),
+    [
+        ("deepseek_v2", ("DeepseekV2MLP", "DeepseekV2Moe")),
+        ("deepseek_v3", ("DeepseekV3MLP", "DeepseekV3MoE")),
+    ],
+)
+def test_first_layers_are_dense_and_the_rest_sparse_with_shared_experts(model, kinds):
+    _, patched, _ = _pair(model, TINY)
+    got = [type(layer.mlp).__name__ for layer in patched.model.layers]
+    assert got == [kinds[0], kinds[1], kinds[1]]
     for layer in patched.model.layers[1:]:
         assert "forward" in vars(layer.mlp) and "forward" in vars(layer.mlp.shared_experts)
 
@@ -166,7 +197,7 @@ def test_first_layers_are_dense_and_the_rest_sparse_with_shared_experts():
 def test_the_shared_experts_matter():
     """Zeroing the shared experts' down projection changes the output (a forward that dropped
     them would fail the equality tests)."""
-    _, patched, _ = _pair(TINY)
+    _, patched, _ = _pair("deepseek_v2", TINY)
     ids, mask = left_padded_batch((0,), seed=4)
     with torch.no_grad():
         a = patched(input_ids=ids, attention_mask=mask).logits
@@ -176,8 +207,9 @@ def test_the_shared_experts_matter():
     assert (a - b).abs().max() > 1e-3
 
 
-def test_undo_restores_the_upstream_forwards():
-    base, patched, handle = _pair(TINY)
+@pytest.mark.parametrize("model", ["deepseek_v2", "deepseek_v3"])
+def test_undo_restores_the_upstream_forwards(model):
+    base, patched, handle = _pair(model, TINY)
     handle.undo()
     assert not any("forward" in vars(m) for m in patched.modules())
     ids, mask = left_padded_batch((0, 4, 9), seed=5)
@@ -189,7 +221,7 @@ def test_undo_restores_the_upstream_forwards():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [TINY, LORA_GROUPED], ids=["lite", "lora-grouped"])
-def test_the_patched_model_compiles_with_a_static_cache(extra):
-    base, patched, _ = _pair(extra)
+@pytest.mark.parametrize(("model", "extra"), CASES, ids=IDS)
+def test_the_patched_model_compiles_with_a_static_cache(model, extra):
+    base, patched, _ = _pair(model, extra)
     assert_compiles_like_upstream(base, patched)
