@@ -80,7 +80,7 @@ class _Count:
     def __init__(self, monkeypatch):
         from tilegym.ops import library
 
-        self.calls = {"mla_prefill_op": 0, "mla_decode_op": 0}
+        self.calls = {"mla_prefill_op": 0, "mla_decode_op": 0, "apply_rope_op": 0}
         for name in self.calls:
             op = getattr(library, name)
 
@@ -138,7 +138,7 @@ def test_the_patched_model_computes_the_upstream_one(model, extra, cache, monkey
 
 @pytest.mark.parametrize("model", ["deepseek_v2", "deepseek_v3"])
 @pytest.mark.parametrize("flag", ["attn", "linear", "rope", "rms_norm", "swiglu"])
-def test_each_flag_off_still_computes_the_upstream_model(model, flag):
+def test_each_flag_off_still_computes_the_upstream_model(model, flag, monkeypatch):
     """attn off: the model's own attention over expanded keys; linear off: upstream
     projections and upstream's complex rotation (the permuted rows ride in the fused GEMM);
     rope off: upstream's rotation; the rest as in every family."""
@@ -147,7 +147,11 @@ def test_each_flag_off_still_computes_the_upstream_model(model, flag):
     )
     assert flag in handle.not_applied
     ids, mask = left_padded_batch((0, 4, 9), seed=2)
+    count = _Count(monkeypatch)
     _same(base, patched, ids, mask)
+    # the rope flag alone decides the RoPE kernel (with linear off: on gathered columns)
+    assert (count.calls["apply_rope_op"] > 0) == (flag != "rope")
+    assert (count.calls["mla_decode_op"] > 0) == (flag != "attn")
 
 
 @pytest.mark.parametrize("model", ["deepseek_v2", "deepseek_v3"])

@@ -9,7 +9,8 @@ the low-rank ``q_a_proj`` -> ``q_a_layernorm`` -> ``q_b_proj``; ``kv_a_proj_with
 interleaved form (V2: a complex table; V3 with ``rope_interleave``: cos/sin on even/odd slices,
 its output already split into halves); with ``rope`` and ``linear`` the rope rows of the projection
 weights are permuted once at patch time (each head's pairs ``(x0, x1), (x2, x3), ...`` become
-``x0, x2, ..., x1, x3, ...``), which turns the rotation into the half-split one the shared RoPE
+``x0, x2, ..., x1, x3, ...``; with ``rope`` alone, on upstream's projections, the rope columns
+are gathered so per call), which turns the rotation into the half-split one the shared RoPE
 kernel computes (V2's tables: the complex table's real and imaginary parts, repeated; V3's:
 its own cos/sin). q and k are permuted alike, so every score is unchanged; V2's cache then holds
 the rope key in that permuted order, which only the patched model reads (V3's upstream rotation
@@ -177,8 +178,9 @@ def make_attention_forward(
         b, s = hidden_states.shape[:-1]
         h, n, r = self.config.num_attention_heads, self.qk_nope_head_dim, self.qk_rope_head_dim
         lat, dv = self.kv_lora_rank, self.v_head_dim
-        kernel_rope = routes.rope and routes.linear
-        permute = kernel_rope and interleaved(self)
+        kernel_rope = routes.rope
+        permute = kernel_rope and routes.linear and interleaved(self)  # rows, once
+        gather = kernel_rope and not routes.linear and interleaved(self)  # per call
         if routes.linear:
             w, bias = _first_projection(self, fused, permute)
             both = gemm.linear(hidden_states, w, bias)
@@ -195,6 +197,9 @@ def make_attention_forward(
         q_nope, q_pe = q[..., :n], q[..., n:]
         k_lat = self.kv_a_layernorm(ckv[..., :lat]).view(b, 1, s, lat)
         k_pe = ckv[..., lat:].view(b, 1, s, r)
+        if gather:  # upstream's projections: the pairs split here (two small copies)
+            perm = rope_permutation(r).to(q_pe.device)
+            q_pe, k_pe = q_pe[..., perm], k_pe[..., perm]
         if kernel_rope:
             cos, sin = rope_tables(position_embeddings)
             q_pe, k_pe = library.apply_rope(q_pe, k_pe, cos.to(q.dtype), sin.to(q.dtype))
