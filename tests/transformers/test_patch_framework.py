@@ -53,8 +53,9 @@ def test_dispatch_refuses_unknown_model_type_and_lists_supported():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(
         mp.UnsupportedModelType,
-        match="gpt2.*supported: gemma3_text, gpt_oss, granite, llama, mistral, mixtral, olmo2, "
-        "olmo3, olmoe, phi3, qwen2, qwen3, qwen3_5_text, qwen3_moe, qwen3_next, smollm3",
+        match="gpt2.*supported: deepseek_v2, deepseek_v3, gemma3_text, gpt_oss, granite, llama, "
+        "mistral, mixtral, olmo2, olmo3, olmoe, phi3, qwen2, qwen3, qwen3_5_text, qwen3_moe, "
+        "qwen3_next, smollm3",
     ):
         mp.apply_tilegym_kernel(model)
 

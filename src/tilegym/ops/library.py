@@ -26,6 +26,7 @@ from tilegym.ops import gated_delta as _gdn
 from tilegym.ops import gelu_and_mul as _gelu
 from tilegym.ops import gemm as _gemm
 from tilegym.ops import kv_cache as _kv_cache
+from tilegym.ops import mla as _mla
 from tilegym.ops import moe as _moe
 from tilegym.ops import moe_bias as _moe_bias
 from tilegym.ops import rms_norm as _rms_norm
@@ -1007,4 +1008,90 @@ def moe_experts_bias(
         alpha=alpha,
         limit=limit,
         act=act,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSeek V2/V3: multi-head latent attention decode over the latent cache
+# ---------------------------------------------------------------------------------------------
+
+
+@_op("mla_decode")
+def mla_decode_op(
+    q_latent: Tensor,
+    q_pe: Tensor,
+    ckv: Tensor,
+    kpe: Tensor,
+    scale: float,
+    kv_end: int,
+    position: Tensor | None,
+    key_valid: Tensor | None,
+) -> Tensor:
+    with private_buffers():
+        span = {"position": position} if position is not None else {"kv_end": kv_end}
+        return _mla.mla_decode(q_latent, q_pe, ckv, kpe, scale=scale, key_valid=key_valid, **span)
+
+
+@mla_decode_op.register_kernel("cpu")
+def _(q_latent, q_pe, ckv, kpe, scale, kv_end, position, key_valid):
+    b, t = ckv.shape[0], ckv.shape[2]
+    span = {"position": position} if position is not None else {"kv_end": kv_end}
+    vis = _mla.visible_keys(b, t, key_valid=key_valid, device=ckv.device, **span)
+    ref = _mla.reference_mla_decode(q_latent, q_pe, ckv, kpe, vis, scale)
+    return ref.to(q_latent.dtype).contiguous()
+
+
+@mla_decode_op.register_fake
+def _(q_latent, q_pe, ckv, kpe, scale, kv_end, position, key_valid):
+    return q_latent.new_empty(q_latent.shape)
+
+
+def mla_decode(q_latent, q_pe, ckv, kpe, *, scale, kv_end=None, position=None, key_valid=None):
+    """Latent context ``[B, H, L]`` of one new token over the latent cache (``ops/mla.py``)."""
+    if _use_op(q_latent):
+        end = ckv.shape[2] if kv_end is None else int(kv_end)
+        return mla_decode_op(q_latent, q_pe, ckv, kpe, float(scale), end, position, key_valid)
+    return _mla.mla_decode(
+        q_latent, q_pe, ckv, kpe, scale=scale, kv_end=kv_end, position=position, key_valid=key_valid
+    )
+
+
+@_op("mla_prefill")
+def mla_prefill_op(
+    q_nope: Tensor,
+    q_pe: Tensor,
+    k_nope: Tensor,
+    k_pe: Tensor,
+    v: Tensor,
+    scale: float,
+    q_start: int,
+    key_valid: Tensor | None,
+) -> Tensor:
+    with private_buffers():
+        return _mla.mla_prefill(
+            q_nope, q_pe, k_nope, k_pe, v, scale=scale, q_start=q_start, key_valid=key_valid
+        )
+
+
+@mla_prefill_op.register_kernel("cpu")
+def _(q_nope, q_pe, k_nope, k_pe, v, scale, q_start, key_valid):
+    b, _, s, _ = q_nope.shape
+    mask = _attention.reference_mask(b, s, k_nope.shape[2], q_start=q_start, key_valid=key_valid)
+    ref = _mla.reference_mla_prefill(q_nope, q_pe, k_nope, k_pe, v, mask, scale)
+    return ref.to(q_nope.dtype).contiguous()
+
+
+@mla_prefill_op.register_fake
+def _(q_nope, q_pe, k_nope, k_pe, v, scale, q_start, key_valid):
+    b, h, s, _ = q_nope.shape
+    return q_nope.new_empty((b, s, h, v.shape[3]))
+
+
+def mla_prefill(q_nope, q_pe, k_nope, k_pe, v, *, scale, q_start=None, key_valid=None):
+    """Causal MLA attention of new tokens over expanded keys/values (``ops/mla.py``)."""
+    q_start = k_nope.shape[2] - q_nope.shape[2] if q_start is None else int(q_start)
+    if _use_op(q_nope):
+        return mla_prefill_op(q_nope, q_pe, k_nope, k_pe, v, float(scale), q_start, key_valid)
+    return _mla.mla_prefill(
+        q_nope, q_pe, k_nope, k_pe, v, scale=scale, q_start=q_start, key_valid=key_valid
     )

@@ -389,6 +389,14 @@ def unsupported_reason(config) -> str | None:
 
     Checked before switching a model, so an unsupported model stays on its own attention with
     a reason instead of failing at its first forward."""
+    if getattr(config, "kv_lora_rank", None):  # multi-head latent attention: ops/mla.py
+        names = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+        bad = {n: getattr(config, n) for n in names if not _mla_width(getattr(config, n))}
+        if bad:
+            return (
+                f"multi-head latent attention widths {bad}: the MLA kernels take powers of 2 >= 16"
+            )
+        return None
     head_dim = getattr(config, "head_dim", None) or (
         config.hidden_size // config.num_attention_heads
     )
@@ -397,6 +405,10 @@ def unsupported_reason(config) -> str | None:
     if getattr(config, "use_bidirectional_attention", False):  # Gemma 3's non-causal variant
         return "bidirectional attention (config.use_bidirectional_attention) is not supported"
     return None
+
+
+def _mla_width(w) -> bool:
+    return isinstance(w, int) and w >= 16 and w & (w - 1) == 0
 
 
 _MASK_FACTORIES = ("create_causal_mask", "create_sliding_window_causal_mask")
@@ -611,7 +623,14 @@ def use_tile_cache(model: torch.nn.Module) -> Callable[[], None]:
     ``_prepare_cache_for_generation`` runs first, and only a ``DynamicCache`` it created for an
     unset or ``"dynamic"`` ``cache_implementation`` is replaced, by one preallocated for the
     ``max_cache_length`` generate computed. Returns a callable that restores the default.
+
+    A multi-head latent attention model (DeepSeek V2/V3: ``kv_lora_rank``) keeps its
+    ``DynamicCache``: it caches a latent and a rope key of different widths per layer, and a
+    ``TileKVLayer`` holds keys and values of one width.
     """
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    if getattr(cfg or model.config, "kv_lora_rank", None):
+        return lambda: None
     if "_prepare_cache_for_generation" in vars(model):
         raise TilegymAttentionError("this model's cache preparation is already replaced")
     original = model._prepare_cache_for_generation

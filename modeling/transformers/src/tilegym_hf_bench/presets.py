@@ -102,6 +102,30 @@ PRESETS: dict[str, Preset] = {
         "tiny-qwen3_next.json",
         True,
     ),
+    # 8 of its 27 layers (the dense first one, 7 sparse): the bf16 model and the fp32 reference
+    # fit one H200 (see its _source)
+    "deepseek_v2": Preset(
+        "deepseek_v2", "deepseek_v2", "deepseek-ai/DeepSeek-V2-Lite", "deepseek_v2.json", False
+    ),
+    "tiny-deepseek_v2": Preset(
+        "tiny-deepseek_v2",
+        "deepseek_v2",
+        "DeepSeek-V2-Lite, 2 small layers",
+        "tiny-deepseek_v2.json",
+        True,
+    ),
+    # 4 of its 61 layers and 32 of its 256 routed experts: the bf16 model and the fp32
+    # reference fit one H200 (see its _source)
+    "deepseek_v3": Preset(
+        "deepseek_v3", "deepseek_v3", "deepseek-ai/DeepSeek-V3", "deepseek_v3.json", False
+    ),
+    "tiny-deepseek_v3": Preset(
+        "tiny-deepseek_v3",
+        "deepseek_v3",
+        "DeepSeek-V3, 2 small layers",
+        "tiny-deepseek_v3.json",
+        True,
+    ),
 }
 
 

@@ -27,6 +27,8 @@ MODEL_PATCH_KWARGS = {
     "gpt_oss": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "qwen3_5_text": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "qwen3_next": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "deepseek_v2": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "deepseek_v3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
 }
 
 

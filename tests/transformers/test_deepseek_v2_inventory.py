@@ -1,0 +1,106 @@
+"""DeepSeek-V2's MLA Definitions compute what the ops' references (and so the patched model)
+compute: the decode reference (absorbed form over the latent cache) against
+``reference_mla_decode`` and the prefill reference against ``reference_mla_prefill``, on small
+random inputs at the Definitions' widths and the Solutions' scale; the Solutions' scale is the
+module's ``scaling`` at DeepSeek-V2-Lite's config (YaRN mscale included)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+import tilegym.transformers
+from tilegym.ops import mla
+from tilegym.ops.attention import reference_mask
+
+ROOT = Path(tilegym.transformers.__file__).parent / "deepseek_v2"
+
+
+def _run(name: str):
+    namespace: dict = {}
+    definition = json.loads((ROOT / "kernel_definitions" / f"{name}.json").read_text())
+    exec(compile(definition["reference"], name, "exec"), namespace)  # noqa: S102
+    return namespace["run"]
+
+
+def _scale(name: str) -> float:
+    solution = json.loads((ROOT / "kernel_solutions" / f"{name}.json").read_text())
+    return solution["spec"]["entry_kwargs"]["scale"]
+
+
+def test_the_solutions_scale_is_the_lite_modules_scaling():
+    from tilegym_hf_bench.presets import PRESETS, config_dict
+    from transformers import AutoConfig
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Attention
+
+    cfg = AutoConfig.for_model(**dict(config_dict(PRESETS["deepseek_v2"]), num_hidden_layers=1))
+    scaling = DeepseekV2Attention(cfg, 0).scaling
+    for name in ("deepseek_v2_mla_decode", "deepseek_v2_mla_prefill"):
+        assert _scale(name) == scaling
+
+
+def test_decode_reference_is_the_latent_attention():
+    gen = torch.Generator().manual_seed(0)
+    b, h, t = 2, 16, 37
+    ql, qp = torch.randn(b, h, 512, generator=gen) * 0.05, torch.randn(b, h, 64, generator=gen)
+    ckv, kpe = torch.randn(b, 1, t, 512, generator=gen), torch.randn(b, 1, t, 64, generator=gen)
+    scale = _scale("deepseek_v2_mla_decode")
+    got = _run("deepseek_v2_mla_decode")(ql, qp, ckv, kpe)
+    want = mla.reference_mla_decode(ql, qp, ckv, kpe, torch.ones(b, t, dtype=torch.bool), scale)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_reference_is_the_causal_mla_prefill():
+    gen = torch.Generator().manual_seed(1)
+    b, h, s, t = 2, 16, 9, 13
+    qn, qp = torch.randn(b, h, s, 128, generator=gen), torch.randn(b, h, s, 64, generator=gen)
+    kn, kp = torch.randn(b, h, t, 128, generator=gen), torch.randn(b, 1, t, 64, generator=gen)
+    v = torch.randn(b, h, t, 128, generator=gen)
+    scale = _scale("deepseek_v2_mla_prefill")
+    got = _run("deepseek_v2_mla_prefill")(qn, qp, kn, kp, v)
+    want = mla.reference_mla_prefill(qn, qp, kn, kp, v, reference_mask(b, s, t), scale)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_norm_and_linear_references_are_the_upstream_modules():
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2RMSNorm
+
+    gen = torch.Generator().manual_seed(2)
+    for name, h in (("deepseek_v2_rms_norm", 2048), ("deepseek_v2_kv_a_layernorm", 512)):
+        norm = DeepseekV2RMSNorm(h, eps=1e-6)
+        with torch.no_grad():
+            norm.weight.normal_(1.0, 0.2, generator=gen)
+        x = torch.randn(5, h, generator=gen)
+        with torch.no_grad():
+            torch.testing.assert_close(_run(name)(x, norm.weight.detach()), norm(x))
+    x, res = torch.randn(5, 2048, generator=gen), torch.randn(5, 2048, generator=gen)
+    w = torch.randn(2048, 2048, generator=gen) * 0.02
+    got = _run("deepseek_v2_linear_o_proj_residual")(x, w, res)
+    torch.testing.assert_close(got, res + x @ w.T)
+
+
+def test_expert_reference_composes_to_the_upstream_experts():
+    """The gate/up Definition's activations through each expert's down weight, weighted and
+    summed, are transformers' DeepseekV2Experts output."""
+    from transformers import DeepseekV2Config
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Experts
+
+    gen = torch.Generator().manual_seed(3)
+    cfg = DeepseekV2Config(
+        hidden_size=32, num_attention_heads=2, n_routed_experts=6, moe_intermediate_size=24
+    )
+    experts = DeepseekV2Experts(cfg)
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, 0.2, generator=gen)
+        experts.down_proj.normal_(0, 0.2, generator=gen)
+    t, k = 7, 3
+    x = torch.randn(t, 32, generator=gen)
+    ids = torch.stack([torch.randperm(6, generator=gen)[:k] for _ in range(t)])
+    w = torch.rand(t, k, generator=gen)
+    act = _run("deepseek_v2_experts_gate_up_silu")(x, ids.to(torch.int32), experts.gate_up_proj)
+    down = experts.down_proj.detach()
+    got = torch.einsum("tki,tkhi,tk->th", act, down[ids], w)
+    with torch.no_grad():
+        torch.testing.assert_close(got, experts(x, ids, w), rtol=1e-5, atol=1e-5)
