@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from tilegym_hf_bench.isolation.audit_policy import decide, event, matches_tool, rules
+from tilegym_hf_bench.isolation.audit_policy import (
+    decide,
+    event,
+    matches_tool,
+    read_only_query,
+    rules,
+)
 
 RULES = rules(
     owned_modules=("tilegym.transformers.qwen3",),
@@ -43,6 +49,46 @@ CASES = [
         "planted-gcc",
         event("os.posix_spawn", program="gcc", program_real="/s/scratch/bin/gcc"),
         "os.posix_spawn: /s/scratch/bin/gcc lies in a writable or experiment folder",
+    ),
+    (
+        "nvidia-smi-query",
+        event(
+            "subprocess.Popen",
+            program="nvidia-smi",
+            program_real="/usr/bin/nvidia-smi",
+            argv=("nvidia-smi", "-i", "0", "--query-gpu=clocks.max.sm", "--format=csv"),
+        ),
+        None,
+    ),
+    (
+        "nvidia-smi-clock-lock",
+        event(
+            "subprocess.Popen",
+            program="nvidia-smi",
+            program_real="/usr/bin/nvidia-smi",
+            argv=("nvidia-smi", "-i", "0", "-lgc", "210"),
+        ),
+        "subprocess.Popen: program 'nvidia-smi' () is not an allowed toolchain",
+    ),
+    (
+        "query-argv-another-program",
+        event(
+            "subprocess.Popen",
+            program="sh",
+            program_real="/usr/bin/dash",
+            argv=("nvidia-smi", "--query-gpu=name"),
+        ),
+        "subprocess.Popen: program 'sh' () is not an allowed toolchain",
+    ),
+    (
+        "nvidia-smi-named-link-to-sh",
+        event(
+            "subprocess.Popen",
+            program="/opt/nvidia-smi",
+            program_real="/usr/bin/dash",
+            argv=("/opt/nvidia-smi", "--query-gpu=name"),
+        ),
+        "subprocess.Popen: '/opt/nvidia-smi' is /usr/bin/dash, not an allowed toolchain",
     ),
     ("missing", event("os.exec", program="ptxas"), "os.exec: program 'ptxas' not found"),
     ("ctypes-exp", event("ctypes.dlopen", site=EXP, direct=True), "ctypes.dlopen: ctypes from"),
@@ -197,3 +243,23 @@ def test_matches_tool(name, ok):
 def test_event_rejects_unknown_fact():
     with pytest.raises(TypeError, match="unknown event facts"):
         event("open", path="/x")
+
+
+@pytest.mark.parametrize(
+    ("argv", "ok"),
+    [
+        (("nvidia-smi", "-i", "0", "--query-gpu=clocks.max.sm", "--format=csv,noheader"), True),
+        (("/usr/bin/nvidia-smi", "--id=1", "--query-gpu=name"), True),
+        (("nvidia-smi",), False),  # the default report is harmless but nothing here needs it
+        (("nvidia-smi", "-i"), False),
+        (("nvidia-smi", "-i", "0;x"), False),
+        (("nvidia-smi", "--query-gpu="), False),
+        (("nvidia-smi", "--query-gpu=name", "-pm", "1"), False),
+        (("nvidia-smi", "-r"), False),
+        (("nvidia-smi", "--lock-gpu-clocks=210"), False),
+        (("gcc", "--format=x"), False),
+        ((), False),
+    ],
+)
+def test_read_only_query(argv, ok):
+    assert read_only_query(argv) is ok

@@ -93,6 +93,11 @@ REFUSED = [
     ),
     ("os-system", 'os.system("true")', "os.system: a shell command"),
     (
+        "nvidia-smi-setter",
+        'subprocess.run(["nvidia-smi", "-i", "0", "-lgc", "210"])',
+        "subprocess.Popen: program 'nvidia-smi' (nvidia-smi -i 0 -lgc) is not an allowed",
+    ),
+    (
         "planted-gcc-on-path",
         'p = root / "scratch/gcc"; p.write_text("#!/bin/sh\\n"); p.chmod(0o755)\n'
         'os.environ.update(PATH=str(root / "scratch"))\nsubprocess.run(["gcc"])',
@@ -266,6 +271,34 @@ def test_honest_experiment_is_not_refused(tmp_path, mode):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "honest: ok" in proc.stdout and "driver: done" in proc.stdout
     assert (root / "scratch/out.txt").read_text() == "(1, 6, 64)"
+
+
+GPU_QUERY = """
+def run(root):
+    out = subprocess.check_output(
+        ["nvidia-smi", "-i", "0", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"]
+    )
+    print("clock:", out.decode().strip(), flush=True)
+"""
+
+
+def test_a_read_only_gpu_query_runs(tmp_path):
+    """Triton's ``nvsmi`` (Inductor sizes its GEMM padding with it when the compiled step keeps
+    PyTorch's GEMMs): nvidia-smi with only query options runs; a real program on PATH outside
+    the writable and experiment folders stands in for the driver's."""
+    root = _experiment(tmp_path, "", at_import=True)
+    (root / MODULE).write_text(PRELUDE + GPU_QUERY)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text('#!/bin/sh\n[ "$3" = "--query-gpu=clocks.max.sm" ] && echo 1980\n')
+    smi.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = _run(root, env_extra=env)
+    refusals = read_refusals(root / "scratch/refusals.log")
+    assert refusals == [], refusals
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "clock: 1980" in proc.stdout and "driver: done" in proc.stdout
 
 
 def test_record_only_lists_without_refusing(tmp_path):

@@ -244,8 +244,9 @@ def _make_hook(rules, roots, fd, record_only):  # noqa: C901 - one closure keeps
             env = args[-1] if event != "os.spawn" else args[3]
             got["program"], got["program_real"] = program_facts(args, prog_i, argv_i, env)
             argv = args[argv_i]
-            words = [argv] if isinstance_(argv, (str_, bytes_)) else list(argv or ())[:4]
-            got["command"] = " ".join(str_(w) for w in words)[:200]
+            words = [argv] if isinstance_(argv, (str_, bytes_)) else list(argv or ())[:64]
+            got["command"] = " ".join(str_(w) for w in words[:4])[:200]
+            got["argv"] = tuple(str_.__str__(w) if isinstance_(w, str_) else "?" for w in words)
         elif event in ("compile", "code.__new__"):
             name = args[1]
             if isinstance_(name, bytes_):

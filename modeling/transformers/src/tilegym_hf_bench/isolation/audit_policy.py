@@ -48,6 +48,15 @@ PROGRAM_EVENTS: dict[str, tuple[int, int]] = {
     "os.spawn": (1, 2),
 }
 
+# Programs that only report, allowed beside the toolchains when every argument is one of the
+# read-only forms below: Triton's ``nvsmi`` (``nvidia-smi -i 0 --query-gpu=clocks.max.sm
+# --format=...``, which Inductor calls to size its GEMM padding when a compiled step keeps
+# PyTorch's GEMMs) must run, while nvidia-smi's setters (``-lgc``, ``-pm``, ``-r``...) would let
+# an experiment change the clocks the other side is measured at.
+READ_ONLY_QUERIES: dict[str, tuple[str, ...]] = {
+    "nvidia-smi": ("-i", "--id=", "--query-gpu=", "--format="),
+}
+
 ALWAYS_REFUSED = {
     "os.system": "a shell command",
     "os.fork": "fork of the worker",
@@ -103,6 +112,7 @@ EVENT_DEFAULTS = {
     "program": "",
     "program_real": "",
     "command": "",  # the start of the argument list, for the refusal line
+    "argv": (),  # the whole argument list (program first) as strings
     "filename": "",  # compile / code.__new__: the file name the new code will claim
     "pid": 0,
     "own_pid": 0,
@@ -190,15 +200,39 @@ def decide(ev: dict, rules: dict) -> str | None:
     return None
 
 
+def read_only_query(argv: tuple[str, ...]) -> bool:
+    """Whether ``argv`` runs a reporting program (``READ_ONLY_QUERIES``) with only its read-only
+    options: each word one of them, or the GPU index right after ``-i``."""
+    if not argv:
+        return False
+    forms = READ_ONLY_QUERIES.get(argv[0].rsplit("/", 1)[-1])
+    if forms is None or len(argv) == 1:
+        return False
+    after_i = False
+    for word in argv[1:]:
+        if after_i:
+            if not word.isdigit():
+                return False
+            after_i = False
+        elif word == "-i":
+            after_i = True
+        elif not any(f.endswith("=") and word.startswith(f) and len(word) > len(f) for f in forms):
+            return False
+    return not after_i
+
+
 def _program(ev: dict, rules: dict) -> str | None:
     given = ev["program"].rsplit("/", 1)[-1]
     real = ev["program_real"].rsplit("/", 1)[-1]
-    if not matches_tool(given, rules["allowed_executables"]):
+    allowed = rules["allowed_executables"]
+    if read_only_query(ev["argv"]) and given in READ_ONLY_QUERIES:
+        allowed = (*allowed, given)
+    if not matches_tool(given, allowed):
         what = f"program {ev['program']!r} ({ev['command']})"
         return f"{ev['name']}: {what} is not an allowed toolchain{_at(ev)}"
     if not ev["program_real"]:
         return f"{ev['name']}: program {ev['program']!r} not found{_at(ev)}"
-    if not matches_tool(real, rules["allowed_executables"]):
+    if not matches_tool(real, allowed):
         resolved = f"{ev['program']!r} is {ev['program_real']}"
         return f"{ev['name']}: {resolved}, not an allowed toolchain{_at(ev)}"
     if under(ev["program_real"], rules["planted"]):
