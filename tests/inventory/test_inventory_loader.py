@@ -157,3 +157,21 @@ def test_code_table_and_constants_agree():
     constants = {v for k, v in vars(codes).items() if k.isupper() and isinstance(v, str)}
     assert constants == set(codes.CODES)
     assert len(codes.CODES) == len({v for v in codes.CODES.values()})
+
+
+def test_index_of_is_an_input_key_naming_an_identifier(tmp_path):
+    definition = copy.deepcopy(DEFINITION)
+    definition["axes"]["E"] = {"type": "const", "value": 8}
+    definition["inputs"]["ids"] = {"shape": ["T"], "dtype": "int32", "index_of": "E"}
+    definition["reference"] = definition["reference"].replace("run(gate, up)", "run(gate, up, ids)")
+    kernel = "def silu_and_mul(gate, up, ids):\n    return gate\n"
+    definition_path, _ = make_tree(tmp_path, definition=definition, kernel_source=kernel)
+    assert check_paths([definition_path], tmp_path) == []
+
+    definition["inputs"]["ids"]["index_of"] = "8 experts"
+    definition["outputs"]["out"]["index_of"] = "T"
+    definition_path, _ = make_tree(tmp_path, definition=definition, kernel_source=kernel)
+    findings = check_paths([definition_path], tmp_path)
+    text = definition_path.read_text().splitlines()
+    lines = [i for i, line in enumerate(text, 1) if '"index_of"' in line]
+    assert _lines_of(findings) == {("INV014", lines[0]), ("INV011", lines[1])}

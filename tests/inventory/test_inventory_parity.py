@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import copy
+import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
 from inventory_helpers import DEFINITION, PERMALINK, SOLUTION, make_tree
 
 from tilegym.kernel_inventory.models import Definition
-from tilegym.kernel_inventory.parity import check_parity, parity_paths, sample_shapes
+from tilegym.kernel_inventory.parity import (
+    check_parity,
+    load_reference,
+    make_inputs,
+    parity_paths,
+    sample_shapes,
+)
 
 SILU_AND_MUL = Definition.from_dict(DEFINITION)
 
@@ -257,3 +265,49 @@ def test_large_const_only_tensors_do_not_block_sampling():
     shapes = sample_shapes(Definition.from_dict(data), 3, random.Random(0), max_elements=1000)
     assert len(shapes) == 3  # the 2000-element weight is fixed; only T is capped
     assert all(s["T"] * 50 <= 1000 and s["T"] * 40 <= 1000 for s in shapes)
+
+
+MIXTRAL_GATE_UP = (
+    Path(__file__).resolve().parents[2]
+    / "src/tilegym/transformers/mixtral/kernel_definitions/mixtral_experts_gate_up_silu.json"
+)
+
+
+def _expert_ids(index_of: str | None) -> Definition:
+    data = copy.deepcopy(DEFINITION)
+    data["axes"] = {"T": {"type": "var"}, "K": {"type": "const", "value": 2}}
+    data["axes"]["E"] = {"type": "const", "value": 8}
+    data["inputs"] = {"ids": {"shape": ["T", "K"], "dtype": "int32"}}
+    if index_of is not None:
+        data["inputs"]["ids"]["index_of"] = index_of
+    data["outputs"] = {"out": {"shape": ["T", "K"], "dtype": "int32"}}
+    data["reference"] = f"# Source: {PERMALINK}\ndef run(ids):\n    return ids\n"
+    return Definition.from_dict(data)
+
+
+def _drawn_ids(definition: Definition) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    binding = {"T": 257, "K": 2, "E": 8}
+    draws = [make_inputs(definition, binding, "cpu", generator)["ids"] for _ in range(50)]
+    return torch.cat([d.flatten() for d in draws])
+
+
+def test_index_of_draws_valid_indices_of_its_axis_and_others_keep_the_wide_range():
+    ids = _drawn_ids(_expert_ids("E"))
+    assert ids.dtype == torch.int32
+    assert set(ids.tolist()) == set(range(8))  # every expert, none past E
+    plain = _drawn_ids(_expert_ids(None))
+    assert set(plain.tolist()) == set(range(16))
+
+
+def test_mixtral_reference_runs_on_parity_inputs():
+    """Mixtral's 8 experts: ids drawn in [0, 16) made its reference index past the weights."""
+    data = json.loads(MIXTRAL_GATE_UP.read_text(encoding="utf-8"))
+    assert data["axes"]["E"]["value"] == 8
+    data["axes"]["H"]["value"] = 24  # the real 4096 x 28672 experts are too big for a CPU test
+    data["axes"]["I"]["value"] = 16
+    data["axes"]["I2"]["value"] = 32
+    definition = Definition.from_dict(data)
+    reference = load_reference(definition)
+    issues = check_parity(definition, reference, device="cpu", n_shapes=3)
+    assert issues == []

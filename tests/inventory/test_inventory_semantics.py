@@ -172,3 +172,33 @@ def test_directory_argument_checks_the_inventory_inside(tmp_path):
     empty_model = tmp_path / "src" / "tilegym" / "transformers" / "llama"
     empty_model.mkdir()
     assert check_paths([empty_model], tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("index_of", "dtype", "message"),
+    [
+        ("X", "int32", "inputs.ids.index_of 'X' names no axis (axes: T, I, E)"),
+        ("E", "float32", "inputs.ids.index_of 'E' needs an integer dtype, not float32"),
+        ("E", "bool", "inputs.ids.index_of 'E' needs an integer dtype, not bool"),
+    ],
+)
+def test_index_of_must_name_an_axis_of_an_integer_input(tmp_path, index_of, dtype, message):
+    definition = _definition()
+    definition["axes"]["E"] = {"type": "const", "value": 8}
+    definition["inputs"]["ids"] = {"shape": ["T"], "dtype": dtype, "index_of": index_of}
+    definition["reference"] = f"# Source: {PERMALINK}\ndef run(gate, up, ids):\n    return gate\n"
+    kernel = "def silu_and_mul(gate, up, ids):\n    return gate\n"
+    findings = _run_check(tmp_path, definition, kernel_source=kernel)
+    path = "src/tilegym/transformers/qwen3/kernel_definitions/qwen3_silu_and_mul.json"
+    text = (tmp_path / path).read_text().splitlines()
+    line = next(i for i, row in enumerate(text, 1) if '"index_of"' in row)
+    assert [str(f) for f in findings] == [f"{path}:{line}: INV049 {message}"]
+
+
+def test_index_of_on_an_integer_input_naming_an_axis_passes(tmp_path):
+    definition = _definition()
+    definition["axes"]["E"] = {"type": "const", "value": 8}
+    definition["inputs"]["ids"] = {"shape": ["T"], "dtype": "int64", "index_of": "E"}
+    definition["reference"] = f"# Source: {PERMALINK}\ndef run(gate, up, ids):\n    return gate\n"
+    kernel = "def silu_and_mul(gate, up, ids):\n    return gate\n"
+    assert _run_check(tmp_path, definition, kernel_source=kernel) == []

@@ -28,6 +28,9 @@ class TensorSpec:
     shape: tuple[str, ...] | None
     dtype: str
     description: str | None = None
+    # The axis an integer input's values index (expert ids index ``E``), so parity draws them
+    # in [0, size of that axis). A project extension; outputs never carry it.
+    index_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ def _tensors(data: dict[str, Any]) -> dict[str, TensorSpec]:
             tuple(spec["shape"]) if spec["shape"] is not None else None,
             spec["dtype"],
             spec.get("description"),
+            spec.get("index_of"),
         )
         for name, spec in data.items()
     }

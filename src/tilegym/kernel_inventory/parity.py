@@ -2,7 +2,8 @@
 
 For several shapes (``var`` axes sampled from odd and non-power-of-two sizes that satisfy the
 ``constraints``; ``const`` axes fixed) inputs are drawn in the Definition's dtypes on the given
-device. The reference ``run`` sees upcast copies (float64 on the CPU, float32 elsewhere); the
+device; an integer input with ``index_of`` (expert ids) is drawn in [0, size of that axis). The
+reference ``run`` sees upcast copies (float64 on the CPU, float32 elsewhere); the
 Solution sees the originals. Each output must have the declared shape and dtype, be finite
 where the reference is, and meet ``||out - ref|| / ||ref|| <= tolerance[dtype]``. Inputs must
 come back bit-identical unless a ``mutates:<input>`` tag says otherwise. With
@@ -135,7 +136,8 @@ def shape_of(spec_shape: tuple[str, ...] | None, binding: Mapping[str, int]) -> 
 
 
 def make_inputs(definition: Definition, binding: Mapping[str, int], device, generator) -> dict:
-    """Fresh random inputs: floats ~ N(0, 1), integers in [0, 16), booleans fair coins."""
+    """Fresh random inputs: floats ~ N(0, 1), integers in [0, 16) or, with ``index_of``, in
+    [0, size of that axis) (indices the reference uses must be in range), booleans fair coins."""
     import torch
 
     inputs: dict[str, Any] = {}
@@ -144,7 +146,18 @@ def make_inputs(definition: Definition, binding: Mapping[str, int], device, gene
         shape = shape_of(spec.shape, binding)
         if dtype is None:
             raise _Unsupported(f"input {name!r}: dtype {spec.dtype} is not supported by parity")
-        if spec.shape is None:
+        if spec.index_of is not None:
+            if spec.index_of not in binding or dtype.is_floating_point or dtype == torch.bool:
+                raise _Unsupported(
+                    f"input {name!r}: index_of {spec.index_of!r} needs a declared axis and an "
+                    f"integer dtype ({spec.dtype})"
+                )
+            high = binding[spec.index_of]
+            values = torch.randint(0, high, shape, generator=generator)
+            inputs[name] = (
+                values.item() if spec.shape is None else values.to(device=device, dtype=dtype)
+            )
+        elif spec.shape is None:
             inputs[name] = _scalar(spec.dtype, generator)
         elif dtype.is_floating_point:
             values = torch.randn(shape, generator=generator, dtype=torch.float32)

@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 from tilegym.findings import Finding
 from tilegym.kernel_inventory import codes
 from tilegym.kernel_inventory.jsonfile import JsonFile, finding
-from tilegym.kernel_inventory.models import Definition, Solution
+from tilegym.kernel_inventory.models import Definition, Solution, TensorSpec
 from tilegym.kernel_inventory.permalink import (
     PermalinkError,
     iter_source_lines,
@@ -52,6 +52,11 @@ def definition_findings(doc: JsonFile, definition: Definition, stem: str) -> lis
                         f"{group}.{tensor.name} uses axis {axis!r}, which 'axes' does not declare",
                     )
 
+    for tensor in definition.inputs.values():
+        problem = index_of_problem(definition, tensor)
+        if problem:
+            add(("inputs", tensor.name, "index_of"), codes.INDEX_OF_INVALID, problem)
+
     for index, text in enumerate(definition.constraints):
         problem = constraint_problem(text, set(definition.axes))
         if problem:
@@ -75,6 +80,25 @@ def definition_findings(doc: JsonFile, definition: Definition, stem: str) -> lis
                 f"tag 'mutates:{target}' names no input (tag #{index})",
             )
     return found
+
+
+INTEGER_DTYPES = frozenset({"int8", "int16", "int32", "int64"})
+
+
+def index_of_problem(definition: Definition, tensor: TensorSpec) -> str | None:
+    """Why ``tensor.index_of`` is unusable, or None: parity draws the values in [0, size of the
+    axis), so the axis must be the Definition's and the values integers."""
+    axis = tensor.index_of
+    if axis is None:
+        return None
+    problems = []
+    if axis not in definition.axes:
+        problems.append(f"names no axis (axes: {', '.join(definition.axes)})")
+    if tensor.dtype not in INTEGER_DTYPES:
+        problems.append(f"needs an integer dtype, not {tensor.dtype}")
+    if not problems:
+        return None
+    return f"inputs.{tensor.name}.index_of {axis!r} " + " and ".join(problems)
 
 
 def reference_findings(doc: JsonFile, definition: Definition) -> list[Finding]:
