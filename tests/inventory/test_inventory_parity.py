@@ -83,6 +83,34 @@ def test_modified_input_fails_unless_declared():
     assert check_parity(Definition.from_dict(data), in_place, device="cpu") == []
 
 
+def test_a_reference_that_updates_its_input_does_not_change_the_solutions_input():
+    """A cache-updating reference (``state.copy_``) must work on its own copy.
+
+    On a GPU the reference runs in float32, so a float32 input is not upcast; a shared tensor
+    let the reference's update reach the Solution, which then stepped from the new state.
+    """
+    data = copy.deepcopy(DEFINITION)
+    data["name"] = "accumulate"
+    data["axes"] = {"T": {"type": "var"}, "H": {"type": "const", "value": 8}}
+    data["inputs"] = {
+        "x": {"shape": ["T", "H"], "dtype": "float32"},
+        "state": {"shape": ["T", "H"], "dtype": "float32"},
+    }
+    data["outputs"] = {"new_state": {"shape": ["T", "H"], "dtype": "float32"}}
+    data["reference"] = (
+        f"# Source: {PERMALINK}\n"
+        "def run(x, state):\n    s = state + x\n    state.copy_(s)\n    return s\n"
+    )
+    data["tags"] = ["mutates:state"]
+    definition = Definition.from_dict(data)
+
+    def step(x, state):
+        return state.add_(x)
+
+    for ref_dtype in (torch.float32, torch.float64):
+        assert check_parity(definition, step, device="cpu", ref_dtype=ref_dtype) == []
+
+
 def test_destination_passing_style_poisons_outputs():
     def writes_all(gate, up, out):
         out.copy_(torch.nn.functional.silu(gate) * up)

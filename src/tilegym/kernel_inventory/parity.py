@@ -200,7 +200,7 @@ def _upcast(value, ref_dtype):
     import torch
 
     if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return value.to(ref_dtype)
+        return value.to(ref_dtype, copy=True)  # a reference that updates a cache keeps it its own
     if isinstance(value, torch.Tensor):
         return value.clone()
     return value
