@@ -104,3 +104,18 @@ def test_expert_reference_composes_to_the_upstream_experts():
     got = torch.einsum("tki,tkhi,tk->th", act, down[ids], w)
     with torch.no_grad():
         torch.testing.assert_close(got, experts(x, ids, w), rtol=1e-5, atol=1e-5)
+
+
+def test_parity_draws_prefill_shapes_with_the_new_tokens_among_the_keys():
+    """The new tokens are the last ``S`` of ``T`` keys, so ``S <= T``; drawn without that
+    constraint, parity asked the kernel for a negative query offset and it refused."""
+    import random
+
+    from tilegym.kernel_inventory.models import Definition
+    from tilegym.kernel_inventory.parity import sample_shapes
+
+    path = ROOT / "kernel_definitions" / "deepseek_v2_mla_prefill.json"
+    definition = Definition.from_dict(json.loads(path.read_text()))
+    shapes = sample_shapes(definition, 32, random.Random(0))
+    assert len(shapes) == 32
+    assert all(b["S"] <= b["T"] for b in shapes)
