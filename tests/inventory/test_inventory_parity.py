@@ -73,6 +73,26 @@ def test_low_precision_solution_within_tolerance_passes_but_fp32_bar_is_strict()
     assert check_parity(_two_outputs(), lossy, device="cpu", tolerances={"float32": 1e-2}) == []
 
 
+def test_an_outputs_own_tolerance_replaces_its_dtypes():
+    lossy = lambda x: (x.float() * 2 * 1.003, x.float() + 1)  # noqa: E731
+    relaxed = _two_outputs()
+    data = copy.deepcopy(DEFINITION)
+    data.update(name=relaxed.name, axes={"T": {"type": "var"}, "H": {"type": "const", "value": 40}})
+    data["inputs"] = {"x": {"shape": ["T", "H"], "dtype": "bfloat16"}}
+    data["outputs"] = {
+        "doubled": {"shape": ["T", "H"], "dtype": "float32", "tolerance": 1e-2},
+        "shifted": {"shape": ["T", "H"], "dtype": "float32"},
+    }
+    data["reference"] = relaxed.reference
+    relaxed = Definition.from_dict(data)
+    assert check_parity(relaxed, lossy, device="cpu") == []
+    strict = copy.deepcopy(data)
+    strict["outputs"]["doubled"]["tolerance"] = 1e-5
+    issues = check_parity(Definition.from_dict(strict), lossy, device="cpu")
+    assert _codes(issues) == ["INV071"]
+    assert all("'doubled'" in i.message and "tolerance 1e-05" in i.message for i in issues)
+
+
 def test_modified_input_fails_unless_declared():
     def in_place(gate, up):
         return gate.copy_(torch.nn.functional.silu(gate) * up)

@@ -202,3 +202,32 @@ def test_index_of_on_an_integer_input_naming_an_axis_passes(tmp_path):
     definition["reference"] = f"# Source: {PERMALINK}\ndef run(gate, up, ids):\n    return gate\n"
     kernel = "def silu_and_mul(gate, up, ids):\n    return gate\n"
     assert _run_check(tmp_path, definition, kernel_source=kernel) == []
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tolerance", "message"),
+    [
+        (
+            "float32",
+            0.05,
+            "outputs.out.tolerance 0.05 is looser than the inputs allow (at most 0.02)",
+        ),
+        ("int32", 0.01, "outputs.out.tolerance on a int32 output (exact or unsupported)"),
+    ],
+)
+def test_an_outputs_tolerance_is_bounded_by_its_inputs_precision(
+    tmp_path, dtype, tolerance, message
+):
+    definition = _definition()
+    definition["outputs"]["out"] = {"shape": ["T", "I"], "dtype": dtype, "tolerance": tolerance}
+    findings = _run_check(tmp_path, definition)
+    path = "src/tilegym/transformers/qwen3/kernel_definitions/qwen3_silu_and_mul.json"
+    text = (tmp_path / path).read_text().splitlines()
+    line = next(i for i, row in enumerate(text, 1) if '"tolerance"' in row)
+    assert [str(f) for f in findings] == [f"{path}:{line}: INV055 {message}"]
+
+
+def test_an_fp32_output_of_bf16_inputs_may_relax_to_bf16s_tolerance(tmp_path):
+    definition = _definition()
+    definition["outputs"]["out"] = {"shape": ["T", "I"], "dtype": "float32", "tolerance": 1e-3}
+    assert _run_check(tmp_path, definition) == []

@@ -41,6 +41,7 @@ INV046  duplicate Solution source path
 INV047  entry point's positional parameters do not take the Definition's inputs (and outputs)
 INV048  ``entry_kwargs`` and the entry point's keyword-only parameters disagree
 INV049  ``index_of`` names no axis of the Definition or is on a non-integer input
+INV055  output ``tolerance`` is on a non-float output or looser than its inputs' precision
 INV050  cited source could not be fetched (network or clone problem)
 INV051  cited commit does not exist
 INV052  cited file does not exist at that commit
@@ -107,6 +108,7 @@ SOURCE_DUPLICATE = "INV046"
 ENTRY_SIGNATURE = "INV047"
 ENTRY_KWARGS = "INV048"
 INDEX_OF_INVALID = "INV049"
+TOLERANCE_INVALID = "INV055"
 CITE_UNREACHABLE = "INV050"
 CITE_NO_COMMIT = "INV051"
 CITE_NO_FILE = "INV052"

@@ -31,6 +31,9 @@ class TensorSpec:
     # The axis an integer input's values index (expert ids index ``E``), so parity draws them
     # in [0, size of that axis). A project extension; outputs never carry it.
     index_of: str | None = None
+    # An output's parity tolerance in place of its dtype's (an fp32 state that a Solution builds
+    # from bf16 inputs with tf32 products). A project extension; inputs never carry it.
+    tolerance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ def _tensors(data: dict[str, Any]) -> dict[str, TensorSpec]:
             spec["dtype"],
             spec.get("description"),
             spec.get("index_of"),
+            spec.get("tolerance"),
         )
         for name, spec in data.items()
     }

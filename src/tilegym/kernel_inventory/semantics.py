@@ -21,6 +21,7 @@ from tilegym.kernel_inventory.permalink import (
     leading_source_lines,
     parse_permalink,
 )
+from tilegym.kernel_inventory.tolerances import TOLERANCES, loosest_input_tolerance
 
 _TAG = re.compile(r"^[a-z][a-z0-9_.-]*:\S.*$")
 _MAX_SOURCE_BYTES = 2_000_000
@@ -56,6 +57,11 @@ def definition_findings(doc: JsonFile, definition: Definition, stem: str) -> lis
         problem = index_of_problem(definition, tensor)
         if problem:
             add(("inputs", tensor.name, "index_of"), codes.INDEX_OF_INVALID, problem)
+
+    for tensor in definition.outputs.values():
+        problem = tolerance_problem(definition, tensor)
+        if problem:
+            add(("outputs", tensor.name, "tolerance"), codes.TOLERANCE_INVALID, problem)
 
     for index, text in enumerate(definition.constraints):
         problem = constraint_problem(text, set(definition.axes))
@@ -99,6 +105,22 @@ def index_of_problem(definition: Definition, tensor: TensorSpec) -> str | None:
     if not problems:
         return None
     return f"inputs.{tensor.name}.index_of {axis!r} " + " and ".join(problems)
+
+
+def tolerance_problem(definition: Definition, tensor: TensorSpec) -> str | None:
+    """Why an output's own ``tolerance`` is unusable, or None: it replaces a float dtype's bar and
+    may not pass more error than the lowest-precision float input brings in."""
+    if tensor.tolerance is None:
+        return None
+    if tensor.dtype not in TOLERANCES:
+        return f"outputs.{tensor.name}.tolerance on a {tensor.dtype} output (exact or unsupported)"
+    bound = loosest_input_tolerance({n: t.dtype for n, t in definition.inputs.items()})
+    if bound is None or tensor.tolerance > bound:
+        return (
+            f"outputs.{tensor.name}.tolerance {tensor.tolerance:g} is looser than the inputs "
+            f"allow ({'no float input' if bound is None else f'at most {bound:g}'})"
+        )
+    return None
 
 
 def reference_findings(doc: JsonFile, definition: Definition) -> list[Finding]:
