@@ -22,6 +22,14 @@ def _run_check(tmp_path, definition=None, solution=None, **kwargs):
     return check_paths([definition_path], tmp_path)
 
 
+def _at_key(tmp_path, key: str, text: str) -> str:
+    """The finding line expected at the first line of the written Definition naming ``key``."""
+    path = "src/tilegym/transformers/qwen3/kernel_definitions/qwen3_silu_and_mul.json"
+    rows = (tmp_path / path).read_text().splitlines()
+    line = next(i for i, row in enumerate(rows, 1) if f'"{key}"' in row)
+    return f"{path}:{line}: {text}"
+
+
 BODY = "import torch\n\ndef run(gate, up):\n    return gate * up\n"
 
 
@@ -189,10 +197,7 @@ def test_index_of_must_name_an_axis_of_an_integer_input(tmp_path, index_of, dtyp
     definition["reference"] = f"# Source: {PERMALINK}\ndef run(gate, up, ids):\n    return gate\n"
     kernel = "def silu_and_mul(gate, up, ids):\n    return gate\n"
     findings = _run_check(tmp_path, definition, kernel_source=kernel)
-    path = "src/tilegym/transformers/qwen3/kernel_definitions/qwen3_silu_and_mul.json"
-    text = (tmp_path / path).read_text().splitlines()
-    line = next(i for i, row in enumerate(text, 1) if '"index_of"' in row)
-    assert [str(f) for f in findings] == [f"{path}:{line}: INV049 {message}"]
+    assert [str(f) for f in findings] == [_at_key(tmp_path, "index_of", f"INV049 {message}")]
 
 
 def test_index_of_on_an_integer_input_naming_an_axis_passes(tmp_path):
@@ -221,10 +226,7 @@ def test_an_outputs_tolerance_is_bounded_by_its_inputs_precision(
     definition = _definition()
     definition["outputs"]["out"] = {"shape": ["T", "I"], "dtype": dtype, "tolerance": tolerance}
     findings = _run_check(tmp_path, definition)
-    path = "src/tilegym/transformers/qwen3/kernel_definitions/qwen3_silu_and_mul.json"
-    text = (tmp_path / path).read_text().splitlines()
-    line = next(i for i, row in enumerate(text, 1) if '"tolerance"' in row)
-    assert [str(f) for f in findings] == [f"{path}:{line}: INV055 {message}"]
+    assert [str(f) for f in findings] == [_at_key(tmp_path, "tolerance", f"INV055 {message}")]
 
 
 def test_an_fp32_output_of_bf16_inputs_may_relax_to_bf16s_tolerance(tmp_path):
