@@ -215,8 +215,8 @@ def variants(case, gen):
             "tile": lambda: decode_attention(q, k, v, **kw),
         }
         ref_sinks = torch.full((HQ,), float("-inf"), device="cuda")
-    mask = reference_mask(b, 1, n, q_start=n - 1, window=w, device="cuda")
-    ref = reference_attention_sinks(q, k, v, mask, ref_sinks, SCALE)  # [B, 1, Hq, D]
+    visible = reference_mask(b, 1, n, q_start=n - 1, window=w, device="cuda")
+    ref = reference_attention_sinks(q, k, v, visible, ref_sinks, SCALE)  # [B, 1, Hq, D]
     with torch.no_grad():  # flash computes attention without the sinks: not compared
         err = max(
             rel_err(fn().transpose(1, 2) if name == "sdpa" else fn(), ref)
