@@ -41,12 +41,12 @@ INV046  duplicate Solution source path
 INV047  entry point's positional parameters do not take the Definition's inputs (and outputs)
 INV048  ``entry_kwargs`` and the entry point's keyword-only parameters disagree
 INV049  ``index_of`` names no axis of the Definition or is on a non-integer input
-INV055  output ``tolerance`` is on a non-float output or looser than its inputs' precision
 INV050  cited source could not be fetched (network or clone problem)
 INV051  cited commit does not exist
 INV052  cited file does not exist at that commit
 INV053  cited line range is past the end of the file
 INV054  cited line range is blank
+INV055  output ``tolerance`` is on a non-float output or looser than its inputs' precision
 INV060  entry module failed to import
 INV061  entry module defines no ``aot_signatures()``
 INV062  ``aot_signatures()`` failed or returned something other than {kernel: [KernelSignature]}
@@ -108,12 +108,12 @@ SOURCE_DUPLICATE = "INV046"
 ENTRY_SIGNATURE = "INV047"
 ENTRY_KWARGS = "INV048"
 INDEX_OF_INVALID = "INV049"
-TOLERANCE_INVALID = "INV055"
 CITE_UNREACHABLE = "INV050"
 CITE_NO_COMMIT = "INV051"
 CITE_NO_FILE = "INV052"
 CITE_BAD_RANGE = "INV053"
 CITE_BLANK = "INV054"
+TOLERANCE_INVALID = "INV055"
 COMPILE_IMPORT = "INV060"
 COMPILE_NO_SIGNATURES = "INV061"
 COMPILE_BAD_SIGNATURES = "INV062"
