@@ -17,6 +17,7 @@ from tilegym_hf_bench.generation import Generator, make_input_ids
 from tilegym_hf_bench.model_factory import fp32_reference
 from tilegym_hf_bench.modes import EAGER
 from tilegym_hf_bench.remote_side import RemoteSide
+from tilegym_hf_bench.routing import Margins, Referee, Routed, routing_block, routing_line
 from tilegym_hf_bench.scoring import (
     Case,
     CaseScore,
@@ -26,7 +27,6 @@ from tilegym_hf_bench.scoring import (
     drift,
     finite_or_none,
     left_pad_mask,
-    reference_logits,
     timed_output_agreement,
     token_errors,
     worst,
@@ -85,12 +85,27 @@ def start_remote_case(remote: RemoteSide, case: Case, ids, mask):
 @dataclass
 class _Own:
     """This process's side of one case: its sequence, its error and drift along fp32, and the
-    reference logits on that sequence (kept: the worker's sequence is usually the same)."""
+    reference logits on that sequence (kept: the worker's sequence is usually the same). For an
+    MoE model also fp32's routing on that sequence, the near-tie margins measured on it and the
+    side's logits, which are scored against the alternate routings once the worker's are in."""
 
     seq: torch.Tensor
     err: float
     drift: float
     reference: torch.Tensor
+    routed: Routed | None = None
+    margins: Margins | None = None
+    logits: torch.Tensor | None = None
+
+
+@dataclass
+class _Kernel:
+    """The worker's side of one case, with the fp32 reference on its sequence."""
+
+    seq: torch.Tensor
+    logits: torch.Tensor
+    reference: torch.Tensor
+    routed: Routed | None
 
 
 class CorrectnessCheck:
@@ -105,6 +120,7 @@ class CorrectnessCheck:
         self._remote: list | None = None
         self._own: list[_Own] | None = None
         self._ref_model = None
+        self._referee: Referee | None = None
 
     def send(self, cutile) -> None:
         """The worker's side of every case, asked for at once (a local cuTile side, as in the
@@ -124,21 +140,51 @@ class CorrectnessCheck:
             ]
 
     def own(self, baseline: Generator) -> None:
-        """This process's side of every case and the fp32 reference on its sequences."""
+        """This process's side of every case and the fp32 reference on its sequences (for an
+        MoE model with its routing, and the near-tie margins against this side's bf16 model)."""
         if self._own is not None:
             return
         self._ref_model = fp32_reference(baseline.model)
+        self._referee = Referee(self._ref_model, baseline.model)
         device = baseline.device
         self._own = []
         for case, (ids, mask) in zip(self.cases, self.inputs, strict=True):
             seq, logits = generate_case(baseline, case, ids, mask)
             seq = seq.to(device)
             gpu_mask = None if mask is None else mask.to(device)
-            reference = reference_logits(self._ref_model, seq, case.input_length, gpu_mask)
+            reference, routed = self._referee.plain(seq, case.input_length, gpu_mask)
             logits = logits.to(device)
             err = float(token_errors(logits, reference).max())
-            self._own.append(_Own(seq, err, drift(logits, reference), reference))
+            own = _Own(seq, err, drift(logits, reference), reference)
+            if routed is not None:
+                own.routed, own.logits = routed, logits
+                own.margins = self._referee.margins(seq, case.input_length, gpu_mask, routed)
+            self._own.append(own)
             del logits
+
+    def _routing(self, case: Case, own: _Own, mask, kernel: _Kernel | None):
+        """(baseline error, kernel error or None, the case's ``routing`` block) of an MoE
+        case: each side's tokens scored against fp32 and the alternate routings of its own
+        sequence's near-ties (``routing``), one set of forwards where the sequences agree."""
+
+        def scored(seq, reference, routed, sides):
+            return self._referee.refereed(
+                seq, case.input_length, mask, reference, routed, own.margins.margin, sides
+            )
+
+        if kernel is None:
+            runs = [scored(own.seq, own.reference, own.routed, [own.logits])]
+        elif torch.equal(kernel.seq, own.seq):
+            runs = [scored(own.seq, own.reference, own.routed, [own.logits, kernel.logits])]
+        else:
+            runs = [
+                scored(own.seq, own.reference, own.routed, [own.logits]),
+                scored(kernel.seq, kernel.reference, kernel.routed, [kernel.logits]),
+            ]
+        errors = [side for run in runs for side in run.sides]
+        kernel_err = float(errors[1].best.max()) if kernel is not None else None
+        block = routing_block(self._referee.moe_layers, own.margins, runs, errors)
+        return float(errors[0].best.max()), kernel_err, block
 
     def finish(self, baseline: Generator, cutile, timed_runs: dict | None = None) -> dict:
         """Score every case (the steps not taken yet are taken now) and the timed answers."""
@@ -151,31 +197,36 @@ class CorrectnessCheck:
             own = self._own[i]
             gpu_mask = None if mask is None else mask.to(device)
             drifts = [own.drift]
-            kernel_err = top1 = None
+            kernel_err = top1 = kernel = None
+            base_err, routing = own.err, None
             finite = True
             if self._remote is not None:
                 seq, kernel_logits = self._remote[i]()
                 seq, kernel_logits = seq.to(device), kernel_logits.to(device)
-                reference = own.reference
+                reference, routed = own.reference, own.routed
                 if not torch.equal(seq, own.seq):  # diverged: score it on its own sequence
-                    reference = reference_logits(ref_model, seq, case.input_length, gpu_mask)
+                    reference, routed = self._referee.plain(seq, case.input_length, gpu_mask)
                 finite = bool(torch.isfinite(kernel_logits).all())
                 kernel_err = float(token_errors(kernel_logits, reference).max())
                 top1 = float(agreement(seq, reference, case.input_length).mean())
                 drifts.append(drift(kernel_logits, reference))
+                kernel = _Kernel(seq, kernel_logits, reference, routed)
                 del kernel_logits, reference
-            own.reference = None
-            score = CaseScore(case.name, kernel_err, own.err, finite, top1)
+            if own.routed is not None:
+                base_err, kernel_err, routing = self._routing(case, own, gpu_mask, kernel)
+            own.reference = own.logits = kernel = None
+            score = CaseScore(case.name, kernel_err, base_err, finite, top1, routing)
             scores.append(score)
             v = score.rule()
             self.log(
                 f"correctness case {case.name} ({case.batch} x {case.input_length} -> "
                 f"{case.new_tokens}{', left-padded' if case.padded else ''}): "
                 f"{'PASS' if v.passed else 'FAIL'}: {v.reason}; bf16 baseline max token rel err "
-                f"{own.err:.3e}"
+                f"{base_err:.3e}"
                 + (f"; top-1 agreement {top1:.4f}" if top1 is not None else "")
                 + "; drift along fp32 "
                 + " / ".join(f"{d:+.2e}" for d in drifts)
+                + (f"; {routing_line(routing)}" if routing is not None else "")
             )
         chosen = worst(scores)
         rule = chosen.rule()
@@ -201,7 +252,7 @@ class CorrectnessCheck:
                 )
             )
             passed = passed and problem is None
-        self._ref_model = None
+        self._ref_model = self._referee = None
         if cutile is None:
             self.log("correctness: PyTorch side only (no cuTile code ran): nothing was judged")
         else:

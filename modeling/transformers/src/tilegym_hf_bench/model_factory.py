@@ -83,9 +83,13 @@ def _is_norm(module: torch.nn.Module) -> bool:
     return bool(own) and all(p.ndim == 1 for p in own)
 
 
-def random_model(model_key: str, device: str, seed: int) -> LoadedModel:
+def random_model(
+    model_key: str, device: str, seed: int, overrides: dict | None = None
+) -> LoadedModel:
+    """The preset's model with random weights (``overrides``: config fields changed first, as
+    tests change a tiny preset's routing)."""
     preset = PRESETS[model_key]
-    config = AutoConfig.for_model(**config_dict(preset))
+    config = AutoConfig.for_model(**(config_dict(preset) | (overrides or {})))
     model = _empty_model(config, device, DTYPE)
     init_random_(model, seed, device)
     return LoadedModel(model, preset.model_type, "random", f"config of {preset.architecture}")

@@ -1,0 +1,268 @@
+"""The routing-aware referee's I/O: forward hooks on the routers of a transformers MoE model
+(``router_forms``) that record what each router scored and chose, or give listed tokens the
+other side of their near-tie, and the fp32 forwards that make a side's references
+(``routing_rule`` decides). All of it runs in the measuring process, on the fp32 reference and
+the bf16 PyTorch baseline: nothing the judged worker returns but its tokens and logits.
+
+A model without a known router takes no hook and no extra forward: its reference is exactly the
+plain one.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from tilegym_hf_bench.errors import BenchError
+from tilegym_hf_bench.router_forms import RouterForm, form_of
+from tilegym_hf_bench.routing_rule import (
+    combine,
+    eligible_tokens,
+    near_tied,
+    same_selection,
+    score_noise,
+    swap_plans,
+    swapped_selection,
+    tie_margin,
+)
+from tilegym_hf_bench.scoring import finite_or_none, input_mask, reference_logits, token_errors
+
+
+@dataclass
+class Routed:
+    """What the routers of one forward saw, one [T, E] or [T, k] tensor per MoE layer in model
+    order (T: batch x positions, row-major)."""
+
+    ranking: list[torch.Tensor] = field(default_factory=list)
+    raw: list[torch.Tensor] = field(default_factory=list)
+    chosen: list[torch.Tensor] = field(default_factory=list)
+
+
+def routers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, RouterForm]]:
+    return [(m, form) for m in model.modules() if (form := form_of(m)) is not None]
+
+
+def _check_form(router, form: RouterForm, logits, weights, indices) -> None:
+    """The form must reproduce the router's own choice and weights (fp32): an alternate built
+    from a form that drifted from transformers would referee with a model that does not exist."""
+    ranking = form.ranking(router, logits)
+    mine = torch.topk(ranking, indices.shape[1], dim=-1).indices
+    ok = bool(same_selection(mine, indices).all()) and torch.allclose(
+        form.weights(router, logits, indices), weights.float(), rtol=1e-5, atol=1e-6
+    )
+    if not ok:
+        raise BenchError(
+            f"internal: the routing referee's form of {type(router).__name__} does not "
+            "reproduce the router's own selection and weights in this transformers version"
+        )
+
+
+@contextmanager
+def recording(model: torch.nn.Module, check: bool = False):
+    """Within: each forward of ``model`` appends its routers' scores and choices to the
+    yielded ``Routed`` (``check``: verify the forms against the routers' outputs)."""
+    routed = Routed()
+    handles = []
+    for router, form in routers(model):
+
+        def hook(module, args, output, form=form):
+            logits, weights, indices = output
+            if check:
+                _check_form(module, form, logits, weights, indices)
+            routed.ranking.append(form.ranking(module, logits).detach())
+            routed.raw.append(form.raw(module, logits).detach())
+            routed.chosen.append(indices.detach())
+
+        handles.append(router.register_forward_hook(hook))
+    try:
+        yield routed
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def forcing(model: torch.nn.Module, swaps: dict[int, torch.Tensor]):
+    """Within: the router of MoE layer i gives the tokens ``swaps[i]`` ([T] bool) the other
+    side of their tie as its scores stand in that forward (``swapped_selection``), weighted as
+    the router weights any selection."""
+    handles = []
+    for i, (router, form) in enumerate(routers(model)):
+        if i not in swaps:
+            continue
+
+        def hook(module, args, output, form=form, tokens=swaps[i]):
+            logits, weights, indices = output
+            rows = tokens.nonzero().flatten()
+            picked = swapped_selection(form.ranking(module, logits)[rows], indices[rows])
+            indices = indices.clone()
+            indices[rows] = picked
+            weights = weights.clone()
+            weights[rows] = form.weights(module, logits[rows], picked).to(weights.dtype)
+            return logits, weights, indices
+
+        handles.append(router.register_forward_hook(hook))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def following(model: torch.nn.Module, chosen: list[torch.Tensor]):
+    """Within: MoE layer i of ``model`` routes every token to ``chosen[i]`` ([T, k], another
+    forward's choice), weighted as its router weights any selection."""
+    handles = []
+    for i, (router, form) in enumerate(routers(model)):
+
+        def hook(module, args, output, form=form, picked=chosen[i]):
+            logits, weights, _ = output
+            return logits, form.weights(module, logits, picked).to(weights.dtype), picked
+
+        handles.append(router.register_forward_hook(hook))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@dataclass
+class SideErrors:
+    """One side's per-token errors [B, N]: against plain fp32, routing-aware, and where an
+    alternate gave the smaller one."""
+
+    plain: torch.Tensor
+    best: torch.Tensor
+    took: torch.Tensor
+
+
+@dataclass
+class Refereed:
+    """One sequence's near-ties, the fp32 forwards run for them, and each side's errors."""
+
+    near_ties: int
+    forwards: int
+    unplanned: int
+    sides: list[SideErrors]
+
+
+@dataclass(frozen=True)
+class Margins:
+    """Per MoE layer: the largest |bf16 - fp32| router score on the measured sequence, and the
+    near-tie margin it gives."""
+
+    noise: list[float]
+    margin: list[float]
+
+
+class Referee:
+    """The fp32 reference ``ref_model`` with its routers' near-ties, the margin measured against
+    ``baseline_model`` (the trusted bf16 PyTorch side)."""
+
+    def __init__(self, ref_model: torch.nn.Module, baseline_model: torch.nn.Module):
+        self.ref_model = ref_model
+        self.baseline_model = baseline_model
+        self.moe_layers = len(routers(ref_model))
+
+    def plain(self, seq, prompt_len: int, mask=None) -> tuple[torch.Tensor, Routed | None]:
+        """(fp32 logits, its routing or None without MoE layers): one forward."""
+        if not self.moe_layers:
+            return reference_logits(self.ref_model, seq, prompt_len, mask), None
+        with recording(self.ref_model, check=True) as routed:
+            logits = reference_logits(self.ref_model, seq, prompt_len, mask)
+        return logits, routed
+
+    def margins(self, seq, prompt_len: int, mask, high: Routed) -> Margins:
+        """One bf16 forward of the baseline on ``seq``, routed as fp32 routed it (``high``):
+        its router scores against fp32's on the real tokens, layer by layer. Routed alike, the
+        difference is bf16's rounding alone; routed its own way, a flip at one position moved
+        later positions' scores through attention (tiny-gpt_oss: 0.036 where rounding was
+        0.003) and would have widened the margin with it."""
+        with following(self.baseline_model, high.chosen), recording(self.baseline_model) as low:
+            reference_logits(self.baseline_model, seq, prompt_len, mask)
+        if len(low.raw) != len(high.raw):
+            raise BenchError("internal: the bf16 baseline and the fp32 reference route apart")
+        real = input_mask(seq, prompt_len, mask).flatten().bool()
+        noise = [score_noise(lo, hi, real) for lo, hi in zip(low.raw, high.raw, strict=True)]
+        return Margins(noise, [tie_margin(n) for n in noise])
+
+    def refereed(
+        self,
+        seq,
+        prompt_len: int,
+        mask,
+        reference: torch.Tensor,
+        high: Routed,
+        margins: list[float],
+        sides: list[torch.Tensor],
+    ) -> Refereed:
+        """Score the logits ``sides`` (each [B, N, V], generated along ``seq``) against
+        ``reference`` and each alternate routing of ``seq`` (``routing_rule.swap_plans``):
+        one fp32 forward per plan, scored for every side at once and dropped."""
+        real_positions = input_mask(seq, prompt_len, mask)
+        real = real_positions.flatten().bool()
+        ties = [
+            near_tied(r, c, m, real)
+            for r, c, m in zip(high.ranking, high.chosen, margins, strict=True)
+        ]
+        plans, unplanned = swap_plans(ties, seq.shape[0], prompt_len - 1)
+        new_tokens = seq.shape[1] - prompt_len
+        alternates: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in sides]
+        for plan in plans:
+            with forcing(self.ref_model, plan):
+                alt = reference_logits(self.ref_model, seq, prompt_len, mask)
+            swapped = torch.stack(list(plan.values())).any(dim=0).view(real_positions.shape)
+            eligible = eligible_tokens(swapped, prompt_len, new_tokens)
+            for logits, found in zip(sides, alternates, strict=True):
+                found.append((token_errors(logits, alt), eligible))
+            del alt
+        scored = []
+        for logits, found in zip(sides, alternates, strict=True):
+            plain = token_errors(logits, reference)
+            best, took = combine(plain, found)
+            scored.append(SideErrors(plain, best, took))
+        return Refereed(int(sum(int(t.sum()) for t in ties)), len(plans), unplanned, scored)
+
+
+def _sides(values: list) -> dict:
+    return {"baseline": values[0], "cutile": values[1] if len(values) > 1 else None}
+
+
+def routing_block(
+    moe_layers: int, margins: Margins, runs: list[Refereed], errors: list[SideErrors]
+) -> dict:
+    """A case's metrics ``routing`` object. ``runs``: one per sequence scored (one when both
+    sides generated the same); ``errors``: baseline's, then the kernel's if measured."""
+    per_side = runs if len(runs) == len(errors) else runs * len(errors)
+    return {
+        "moe_layers": moe_layers,
+        "noise": margins.noise,
+        "margin": margins.margin,
+        "near_ties": _sides([run.near_ties for run in per_side]),
+        "unplanned": _sides([run.unplanned for run in per_side]),
+        "extra_forwards": sum(run.forwards for run in runs),
+        "alternate_tokens": _sides([int(e.took.sum()) for e in errors]),
+        "plain_rel_err": _sides([finite_or_none(float(e.plain.max())) for e in errors]),
+    }
+
+
+def routing_line(block: dict) -> str:
+    """The log's words for a ``routing`` block."""
+    sides = [s for s in ("baseline", "cutile") if block["alternate_tokens"][s] is not None]
+
+    def both(key: str, fmt: str = "{}") -> str:
+        return " / ".join(
+            "n/a" if block[key][s] is None else fmt.format(block[key][s]) for s in sides
+        )
+
+    return (
+        f"routing: {block['moe_layers']} MoE layers, near-tie margin "
+        + "/".join(f"{m:.1e}" for m in block["margin"])
+        + f", near-ties {both('near_ties')}, {block['extra_forwards']} fp32 forwards with "
+        f"near-ties swapped, tokens scored on a swap {both('alternate_tokens')}, plain fp32 "
+        f"max token rel err {both('plain_rel_err', '{:.3e}')}"
+    )

@@ -1,0 +1,125 @@
+"""The routing-aware referee's rule, on plain tensors (no model): which tokens of an MoE model
+sit on a near-tie of their router, what the other side of that tie is, how wide "near" is, and
+how a token's errors against several fp32 references combine.
+
+Why: with random weights a router's k-th and (k+1)-th expert scores are sometimes closer than
+bf16's rounding of them, bf16 then picks the other expert, and that token's logits differ from
+fp32's wholesale (mixtral's and gpt_oss's bf16 PyTorch baselines were 1.29 and 0.94 from fp32
+on the H200). Such a token is scored against fp32 with that tie swapped as well, and keeps the
+smaller error; every other token is scored against plain fp32 only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: The margin is this times the largest |bf16 - fp32| router score measured on the trusted bf16
+#: baseline: bf16 can order two experts unlike fp32 only where their fp32 scores are closer
+#: than the sum of its errors on the two, at most twice the largest error.
+TIE_MARGIN_FACTOR = 2.0
+#: At most this many near-tied scored positions of a row get a forward of their own (a long
+#: generation on a router with many near-ties would otherwise take one forward per token); the
+#: rest are scored with their layer's and all near-ties swapped, and counted as unplanned.
+MAX_POSITION_PLANS = 64
+
+
+def selection_gap(scores: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Per token [T]: the weakest chosen expert's score minus the strongest unchosen one's
+    (+inf where every expert is chosen). ``scores`` [T, E], ``chosen`` [T, k] expert ids."""
+    weakest = scores.gather(1, chosen).min(dim=1).values
+    others = scores.scatter(1, chosen, float("-inf")).max(dim=1).values
+    return weakest - others
+
+
+def near_tied(
+    scores: torch.Tensor, chosen: torch.Tensor, margin: float, real: torch.Tensor
+) -> torch.Tensor:
+    """[T] bool: real tokens whose selection gap is below ``margin`` (a pad position's routing
+    reaches no real token, so it never counts)."""
+    return (selection_gap(scores, chosen) < margin) & real
+
+
+def swapped_selection(scores: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """``chosen`` [T, k] with each token's weakest chosen expert replaced by its strongest
+    unchosen one: the other side of the tie."""
+    slot = scores.gather(1, chosen).argmin(dim=1, keepdim=True)
+    other = scores.scatter(1, chosen, float("-inf")).argmax(dim=1, keepdim=True)
+    return chosen.scatter(1, slot, other)
+
+
+def same_selection(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[T] bool: the two [T, k] selections name the same experts (in any order)."""
+    return (a.sort(dim=1).values == b.sort(dim=1).values).all(dim=1)
+
+
+def score_noise(low: torch.Tensor, high: torch.Tensor, rows: torch.Tensor) -> float:
+    """The largest |low - high| over the ``rows`` [T] bool of two [T, E] score tensors (0.0
+    without rows)."""
+    if not bool(rows.any()):
+        return 0.0
+    return float((low[rows].float() - high[rows].float()).abs().max())
+
+
+def tie_margin(noise: float) -> float:
+    return TIE_MARGIN_FACTOR * noise
+
+
+def eligible_tokens(tied: torch.Tensor, prompt_len: int, new_tokens: int) -> torch.Tensor:
+    """[B, N] bool: the generated tokens an alternate routing may score. ``tied`` [B, S] marks
+    the input positions (``S`` = sequence length - 1) whose routing the alternate swapped;
+    generated token j is predicted at position ``prompt_len - 1 + j``, and a swap at a position
+    changes that position and every later one (attention is causal), nothing before it."""
+    reached = tied.long().cumsum(dim=1) > 0
+    return reached[:, prompt_len - 1 : prompt_len - 1 + new_tokens]
+
+
+def swap_plans(
+    ties: list[torch.Tensor], rows: int, first_scored: int
+) -> tuple[list[dict[int, torch.Tensor]], int]:
+    """(the alternate routings to run, each {MoE layer: [T] bool tokens to swap}, none twice;
+    the near-tied scored positions left without a plan of their own). ``ties``: per MoE layer,
+    [T] bool (T = ``rows`` x positions, row-major); ``first_scored``: the position predicting
+    the first generated token.
+
+    - each near-tied scored position alone, all its layers' near-ties (one plan serves every
+      row, rows not seeing each other: plan j swaps the j-th near-tied scored position of each
+      row; at most ``MAX_POSITION_PLANS``): a flip there changes that token's logits
+      wholesale, and swapping other near-ties with it would move them through attention;
+    - each layer's near-ties, then all of them together: a flip in the prompt reaches the
+      generated tokens through attention only, and a token may sit on near-ties in several
+      layers."""
+    plans: list[dict[int, torch.Tensor]] = []
+
+    def add(plan: dict[int, torch.Tensor]) -> None:
+        if plan and not any(_same_plan(plan, p) for p in plans):
+            plans.append(plan)
+
+    tied = [i for i, t in enumerate(ties) if bool(t.any())]
+    if not tied:
+        return plans, 0
+    scored = torch.stack([ties[i] for i in tied]).any(dim=0).view(rows, -1).clone()
+    scored[:, :first_scored] = False
+    rank = scored.long().cumsum(dim=1) * scored  # the j-th near-tied scored position: j
+    for j in range(1, min(int(rank.max()), MAX_POSITION_PLANS) + 1):
+        at = (rank == j).flatten()
+        add({i: ties[i] & at for i in tied if bool((ties[i] & at).any())})
+    for i in tied:
+        add({i: ties[i]})
+    add({i: ties[i] for i in tied})
+    return plans, int((rank > MAX_POSITION_PLANS).sum())
+
+
+def _same_plan(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[i], b[i]) for i in a)
+
+
+def combine(
+    plain: torch.Tensor, alternates: list[tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(errors [B, N], took an alternate [B, N] bool): a token's error is the smallest of its
+    error against plain fp32 and those against the alternates (error, eligible) it is eligible
+    for; with no alternates it is ``plain`` itself."""
+    best = plain
+    for err, eligible in alternates:
+        best = torch.where(eligible & (err < best), err, best)
+    return best, best < plain
