@@ -8,9 +8,10 @@ fp32 sums, with no upcast copy of the weight or the activations per call (PyTorc
 two conversion kernels plus an fp32 cuBLAS GEMV or SIMT sgemm per MoE layer and step).
 
 Two launches: a split-K GEMM over (token tile x expert tile, K share) blocks writes fp32
-partial logits ``[splits, T, EP]``; the expert tile (all 64 of DeepSeek-V2-Lite's experts) is
-the mma's M side and the tokens its N side, so at decode (8 token columns) no mma row is
-padding, and the K splits spread the weight (256 KiB) over 16 blocks. The second launch, a
+partial logits ``[splits, T, EP]`` (written and read without TMA, as ``gemm``'s split-K
+partials); the expert tile (all 64 of DeepSeek-V2-Lite's experts) is the mma's M side and the
+tokens its N side, so at decode (8 token columns) no mma row is padding, and the K splits
+spread the weight (256 KiB) over 16 blocks. The second launch, a
 programmatic dependent of the first, sums a token tile's partials in a fixed order and either
 stores the logits (``router_logits``: V2's group-limited and V3's routers route them in
 PyTorch) or routes them (``router_greedy``, DeepSeek-V2's greedy ``DeepseekV2TopkRouter``):
@@ -90,7 +91,9 @@ def router_logits_route_kernel(
     ct.grid_dependency_control_wait()
     x = ct.full((TM, EP), 0.0, dtype=ct.float32)
     for s in range(splits):
-        part = ct.load(WS, index=(s, bt, 0), shape=(1, TM, EP), padding_mode=PAD_ZERO)
+        part = ct.load(
+            WS, index=(s, bt, 0), shape=(1, TM, EP), padding_mode=PAD_ZERO, allow_tma=False
+        )
         x = x + part.reshape((TM, EP))
     if ROUTE:
         cols = ct.broadcast_to(ct.arange(EP, dtype=ct.int32).reshape((1, EP)), (TM, EP))
