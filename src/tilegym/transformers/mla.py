@@ -35,25 +35,24 @@ as its values, 576 values per token and layer (the expanded form: ``H x 320`` = 
 V2-Lite's 16 heads). ``DynamicCache`` and the static cache hold two tensors of different widths
 per layer as they are. A static layer under a "tilegym" mask with a device position (the
 compiled decode step) is written by one cuTile launch with a width each
-(``tilegym.ops.latent_cache``, which also sets the layer's device length); any other cache by its
-own ``update``. The decode kernel reads the whole static buffer with its key range from the
-mask's device position. The
-``TileKVCache`` (one width for keys and values) is not used for MLA (``attention.use_tile_cache``
-leaves such a model on ``DynamicCache``).
+(``tilegym.ops.latent_cache``, which also sets the layer's device length); any other cache by
+its own ``update``. The decode kernel reads the whole static buffer with its key range from the
+mask's device position. The ``TileKVCache`` (one width for keys and values) is not used for MLA
+(``attention.use_tile_cache`` leaves such a model on ``DynamicCache``).
 
-**Sparse block** (``DeepseekV2Moe``, ``DeepseekV3MoE``): the router's fp32 logits come from the
-bf16/fp16 activations and weight by an fp32-accumulating cuTile GEMM (``tilegym.ops.router_linear``:
-the same products as upstream's ``F.linear`` on upcast copies, no copy per call; an fp32 router
-weight keeps upstream's linear); V2's greedy top-k of the softmax times ``routed_scaling_factor``
-is fused after that GEMM (``router_greedy``); V2's group-limited routing and V3's sigmoid router
-(``e_score_correction_bias``, groups scored by their top two, renormalized) run on the logits as
-``tilegym.ops.deepseek_route`` (PyTorch). The routed experts
-are the shared grouped expert kernels (``moe_experts``, packed ``[E, 2I, H]`` / ``[E, H, I]`` as
-Qwen3-MoE's) with the layer's residual summed in, and the shared experts (a dense
-``DeepseekV2MLP``, patched as every MLP) add that sum in their down GEMM's epilogue: ``residual
-+ routed + shared`` in two launches' epilogues. The first ``first_k_dense_replace`` layers are
-dense MLPs. In bf16 the sum is rounded in another order than upstream's ``residual + (routed +
-shared)`` (equal in fp32).
+**Sparse block** (``DeepseekV2Moe``, ``DeepseekV3MoE``): the router's fp32 logits come from
+the bf16/fp16 activations and weight by an fp32-accumulating cuTile GEMM
+(``tilegym.ops.router_linear``: the same products as upstream's ``F.linear`` on upcast copies,
+no copy per call; an fp32 router weight keeps upstream's linear); V2's greedy top-k of the
+softmax times ``routed_scaling_factor`` is fused after that GEMM (``router_greedy``); V2's
+group-limited routing and V3's sigmoid router (``e_score_correction_bias``, groups scored by
+their top two, renormalized) run on the logits as ``tilegym.ops.deepseek_route`` (PyTorch). The
+routed experts are the shared grouped expert kernels (``moe_experts``, packed ``[E, 2I, H]`` /
+``[E, H, I]`` as Qwen3-MoE's) with the layer's residual summed in, and the shared experts (a
+dense ``DeepseekV2MLP``, patched as every MLP) add that sum in their down GEMM's epilogue:
+``residual + routed + shared`` in two launches' epilogues. The first ``first_k_dense_replace``
+layers are dense MLPs. In bf16 the sum is rounded in another order than upstream's ``residual +
+(routed + shared)`` (equal in fp32).
 """
 
 from __future__ import annotations
