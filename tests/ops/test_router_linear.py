@@ -145,6 +145,7 @@ CASES = [
     (2048, 64, 2048),  # its prefill
     (77, 60, 2048),  # experts no power of two
     (9, 256, 7168),  # DeepSeek-V3's 256 experts (two expert tiles), hidden 7168
+    (8, 32, 7168),  # its preset's 32: a 64-row expert tile, half of it zero rows
     (5, 16, 1000),  # hidden no multiple of the K step
 ]
 

@@ -123,9 +123,10 @@ def token_tile(t: int) -> int:
 
 
 def expert_tiles(n_experts: int) -> tuple[int, int]:
-    """(EP, TE): the experts rounded up to a power of two (at least 16, the mma's smallest M)
-    and the experts per GEMM block."""
-    ep = max(16, next_pow2(n_experts))
+    """(EP, TE): the experts rounded up to a power of two, at least 64 (the rows past the
+    experts load as zeros, no memory traffic: a 32-row weight tile compiled to scalar FMAs, a
+    64-row one to tensor-core mmas), and the experts per GEMM block."""
+    ep = max(64, next_pow2(n_experts))
     return ep, min(ep, MAX_EXPERT_TILE)
 
 
