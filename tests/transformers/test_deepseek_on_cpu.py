@@ -4,8 +4,10 @@ tokens of a left-padded batch, with a dynamic cache (the latent decode in the ab
 static cache (its device position) and the static decode step compiled; q low-rank or plain,
 V2's greedy and group-limited routing, V3's biased sigmoid router with group limits, with and
 without renormalization, a routed scaling factor, YaRN's softmax-scale mscale, V3's RoPE
-interleaved or by halves, and each flag off in turn. The run is checked to go through the MLA
-kernels' ops (prefill once per layer, then the latent decode)."""
+interleaved or by halves, and each flag off in turn. The run is checked to go through the ops
+(prefill once per layer, then the latent decode with its per-head products; the static cache's
+decode-step writes; the router's fp32 linear, fused with V2's greedy routing; V2's RoPE tables
+once per forward)."""
 
 from __future__ import annotations
 
@@ -80,7 +82,20 @@ class _Count:
     def __init__(self, monkeypatch):
         from tilegym.ops import library
 
-        self.calls = {"mla_prefill_op": 0, "mla_decode_op": 0, "apply_rope_op": 0}
+        self.calls = {
+            name: 0
+            for name in (
+                "mla_prefill_op",
+                "mla_decode_op",
+                "apply_rope_op",
+                "mla_absorb_query_op",
+                "mla_latent_to_heads_op",
+                "latent_cache_write_at_op",
+                "router_greedy_op",
+                "router_logits_op",
+                "rotary_tables_op",
+            )
+        }
         for name in self.calls:
             op = getattr(library, name)
 
@@ -134,6 +149,19 @@ def test_the_patched_model_computes_the_upstream_one(model, extra, cache, monkey
     layers = base.config.num_hidden_layers
     assert count.calls["mla_prefill_op"] == 2 * layers  # the logits' forward and the prompt
     assert count.calls["mla_decode_op"] == 7 * layers  # the 7 decode steps of 8 new tokens
+    assert count.calls["mla_absorb_query_op"] == count.calls["mla_latent_to_heads_op"] == 7 * layers
+    # a static cache: each decode step writes at the mask's device position (the prompt, whose
+    # mask holds a host offset, through the layer's own update)
+    writes = 7 * layers if cache == "static" else 0
+    assert count.calls["latent_cache_write_at_op"] == writes
+    # the routers of the sparse layers in the logits' forward, the prompt and 7 decode steps;
+    # V2's greedy one fused after the linear, the others after the logits op
+    sparse = 9 * (layers - base.config.first_k_dense_replace)
+    greedy = model == "deepseek_v2" and extra.get("topk_method", "greedy") == "greedy"
+    assert count.calls["router_greedy_op"] == (sparse if greedy else 0)
+    assert count.calls["router_logits_op"] == (0 if greedy else sparse)
+    # V2's rotary module gives the half-split tables once per forward (V3's are upstream's)
+    assert count.calls["rotary_tables_op"] == (9 if model == "deepseek_v2" else 0)
 
 
 @pytest.mark.parametrize("model", ["deepseek_v2", "deepseek_v3"])
@@ -152,6 +180,7 @@ def test_each_flag_off_still_computes_the_upstream_model(model, flag, monkeypatc
     # the rope flag alone decides the RoPE kernel (with linear off: on gathered columns)
     assert (count.calls["apply_rope_op"] > 0) == (flag != "rope")
     assert (count.calls["mla_decode_op"] > 0) == (flag != "attn")
+    assert (count.calls["rotary_tables_op"] > 0) == (flag != "rope" and model == "deepseek_v2")
 
 
 @pytest.mark.parametrize("model", ["deepseek_v2", "deepseek_v3"])

@@ -26,12 +26,16 @@ from tilegym.ops import gated_delta as _gdn
 from tilegym.ops import gelu_and_mul as _gelu
 from tilegym.ops import gemm as _gemm
 from tilegym.ops import kv_cache as _kv_cache
+from tilegym.ops import latent_cache as _latent_cache
 from tilegym.ops import mla as _mla
+from tilegym.ops import mla_absorb as _mla_absorb
 from tilegym.ops import moe as _moe
 from tilegym.ops import moe_bias as _moe_bias
 from tilegym.ops import rms_norm as _rms_norm
 from tilegym.ops import rms_norm_gated as _rms_norm_gated
 from tilegym.ops import rope as _rope
+from tilegym.ops import rotary_tables as _rotary
+from tilegym.ops import router_linear as _router
 from tilegym.ops import silu_and_mul as _silu
 from tilegym.ops._common import private_buffers
 
@@ -1095,3 +1099,161 @@ def mla_prefill(q_nope, q_pe, k_nope, k_pe, v, *, scale, q_start=None, key_valid
     return _mla.mla_prefill(
         q_nope, q_pe, k_nope, k_pe, v, scale=scale, q_start=q_start, key_valid=key_valid
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSeek V2/V3: the absorbed decode's per-head products, the router's fp32 linear (and V2's
+# greedy routing fused after it), the two-width latent cache write
+# ---------------------------------------------------------------------------------------------
+
+
+@_op("mla_absorb_query")
+def mla_absorb_query_op(q_nope: Tensor, w_uk: Tensor) -> Tensor:
+    return _mla_absorb.absorb_query(q_nope, w_uk)
+
+
+@mla_absorb_query_op.register_kernel("cpu")
+def _(q_nope, w_uk):
+    return _mla.absorb_query(q_nope, w_uk).contiguous()
+
+
+@mla_absorb_query_op.register_fake
+def _(q_nope, w_uk):
+    return q_nope.new_empty((q_nope.shape[0], q_nope.shape[1], w_uk.shape[2]))
+
+
+def mla_absorb_query(q_nope: Tensor, w_uk: Tensor) -> Tensor:
+    """``q_nope`` ``[B, H, N]`` through ``W_UK`` ``[H, N, L]``: ``[B, H, L]``
+    (``ops/mla_absorb.py``; on the CPU the ``bmm`` of ``ops/mla.py``)."""
+    if _use_op(q_nope):
+        return mla_absorb_query_op(q_nope, w_uk)
+    return _mla_absorb.absorb_query(q_nope, w_uk)
+
+
+@_op("mla_latent_to_heads")
+def mla_latent_to_heads_op(ctx: Tensor, w_uv: Tensor) -> Tensor:
+    return _mla_absorb.latent_to_heads(ctx, w_uv)
+
+
+@mla_latent_to_heads_op.register_kernel("cpu")
+def _(ctx, w_uv):
+    return _mla.latent_to_heads(ctx, w_uv).contiguous()
+
+
+@mla_latent_to_heads_op.register_fake
+def _(ctx, w_uv):
+    return ctx.new_empty((ctx.shape[0], ctx.shape[1], w_uv.shape[1]))
+
+
+def mla_latent_to_heads(ctx: Tensor, w_uv: Tensor) -> Tensor:
+    """``ctx`` ``[B, H, L]`` through ``W_UV`` ``[H, V, L]``: contiguous ``[B, H, V]``."""
+    if _use_op(ctx):
+        return mla_latent_to_heads_op(ctx, w_uv)
+    return _mla_absorb.latent_to_heads(ctx, w_uv)
+
+
+@_op("router_logits")
+def router_logits_op(x: Tensor, weight: Tensor) -> Tensor:
+    with private_buffers():
+        return _router.router_logits(x, weight)
+
+
+@router_logits_op.register_kernel("cpu")
+def _(x, weight):
+    return _router.reference_router_logits(x, weight).float().contiguous()
+
+
+@router_logits_op.register_fake
+def _(x, weight):
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
+
+
+def router_logits(x: Tensor, weight: Tensor) -> Tensor:
+    """fp32 router logits ``[T, E]`` of ``x`` ``[T, H]`` and ``weight`` ``[E, H]``, as
+    ``F.linear(x.float(), weight.float())`` (``ops/router_linear.py``: bf16/fp16 on CUDA)."""
+    if _use_op(x):
+        return router_logits_op(x, weight)
+    return _router.router_logits(x, weight)
+
+
+@_op("router_greedy")
+def router_greedy_op(
+    x: Tensor, weight: Tensor, top_k: int, scaling: float
+) -> tuple[Tensor, Tensor]:
+    with private_buffers():
+        return _router.router_greedy(x, weight, top_k, scaling)
+
+
+@router_greedy_op.register_kernel("cpu")
+def _(x, weight, top_k, scaling):
+    weights, ids = _router.reference_router_greedy(x, weight, top_k, scaling)
+    return weights.contiguous(), ids.contiguous()
+
+
+@router_greedy_op.register_fake
+def _(x, weight, top_k, scaling):
+    shape = (x.shape[0], top_k)
+    return x.new_empty(shape, dtype=torch.float32), x.new_empty(shape, dtype=torch.int32)
+
+
+def router_greedy(x: Tensor, weight: Tensor, top_k: int, scaling: float) -> tuple[Tensor, Tensor]:
+    """(fp32 weights ``[T, top_k]``, int32 ids ``[T, top_k]``) of DeepSeek-V2's greedy router:
+    its fp32 logits, their softmax's ``top_k`` largest, times ``scaling``."""
+    if _use_op(x):
+        return router_greedy_op(x, weight, int(top_k), float(scaling))
+    return _router.router_greedy(x, weight, int(top_k), float(scaling))
+
+
+@_op("latent_cache_write_at", mutates_args=("k_cache", "v_cache", "length"))
+def latent_cache_write_at_op(
+    k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, position: Tensor, length: Tensor
+) -> None:
+    _latent_cache.latent_cache_write_at(k_new, v_new, k_cache, v_cache, position, length)
+
+
+@latent_cache_write_at_op.register_kernel("cpu")
+def _(k_new, v_new, k_cache, v_cache, position, length):
+    _latent_cache.reference_latent_cache_write_at(k_new, v_new, k_cache, v_cache, position, length)
+
+
+@latent_cache_write_at_op.register_fake
+def _(k_new, v_new, k_cache, v_cache, position, length):
+    return None
+
+
+def latent_cache_write_at(k_new, v_new, k_cache, v_cache, position, length) -> None:
+    """The static-cache write at a device position with a key and a value width each
+    (``ops/latent_cache.py``: MLA's latent and rope key)."""
+    if _use_op(k_new):
+        latent_cache_write_at_op(k_new, v_new, k_cache, v_cache, position, length)
+        return
+    _latent_cache.latent_cache_write_at(k_new, v_new, k_cache, v_cache, position, length)
+
+
+@_op("rotary_tables")
+def rotary_tables_op(
+    position_ids: Tensor, inv_freq: Tensor, scaling: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    return _rotary.rotary_tables(position_ids, inv_freq, scaling, dtype)
+
+
+@rotary_tables_op.register_kernel("cpu")
+def _(position_ids, inv_freq, scaling, dtype):
+    cos, sin = _rotary.reference_rotary_tables(position_ids, inv_freq, scaling, dtype)
+    return cos.contiguous(), sin.contiguous()
+
+
+@rotary_tables_op.register_fake
+def _(position_ids, inv_freq, scaling, dtype):
+    shape = (*position_ids.shape, 2 * inv_freq.shape[0])
+    return position_ids.new_empty(shape, dtype=dtype), position_ids.new_empty(shape, dtype=dtype)
+
+
+def rotary_tables(
+    position_ids: Tensor, inv_freq: Tensor, scaling: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """The half-split ``(cos, sin)`` ``[B, S, R]`` of an interleaved (complex) rotary
+    embedding's table, in ``dtype`` (``ops/rotary_tables.py``: DeepSeek-V2)."""
+    if _use_op(position_ids):
+        return rotary_tables_op(position_ids, inv_freq, float(scaling), dtype)
+    return _rotary.rotary_tables(position_ids, inv_freq, scaling, dtype)

@@ -37,6 +37,7 @@ def launch_fits(sig, args) -> bool:
     from cuda.tile.compilation import ArrayConstraint, ScalarConstraint
 
     dtypes = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32}
+    dtypes |= {torch.int8: ct.int8, torch.int32: ct.int32, torch.int64: ct.int64}
     params = sig.parameters if hasattr(sig, "parameters") else sig.params
     if len(params) != len(args):
         return False

@@ -87,4 +87,5 @@ class Family:
     forwards: Mapping[str, Callable] = field(default_factory=dict, compare=False)
     # the family's own forward builders by upstream class suffix ("RMSNorm", "MLP",
     # "Attention", "DecoderLayer", "MoeBlock"), each with the shared builder's signature: how an
-    # experiment wires a new kernel into one family without touching the shared glue
+    # experiment wires a new kernel into one family without touching the shared glue; also
+    # "RotaryEmbedding" (no shared builder: built as builder(routes, family), patched with rope)

@@ -16,35 +16,43 @@ its own cos/sin). q and k are permuted alike, so every score is unchanged; V2's 
 the rope key in that permuted order, which only the patched model reads (V3's upstream rotation
 already writes it so). V3 without ``rope_interleave`` rotates by halves: nothing is permuted.
 
+With ``rope`` V2's rotary module returns those half-split tables itself, from one kernel per
+step (``make_rotary_forward``: ``tilegym.ops.rotary_tables``), so no layer splits the complex
+table again.
+
 With ``attn`` (transformers' attention switched to "tilegym": its compact masks) attention runs
 on ``tilegym.ops.mla``: the prompt on the prefill kernel over keys and values expanded through
 ``kv_b_proj`` (as upstream; k = nope 128 + the shared rope 64, v 128), each decode step on the
 latent kernel in the absorbed form: ``q_nope`` through ``W_UK`` into the latent space, scores
-against the cached latent plus the rope key, the latent context through ``W_UV``; the expanded
-``T x H x 320`` keys and values are never built. Without ``attn`` the model's own attention
-function runs on the expanded keys, as upstream.
+against the cached latent plus the rope key, the latent context through ``W_UV`` (both per-head
+products on ``tilegym.ops.mla_absorb``); the expanded ``T x H x 320`` keys and values are never
+built. Without ``attn`` the model's own attention function runs on the expanded keys, as
+upstream.
 
 **Cache layout**: the one upstream keeps (transformers 5.17 and 5.24 alike): per layer the
 normed latent ``[B, 1, T, 512]`` as the cache's keys and the rotated rope key ``[B, 1, T, 64]``
 as its values, 576 values per token and layer (the expanded form: ``H x 320`` = 5120 for
 V2-Lite's 16 heads). ``DynamicCache`` and the static cache hold two tensors of different widths
-per layer as they are; the forward writes them with the cache's own ``update`` (a static layer:
-``index_copy_`` at its device length, captured in the compiled decode step), and the decode
-kernel reads the whole static buffer with its key range from the mask's device position. The
-``TileKVCache`` (one width for keys and values) is not used for MLA (``attention.use_tile_cache``
-leaves such a model on ``DynamicCache``).
+per layer as they are. A static layer under a "tilegym" mask with a device position (the
+compiled decode step) is written by one cuTile launch with a width each
+(``tilegym.ops.latent_cache``, which also sets the layer's device length); any other cache by
+its own ``update``. The decode kernel reads the whole static buffer with its key range from the
+mask's device position. The ``TileKVCache`` (one width for keys and values) is not used for MLA
+(``attention.use_tile_cache`` leaves such a model on ``DynamicCache``).
 
-**Sparse block** (``DeepseekV2Moe``, ``DeepseekV3MoE``): the router's logits stay upstream's
-fp32 linear (the GEMM kernels take bf16/fp16); V2's greedy top-k of the softmax is the shared
-routing kernel (``moe_route`` without renormalization) times ``routed_scaling_factor``; V2's
+**Sparse block** (``DeepseekV2Moe``, ``DeepseekV3MoE``): the router's fp32 logits come from
+the bf16/fp16 activations and weight by an fp32-accumulating cuTile GEMM
+(``tilegym.ops.router_linear``: the same products as upstream's ``F.linear`` on upcast copies,
+no copy per call; an fp32 router weight keeps upstream's linear); V2's greedy top-k of the
+softmax times ``routed_scaling_factor`` is fused after that GEMM (``router_greedy``); V2's
 group-limited routing and V3's sigmoid router (``e_score_correction_bias``, groups scored by
-their top two, renormalized) run as ``tilegym.ops.deepseek_route`` (PyTorch). The routed experts
-are the shared grouped expert kernels (``moe_experts``, packed ``[E, 2I, H]`` / ``[E, H, I]`` as
-Qwen3-MoE's) with the layer's residual summed in, and the shared experts (a dense
-``DeepseekV2MLP``, patched as every MLP) add that sum in their down GEMM's epilogue: ``residual
-+ routed + shared`` in two launches' epilogues. The first ``first_k_dense_replace`` layers are
-dense MLPs. In bf16 the sum is rounded in another order than upstream's ``residual + (routed +
-shared)`` (equal in fp32).
+their top two, renormalized) run on the logits as ``tilegym.ops.deepseek_route`` (PyTorch). The
+routed experts are the shared grouped expert kernels (``moe_experts``, packed ``[E, 2I, H]`` /
+``[E, H, I]`` as Qwen3-MoE's) with the layer's residual summed in, and the shared experts (a
+dense ``DeepseekV2MLP``, patched as every MLP) add that sum in their down GEMM's epilogue:
+``residual + routed + shared`` in two launches' epilogues. The first ``first_k_dense_replace``
+layers are dense MLPs. In bf16 the sum is rounded in another order than upstream's ``residual +
+(routed + shared)`` (equal in fp32).
 """
 
 from __future__ import annotations
@@ -53,10 +61,11 @@ import importlib
 from collections.abc import Callable
 
 import torch
+from transformers.cache_utils import StaticLayer
 
 from tilegym.ops import library
 from tilegym.ops.deepseek_route import deepseek_v2_route, deepseek_v3_route
-from tilegym.ops.mla import absorb_query, latent_to_heads, split_kv_b_weight
+from tilegym.ops.mla import split_kv_b_weight
 from tilegym.transformers.attention import NAME, TileMask, device_position
 from tilegym.transformers.fused_weights import FusedWeights
 from tilegym.transformers.kv_update import update_cache
@@ -128,6 +137,28 @@ def rope_tables(position_embeddings) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = position_embeddings.real, position_embeddings.imag
         return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
     return position_embeddings
+
+
+DYNAMIC_ROPE = ("dynamic", "longrope")
+"""Rope types whose ``inv_freq`` upstream updates per call (``dynamic_rope_update``)."""
+
+
+def make_rotary_forward(routes, family) -> Callable:
+    """``DeepseekV2RotaryEmbedding.forward`` returning the half-split ``(cos, sin)`` tables in
+    the activation dtype, once per step from the positions (``library.rotary_tables``), in place
+    of the complex table that ``rope_tables`` split, repeated and cast in every layer. Built
+    only with ``rope`` on: the attention then rotates on the RoPE kernel, which takes these
+    tables as they are; a dynamic rope type keeps upstream's forward."""
+    upstream = importlib.import_module(family.upstream_module)
+    original = getattr(upstream, f"{family.class_prefix}RotaryEmbedding").forward
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+        if getattr(self, "rope_type", "default") in DYNAMIC_ROPE:
+            return original(self, x, position_ids)
+        inv_freq = self.inv_freq.to(x.device)
+        return library.rotary_tables(position_ids, inv_freq, float(self.attention_scaling), x.dtype)
+
+    return forward
 
 
 def interleaved(attn) -> bool:
@@ -210,10 +241,8 @@ def make_attention_forward(
         if cache is not None:
             if tile and s > 1 and not isinstance(attention_mask, TileMask):
                 past = int(cache.get_seq_length(self.layer_idx))  # the prompt's start
-            # the cache's own update: a TileMask's device position must not route a static
-            # layer to the shared one-width cache write
-            k_lat, k_pe = update_cache(
-                cache, self.layer_idx, k_lat, k_pe, None, takes_kwargs, kwargs
+            k_lat, k_pe = _write_cache(
+                cache, self.layer_idx, k_lat, k_pe, attention_mask, takes_kwargs, kwargs
             )
         if tile:
             out = _mla(self, q_nope, q_pe, k_lat, k_pe, attention_mask, past, s, gemm, routes)
@@ -232,6 +261,26 @@ def make_attention_forward(
     return forward
 
 
+def _write_cache(cache, layer_idx, k_lat, k_pe, mask, takes_kwargs, kwargs):
+    """Write the latent and the rope key into the cache; return the layer's whole entries.
+
+    A static layer under a "tilegym" mask with a device position is written by one cuTile
+    launch at that position (two widths: ``library.latent_cache_write_at``), which also sets
+    the layer's device length, as ``StaticLayer.update`` does; any other cache by its own
+    ``update`` (the shared one-width ``kv_cache_write_at`` does not take the two widths)."""
+    position = device_position(mask)
+    layers = getattr(cache, "layers", None)
+    layer = layers[layer_idx] if layers is not None else None
+    if position is not None and type(layer) is StaticLayer:
+        if not layer.is_initialized:
+            layer.lazy_initialization(k_lat, k_pe)
+        library.latent_cache_write_at(
+            k_lat, k_pe, layer.keys, layer.values, position, layer.cumulative_length
+        )
+        return layer.keys, layer.values
+    return update_cache(cache, layer_idx, k_lat, k_pe, None, takes_kwargs, kwargs)
+
+
 def _kv_b(attn, x: torch.Tensor, gemm, routes) -> torch.Tensor:
     if routes.linear:
         return gemm.linear(x, attn.kv_b_proj.weight)
@@ -246,12 +295,12 @@ def _mla(attn, q_nope, q_pe, k_lat, k_pe, mask, past, s, gemm, routes) -> torch.
     position = device_position(m)
     if s == 1:  # the absorbed form over the latent cache
         w_uk, w_uv = split_kv_b_weight(attn.kv_b_proj.weight, h, n, dv)
-        q_lat = absorb_query(q_nope[:, :, 0], w_uk)
+        q_lat = library.mla_absorb_query(q_nope[:, :, 0], w_uk)
         span = {"position": position} if position is not None else {"kv_end": min(t, m.q_start + 1)}
         ctx = library.mla_decode(
             q_lat, q_pe[:, :, 0], k_lat, k_pe, scale=attn.scaling, key_valid=m.key_valid, **span
         )
-        return latent_to_heads(ctx, w_uv)[:, None]
+        return library.mla_latent_to_heads(ctx, w_uv)[:, None]
     q_start = int(position[0]) if position is not None else m.q_start
     t = min(t, q_start + s)  # a static buffer's later slots are never visible: not expanded
     kv = _kv_b(attn, k_lat[:, 0, :t], gemm, routes).view(b, t, h, n + dv)
@@ -276,6 +325,28 @@ def _upstream_attention(attn, q_nope, q_pe, k_lat, k_pe, mask, all_attention, ea
     fn = all_attention.get_interface(attn.config._attn_implementation, eager_fn)
     out, _ = fn(attn, query, key, value, mask, dropout=0.0, scaling=attn.scaling, **kwargs)
     return out
+
+
+def _router_kernels(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the router runs on ``library.router_*``: on the GPU the cuTile GEMM takes bf16 or
+    fp16 activations and a weight of that dtype (an fp32 weight stays upstream's linear); on
+    the CPU the ops' references are upstream's fp32 linear."""
+    if x.dtype != weight.dtype:
+        return False
+    return not x.is_cuda or x.dtype in (torch.bfloat16, torch.float16)
+
+
+def _routed(gate, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, ids) of a DeepSeek router: V2's greedy one as one op (fp32 logits, the top-k
+    of their softmax times the scaling: ``library.router_greedy``); the others after the fp32
+    logits (``library.router_logits``) in ``_route``."""
+    weight = gate.weight
+    if not _router_kernels(x, weight):
+        return _route(gate, torch.nn.functional.linear(x.float(), weight.float()))
+    greedy = getattr(gate, "e_score_correction_bias", None) is None and gate.topk_method == "greedy"
+    if greedy:
+        return library.router_greedy(x, weight, gate.top_k, gate.routed_scaling_factor)
+    return _route(gate, library.router_logits(x, weight))
 
 
 def _route(gate, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -323,8 +394,7 @@ def make_moe_forward(routes, gemm, family, fused=None) -> Callable:
         res = None if residual is None else residual.reshape(-1, shape[-1])
         gate = self.gate
         if routes.linear:
-            logits = torch.nn.functional.linear(x.float(), gate.weight.float())
-            weights, ids = _route(gate, logits)
+            weights, ids = _routed(gate, x)
         else:
             _, weights, ids = gate(x)
         if fused_experts:

@@ -58,6 +58,10 @@ _BUILDERS = {  # upstream class suffix -> (module, the shared builder of its for
     # Family.linear_attention's class, on the cuTile ops with the ``attn`` flag
     "LinearAttention": (LINEAR_ATTENTION_GLUE, "make_linear_attention_forward"),
 }
+FAMILY_ONLY_PARTS = ("RotaryEmbedding",)
+"""Parts a family may name in ``Family.forwards`` with no shared builder: the model's rotary
+module, built as ``builder(routes, family)`` and patched only with ``rope`` (DeepSeek-V2's
+tables from one kernel per step)."""
 
 
 @dataclass(frozen=True)
@@ -226,11 +230,11 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         classes["MoeBlock"] = getattr(upstream, f"{prefix}{desc.moe_block}")
     if desc.linear_attention:  # the token mixer of the linear-attention layers
         classes["LinearAttention"] = getattr(upstream, f"{prefix}{desc.linear_attention}")
-    unknown = sorted(set(desc.forwards) - set(_BUILDERS))
+    unknown = sorted(set(desc.forwards) - set(_BUILDERS) - set(FAMILY_ONLY_PARTS))
     if unknown:
         raise ValueError(
             f"Family.forwards of {model_type!r} names {unknown}; "
-            f"known parts: {', '.join(_BUILDERS)}"
+            f"known parts: {', '.join((*_BUILDERS, *FAMILY_ONLY_PARTS))}"
         )
     handle = PatchHandle(model_type)
     for flag, wanted in flags.items():
@@ -286,6 +290,9 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         if desc.moe_block:
             forwards["MoeBlock"] = builder("MoeBlock")(routes, gemm, desc, fused)
         forwards = {part: fn for part, fn in forwards.items() if part in classes}
+    if routes.rope and "RotaryEmbedding" in desc.forwards:  # the family's own RoPE tables
+        classes["RotaryEmbedding"] = getattr(upstream, f"{prefix}RotaryEmbedding")
+        forwards["RotaryEmbedding"] = desc.forwards["RotaryEmbedding"](routes, desc)
     if desc.linear_attention and (flags["attn"] or "DecoderLayer" in forwards):
         # with attn off the mixer stays upstream's, wrapped to take the patched layer's residual
         forwards["LinearAttention"] = builder("LinearAttention")(

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One GPU run for DeepSeek-V2 (the absorbed decode's per-head products, the router's fp32 linear
+# with the greedy routing fused after it, the two-width latent cache write): the GPU tests of
+# those kernels and of the MLA decode/prefill, deepseek_v2's inventory parity and the CPU tests
+# of both DeepSeek families, in parallel shards; then the end-to-end benchmark of the
+# deepseek_v2 preset in static mode, default workload (1 x 2048 -> 128) and decode workload
+# (8 x 256 -> 256), 5 timed runs each (coverage before: 80.30% and 86.25%).
+#
+# Usage (repo root, on a GPU host with the cuTile toolchain; the host has no .git, so name the
+# commit of this tree):
+#   COMMIT=<40-hex> OUT=/some/dir bash benchmarks/ops/gpu_check_deepseek.sh
+# Env: COMMIT (required unless git can tell), STEPS ("checks e2e" by default), TEST_TIMEOUT
+# (240 s per test process: the first launches compile), E2E_TIMEOUT (240 s per end-to-end run).
+# A step that runs out of time leaves its partial output (run again with STEPS=e2e).
+# Outputs in $OUT (default ./gpu_check_out): deepseek_env.txt, deepseek_summary.txt,
+# deepseek_tests_*.txt, deepseek_e2e_{default,decode}.{txt,json}, cutile-cache.tar.gz.
+FAMILY=deepseek
+TT="${TEST_TIMEOUT:-240}"
+STEPS="${STEPS:-checks e2e}"
+for step in $STEPS; do
+    case "$step" in
+    checks | e2e) ;;
+    *)
+        echo "error: STEPS='$STEPS': each step is 'checks' or 'e2e'" >&2
+        exit 2
+        ;;
+    esac
+done
+if [[ " $STEPS " == *" e2e "* ]]; then
+    COMMIT="${COMMIT:-$(git -C "$(dirname "$0")" rev-parse HEAD 2>/dev/null)}"
+    if ! [[ "$COMMIT" =~ ^[0-9a-f]{40}$ ]]; then
+        echo "error: COMMIT='$COMMIT' is not a 40-hex commit (no .git here: pass COMMIT=\$(git rev-parse HEAD))" >&2
+        exit 2
+    fi
+fi
+# shellcheck source=benchmarks/ops/_gpu_check_lib.sh
+source "$(dirname "$0")/_gpu_check_lib.sh"
+echo "steps: $STEPS; commit: ${COMMIT:-not needed}" | tee -a "$OUT/${FAMILY}_env.txt"
+
+if [[ " $STEPS " == *" checks "* ]]; then
+    shard absorb tests/ops/test_mla_absorb.py -m gpu
+    shard router tests/ops/test_router_linear.py -m gpu
+    shard cache tests/ops/test_latent_cache.py -m gpu
+    shard mla tests/ops/test_mla.py -m gpu
+    shard cpu tests/transformers/test_deepseek_on_cpu.py tests/transformers/test_deepseek_v2_inventory.py
+    parity "$KS"/deepseek_v2/kernel_solutions/*.json --repo-root . --shapes 4
+    finish_step1
+fi
+
+if [[ " $STEPS " == *" e2e "* ]]; then
+    E2E="${E2E_TIMEOUT:-240}"
+    for workload in default decode; do
+        timeout "$((E2E + 10))" "$PY" -m tilegym_hf_bench._cli --model-key deepseek_v2 --device cuda \
+            --mode static --workload "$workload" --timed-runs 5 --commit "$COMMIT" \
+            --timeout "$E2E" --metrics-out "$OUT/${FAMILY}_e2e_$workload.json" 2>&1 \
+            | tee "$OUT/${FAMILY}_e2e_$workload.txt" || status=1
+        echo "e2e $workload done at $(($(date +%s) - start)) s, status $status" \
+            | tee -a "$OUT/${FAMILY}_summary.txt"
+    done
+fi
+tar -czf "$OUT/cutile-cache.tar.gz" -C build cutile-cache 2>/dev/null
+echo "total $(($(date +%s) - start)) s, status $status" | tee -a "$OUT/${FAMILY}_summary.txt"
+exit $status
