@@ -16,23 +16,8 @@
 # deepseek_tests_*.txt, deepseek_e2e_{default,decode}.{txt,json}, cutile-cache.tar.gz.
 FAMILY=deepseek
 TT="${TEST_TIMEOUT:-240}"
-STEPS="${STEPS:-checks e2e}"
-for step in $STEPS; do
-    case "$step" in
-    checks | e2e) ;;
-    *)
-        echo "error: STEPS='$STEPS': each step is 'checks' or 'e2e'" >&2
-        exit 2
-        ;;
-    esac
-done
-if [[ " $STEPS " == *" e2e "* ]]; then
-    COMMIT="${COMMIT:-$(git -C "$(dirname "$0")" rev-parse HEAD 2>/dev/null)}"
-    if ! [[ "$COMMIT" =~ ^[0-9a-f]{40}$ ]]; then
-        echo "error: COMMIT='$COMMIT' is not a 40-hex commit (no .git here: pass COMMIT=\$(git rev-parse HEAD))" >&2
-        exit 2
-    fi
-fi
+# shellcheck source=benchmarks/ops/_gpu_check_steps.sh
+source "$(dirname "$0")/_gpu_check_steps.sh"
 # shellcheck source=benchmarks/ops/_gpu_check_lib.sh
 source "$(dirname "$0")/_gpu_check_lib.sh"
 echo "steps: $STEPS; commit: ${COMMIT:-not needed}" | tee -a "$OUT/${FAMILY}_env.txt"
@@ -41,6 +26,7 @@ if [[ " $STEPS " == *" checks "* ]]; then
     shard absorb tests/ops/test_mla_absorb.py -m gpu
     shard router tests/ops/test_router_linear.py -m gpu
     shard cache tests/ops/test_latent_cache.py -m gpu
+    shard rotary tests/ops/test_rotary_tables.py -m gpu
     shard mla tests/ops/test_mla.py -m gpu
     shard cpu tests/transformers/test_deepseek_on_cpu.py tests/transformers/test_deepseek_v2_inventory.py
     parity "$KS"/deepseek_v2/kernel_solutions/*.json --repo-root . --shapes 4

@@ -20,23 +20,8 @@
 # gpt_oss_e2e_{default,decode}.{txt,json}, cutile-cache.tar.gz.
 FAMILY=gpt_oss
 TT="${TEST_TIMEOUT:-120}"
-STEPS="${STEPS:-checks e2e}"
-for step in $STEPS; do
-    case "$step" in
-    checks | e2e) ;;
-    *)
-        echo "error: STEPS='$STEPS': each step is 'checks' or 'e2e'" >&2
-        exit 2
-        ;;
-    esac
-done
-if [[ " $STEPS " == *" e2e "* ]]; then
-    COMMIT="${COMMIT:-$(git -C "$(dirname "$0")" rev-parse HEAD 2>/dev/null)}"
-    if ! [[ "$COMMIT" =~ ^[0-9a-f]{40}$ ]]; then
-        echo "error: COMMIT='$COMMIT' is not a 40-hex commit (no .git here: pass COMMIT=\$(git rev-parse HEAD))" >&2
-        exit 2
-    fi
-fi
+# shellcheck source=benchmarks/ops/_gpu_check_steps.sh
+source "$(dirname "$0")/_gpu_check_steps.sh"
 # shellcheck source=benchmarks/ops/_gpu_check_lib.sh
 source "$(dirname "$0")/_gpu_check_lib.sh"
 echo "steps: $STEPS; commit: ${COMMIT:-not needed}" | tee -a "$OUT/${FAMILY}_env.txt"

@@ -131,10 +131,11 @@ def test_a_gemm_on_register_gathered_rows_is_reported_as_scalar_fmas():
     from cuda.tile.compilation import ScalarConstraint
 
     from tilegym.kernel_inventory.remarks import kernel_remarks
-    from tilegym.ops.moe import _arr, signature
+    from tilegym.ops._common import aligned_array_sig, signature
 
     _toolchain()
-    a2, a3, i32 = _arr(ct.bfloat16, 2), _arr(ct.bfloat16, 3), _arr(ct.int32, 1)
+    a2, a3 = aligned_array_sig(ct.bfloat16, 2), aligned_array_sig(ct.bfloat16, 3)
+    i32 = aligned_array_sig(ct.int32, 1)
     sig = signature(a2, i32, a3, a2, ScalarConstraint(ct.int32), 8, 32)
     remarks = kernel_remarks(_gathered_gate_up(), sig, "sm_90")
     assert scalar_mmas(remarks) and all(r.instruction == "FMA" for r in scalar_mmas(remarks))

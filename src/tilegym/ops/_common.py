@@ -70,6 +70,23 @@ def array_sig(dtype, ndim: int, *, last_contiguous: bool = True) -> ArrayConstra
     )
 
 
+def aligned_array_sig(dtype, ndim: int) -> ArrayConstraint:
+    """An array as the model hands its activations and weights over: unit last stride, 16-byte
+    aligned base and row strides, which is what lets a kernel's tiles load through TMA."""
+    step = 16 // (4 if dtype in (ct.int32, ct.float32) else 2)
+    return ArrayConstraint(
+        dtype,
+        ndim,
+        index_dtype=ct.int32,
+        stride_lower_bound_incl=0,
+        alias_groups=(),
+        may_alias_internally=False,
+        stride_constant=(None,) * (ndim - 1) + (1,),
+        stride_divisible_by=(step,) * (ndim - 1) + (1,),
+        base_addr_divisible_by=16,
+    )
+
+
 def signature(*params) -> KernelSignature:
     """A KernelSignature in the calling convention launches use."""
     return KernelSignature(params, CallingConvention.cutile_python_v1())

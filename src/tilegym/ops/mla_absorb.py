@@ -24,7 +24,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import torch
 
-from tilegym.ops._common import PAD_ZERO, ct_dtype, signature, stream
+from tilegym.ops._common import PAD_ZERO, aligned_array_sig, ct_dtype, signature, stream
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -145,31 +145,12 @@ def reference_latent_to_heads(ctx: torch.Tensor, w_uv: torch.Tensor) -> torch.Te
     return torch.einsum("bhl,hvl->bhv", ctx.to(dt), w_uv.to(dt)).to(ctx.dtype)
 
 
-def _arr(dtype, ndim: int):
-    """An array as the model hands it over: unit last stride, 16-byte aligned base and strides
-    (``q_nope`` is a strided view of the projection's output; ``W_UK``/``W_UV`` views of the
-    weight): what lets the tiles load through TMA."""
-    from cuda.tile.compilation import ArrayConstraint
-
-    return ArrayConstraint(
-        dtype,
-        ndim,
-        index_dtype=ct.int32,
-        stride_lower_bound_incl=0,
-        alias_groups=(),
-        may_alias_internally=False,
-        stride_constant=(None,) * (ndim - 1) + (1,),
-        stride_divisible_by=(8,) * (ndim - 1) + (1,),
-        base_addr_divisible_by=16,
-    )
-
-
 def aot_signatures(dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)) -> dict:
     """``{kernel: [KernelSignature, ...]}``: both products (the absorb's transposed weight view,
     the other's weight as stored) at every batch tile."""
     sigs = []
     for dtype in dtypes:
-        a3 = _arr(ct_dtype(dtype), 3)
+        a3 = aligned_array_sig(ct_dtype(dtype), 3)
         for tb in BATCH_TILES:
             sigs.append(signature(a3, a3, a3, tb, ABSORB_TJ, TILE_K, False))
             sigs.append(signature(a3, a3, a3, tb, HEADS_TJ, TILE_K, True))

@@ -45,9 +45,16 @@ from dataclasses import dataclass, replace
 
 import cuda.tile as ct
 import torch
-from cuda.tile.compilation import ArrayConstraint, ScalarConstraint
+from cuda.tile.compilation import ScalarConstraint
 
-from tilegym.ops._common import PAD_ZERO, next_pow2, signature, stream, with_hints
+from tilegym.ops._common import (
+    PAD_ZERO,
+    aligned_array_sig,
+    next_pow2,
+    signature,
+    stream,
+    with_hints,
+)
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -808,23 +815,6 @@ def moe_experts_reference(
 # ---------------------------------------------------------------------------------------------
 
 
-def _arr(dtype, ndim: int) -> ArrayConstraint:
-    """An array as the runtime passes the model's tensors: unit last stride, 16-byte aligned
-    base and row strides (what lets the weight tiles load through TMA)."""
-    step = 16 // (4 if dtype in (ct.int32, ct.float32) else 2)
-    return ArrayConstraint(
-        dtype,
-        ndim,
-        index_dtype=ct.int32,
-        stride_lower_bound_incl=0,
-        alias_groups=(),
-        may_alias_internally=False,
-        stride_constant=(None,) * (ndim - 1) + (1,),
-        stride_divisible_by=(step,) * (ndim - 1) + (1,),
-        base_addr_divisible_by=16,
-    )
-
-
 #: Qwen3-30B-A3B: hidden 2048, moe_intermediate_size 768, 128 experts, 8 per token
 QWEN3_30B_A3B = dict(hidden=2048, inter=768, experts=128, top_k=8)
 
@@ -840,7 +830,7 @@ def aot_signatures(
     """`{kernel: [KernelSignature, ...]}` for every kernel here: the router (logits in each
     dtype and fp32), the dispatch kernels and the GEMM/combine tiles `choose_config` picks at
     ``tokens`` (decode, the middle buckets and prefill)."""
-    i32, n_int = _arr(ct.int32, 1), ScalarConstraint(ct.int32)
+    i32, n_int = aligned_array_sig(ct.int32, 1), ScalarConstraint(ct.int32)
     ep, chunk = dispatch_tiles(experts)
     cfgs = {choose_config(t * top_k, experts) for t in tokens} | set(configs)
     # a slot-block config's tiles under either slot-block dispatch (benchmarks compare them)
@@ -855,10 +845,10 @@ def aot_signatures(
 
     tm, ep_route, kp = route_tiles(experts, top_k)
     for dt in (*dtypes, torch.float32):
-        logits = _arr(_CT[dt], 2)
+        logits = aligned_array_sig(_CT[dt], 2)
         for norm in (True, False):
             consts = (tm, ep_route, top_k, kp, norm)
-            add(tilegym_moe_route_kernel, logits, logits, _arr(ct.int32, 2), *consts)
+            add(tilegym_moe_route_kernel, logits, logits, aligned_array_sig(ct.int32, 2), *consts)
     for cfg in cfgs:
         if cfg.dispatch == "per_slot":
             for t in tokens:
@@ -872,7 +862,7 @@ def aot_signatures(
     combine = combine_tiles(top_k, hidden)
     th = gather_tile(hidden)
     for dt in dtypes:
-        a2, a3 = _arr(_CT[dt], 2), _arr(_CT[dt], 3)
+        a2, a3 = aligned_array_sig(_CT[dt], 2), aligned_array_sig(_CT[dt], 3)
         for cfg in cfgs:
             direct = cfg.dispatch == "direct"
             if not direct:
@@ -884,7 +874,7 @@ def aot_signatures(
         direct_bms = {cfg.bm if cfg.dispatch == "direct" else 0 for cfg in cfgs}
         for has_res in (True, False):
             for direct_bm in sorted(direct_bms):
-                pos = _arr(ct.int32, 2)
+                pos = aligned_array_sig(ct.int32, 2)
                 consts = (*combine, has_res, direct_bm)
                 add(tilegym_moe_combine_kernel, a2, pos, a2, a2, a2, n_int, *consts)
     return sigs

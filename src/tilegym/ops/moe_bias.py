@@ -29,7 +29,7 @@ import torch
 from cuda.tile.compilation import ScalarConstraint
 
 from tilegym.ops import moe as _moe
-from tilegym.ops._common import PAD_ZERO, signature, stream
+from tilegym.ops._common import PAD_ZERO, aligned_array_sig, signature, stream
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -274,12 +274,12 @@ def aot_signatures(
     ``choose_config`` picks at ``tokens`` (both activations), and the shared dispatch, gather,
     combine and router kernels at those shapes (``tilegym.ops.moe.aot_signatures``)."""
     sigs = _moe.aot_signatures(experts, top_k, hidden, tokens, dtypes)
-    i32 = _moe._arr(ct.int32, 1)
+    i32 = aligned_array_sig(ct.int32, 1)
     f32 = ScalarConstraint(ct.float32)
     cfgs = {_moe.choose_config(t * top_k, experts) for t in tokens}
     cfgs |= {replace(c, dispatch="per_slot") for c in cfgs if c.dispatch == "direct"}
     for dt in dtypes:
-        a2, a3 = _moe._arr(_moe._CT[dt], 2), _moe._arr(_moe._CT[dt], 3)
+        a2, a3 = aligned_array_sig(_moe._CT[dt], 2), aligned_array_sig(_moe._CT[dt], 3)
         for cfg in sorted(cfgs, key=repr):
             direct = top_k if cfg.dispatch == "direct" else 0
             kernel = _moe._hinted(tilegym_moe_gate_up_bias_kernel, cfg)

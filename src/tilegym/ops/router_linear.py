@@ -28,7 +28,15 @@ import math
 import cuda.tile as ct
 import torch
 
-from tilegym.ops._common import PAD_ZERO, ct_dtype, next_pow2, signature, sm_count, stream
+from tilegym.ops._common import (
+    PAD_ZERO,
+    aligned_array_sig,
+    ct_dtype,
+    next_pow2,
+    signature,
+    sm_count,
+    stream,
+)
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -237,25 +245,6 @@ def reference_router_greedy(
     return weights.to(torch.float32), ids.to(torch.int32)
 
 
-def _arr(dtype, ndim: int):
-    """Unit last stride, 16-byte aligned base and strides (the model's activations, the router
-    weight and the workspace): the GEMM tiles load through TMA."""
-    from cuda.tile.compilation import ArrayConstraint
-
-    step = 4 if dtype in (ct.float32, ct.int32) else 8
-    return ArrayConstraint(
-        dtype,
-        ndim,
-        index_dtype=ct.int32,
-        stride_lower_bound_incl=0,
-        alias_groups=(),
-        may_alias_internally=False,
-        stride_constant=(None,) * (ndim - 1) + (1,),
-        stride_divisible_by=(step,) * (ndim - 1) + (1,),
-        base_addr_divisible_by=16,
-    )
-
-
 def _plain(dtype, ndim: int):
     """Unit last stride, any other stride (the outputs: ``[T, k]`` weights and ids, k = 6 no
     multiple of 16 bytes, ``[T, E]`` logits, and the one-element placeholders)."""
@@ -277,10 +266,10 @@ def aot_signatures(
 
     i32, f32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
     ep, te = expert_tiles(n_experts)
-    ws = _arr(ct.float32, 3)
+    ws = aligned_array_sig(ct.float32, 3)
     gemm = []
     for dtype in dtypes:
-        a2 = _arr(ct_dtype(dtype), 2)
+        a2 = aligned_array_sig(ct_dtype(dtype), 2)
         for tm in sorted({token_tile(t) for t in tokens}):
             gemm.append(signature(a2, a2, ws, i32, tm, te, TILE_K))
     route = []
