@@ -53,3 +53,15 @@ finish_step1() {  # wait for everything started, then summarize each test file a
         [ -s "$f" ] && { echo "== $f (should be empty)"; tail -n 5 "$f"; } | tee -a "$summary"
     done
 }
+
+e2e_runs() {  # model key, seconds per run: the static end-to-end benchmark at both workloads
+    local key=$1 limit=$2 workload
+    for workload in default decode; do
+        timeout "$((limit + 10))" "$PY" -m tilegym_hf_bench._cli --model-key "$key" --device cuda \
+            --mode static --workload "$workload" --timed-runs 5 --commit "$COMMIT" \
+            --timeout "$limit" --metrics-out "$OUT/${FAMILY}_e2e_$workload.json" 2>&1 \
+            | tee "$OUT/${FAMILY}_e2e_$workload.txt" || status=1
+        echo "e2e $workload done at $(($(date +%s) - start)) s, status $status" \
+            | tee -a "$OUT/${FAMILY}_summary.txt"
+    done
+}

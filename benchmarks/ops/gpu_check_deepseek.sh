@@ -34,15 +34,7 @@ if [[ " $STEPS " == *" checks "* ]]; then
 fi
 
 if [[ " $STEPS " == *" e2e "* ]]; then
-    E2E="${E2E_TIMEOUT:-240}"
-    for workload in default decode; do
-        timeout "$((E2E + 10))" "$PY" -m tilegym_hf_bench._cli --model-key deepseek_v2 --device cuda \
-            --mode static --workload "$workload" --timed-runs 5 --commit "$COMMIT" \
-            --timeout "$E2E" --metrics-out "$OUT/${FAMILY}_e2e_$workload.json" 2>&1 \
-            | tee "$OUT/${FAMILY}_e2e_$workload.txt" || status=1
-        echo "e2e $workload done at $(($(date +%s) - start)) s, status $status" \
-            | tee -a "$OUT/${FAMILY}_summary.txt"
-    done
+    e2e_runs deepseek_v2 "${E2E_TIMEOUT:-240}"
 fi
 tar -czf "$OUT/cutile-cache.tar.gz" -C build cutile-cache 2>/dev/null
 echo "total $(($(date +%s) - start)) s, status $status" | tee -a "$OUT/${FAMILY}_summary.txt"
