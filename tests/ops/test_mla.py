@@ -243,6 +243,14 @@ def test_split_plan_covers_every_key_tile(blocks, span):
     assert splits * per >= tiles > (splits - 1) * per  # every tile once, no empty split
     if blocks == 1 and span >= 4096:
         assert splits > 1  # a lone sequence spreads its cache over the SMs
+    assert blocks * splits <= max(132, blocks)  # one wave: a second cost more than it hid
+
+
+def test_split_plan_at_the_measured_shapes():
+    """The H200 sweep's best split counts (batch 8 over 2K-8K keys, V2-Lite's one head block)."""
+    assert mla.plan_mla_splits(8, 4096, 132) == (16, 4)
+    assert mla.plan_mla_splits(8, 8192, 132) == (16, 8)
+    assert mla.plan_mla_splits(1, 2176, 132) == (17, 2)
 
 
 def _prefill_inputs(b, h, s, t, gen, device="cpu", dtype=torch.float32, dn=32, dr=16, dv=16):

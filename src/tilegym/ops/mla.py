@@ -167,10 +167,12 @@ def _check(q_latent, q_pe, ckv, kpe) -> tuple[int, int, int, int, int]:
 
 def plan_mla_splits(blocks: int, span: int, num_sms: int, tile_n: int = MLA_TILE_N) -> tuple:
     """``(splits, tiles_per_split)`` for ``blocks`` (batch * head blocks) over ``span`` keys:
-    about two blocks per SM, at least ``MLA_MIN_SPLIT_TILES`` tiles a split, at most 64
-    splits (the reduction's widest tile)."""
+    one wave of blocks (one per SM), at least ``MLA_MIN_SPLIT_TILES`` tiles a split, at most 64
+    splits (the reduction's widest tile). A second wave cost more than it hid on the H200 (batch
+    8, 4K keys: 37.1 us at two waves, 29.1 at one; ``benchmarks/ops/sweep_mla.py``): the kernel
+    keeps one block per SM, and every split adds a 32 KiB fp32 partial to write and reduce."""
     tiles = max(1, -(-span // tile_n))
-    splits = _att.plan_splits(blocks, tiles, num_sms, min_tiles=MLA_MIN_SPLIT_TILES, waves=2)
+    splits = _att.plan_splits(blocks, tiles, num_sms, min_tiles=MLA_MIN_SPLIT_TILES, waves=1)
     per = max(1, -(-tiles // splits))
     return max(1, -(-tiles // per)), per
 
