@@ -5,10 +5,11 @@
 Rows: one new token per sequence over a latent cache at DeepSeek-V2-Lite's widths (latent 512,
 rope 64), the static-cache form the model runs (the key range read from a device position) and
 the whole-cache form of ``bench_mla.py``. Variants: ``plan`` is what ``mla_decode`` picks
-(marked ``*``); ``sN/tW`` forces N splits of W-key tiles. Bytes are the cache read plus queries
-and output, so ``%copy`` is the kernel's share of the H200's copy bandwidth for the bytes it
-must read. Use ``TILEGYM_BENCH_FLUSH=read``: the default write flush leaves the L2 full of
-dirty lines that a 1-10 MB kernel then writes back (about 14 us at any size).
+(marked ``*``); ``sN/tW[/oK]`` forces N splits of W-key tiles [and an occupancy hint of K
+blocks per SM]. Bytes are the cache read plus queries and output, so ``%copy`` is the kernel's
+share of the H200's copy bandwidth for the bytes it must read. Use ``TILEGYM_BENCH_FLUSH=read``:
+the default write flush leaves the L2 full of dirty lines that a 1-10 MB kernel then writes
+back (about 14 us at any size).
 """
 
 from __future__ import annotations
@@ -25,16 +26,17 @@ from _sweep import print_sweep  # noqa: E402
 from tilegym.ops import mla  # noqa: E402
 
 LAT, ROPE = 512, 64
-SPLITS = (1, 2, 4, 8, 16, 32, 64)
+SPLITS = (8, 16, 32, 64)  # fewer left most SMs idle at every shape (12-04 sweep)
 TILES = (32, 64)
+OCCUPANCY = (None, 2, 4)
 
 
-def _variant(args, kwargs, splits: int | None, tile_n: int):
+def _variant(args, kwargs, splits: int | None, tile_n: int, occupancy: int | None = None):
     def run():
         saved = mla.MLA_TILE_N
         mla.MLA_TILE_N = tile_n
         try:
-            return mla.mla_decode(*args, num_splits=splits, **kwargs)
+            return mla.mla_decode(*args, num_splits=splits, occupancy=occupancy, **kwargs)
         finally:
             mla.MLA_TILE_N = saved
 
@@ -59,8 +61,10 @@ def case(b: int, h: int, t: int, end: int, by_position: bool):
     for tile_n in TILES:
         tiles = -(-t // tile_n)
         for s in SPLITS:
-            if s <= tiles:
-                fns[f"s{s}/t{tile_n}"] = _variant(args, kwargs, s, tile_n)
+            for occ in OCCUPANCY:
+                if s <= tiles:
+                    name = f"s{s}/t{tile_n}" + (f"/o{occ}" if occ else "")
+                    fns[name] = _variant(args, kwargs, s, tile_n, occ)
     for name, fn in fns.items():
         err = ((fn().float() - ref).norm() / ref.norm()).item()
         if not err < 1e-2:

@@ -40,7 +40,7 @@ import cuda.tile as ct
 import torch
 
 from tilegym.ops import attention as _att
-from tilegym.ops._common import stream
+from tilegym.ops._common import stream, with_occupancy
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -189,10 +189,12 @@ def mla_decode(
     key_valid: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    occupancy: int | None = None,
 ) -> torch.Tensor:
     """Latent context ``[B, H, L]`` of one new token per sequence over keys ``[0, kv_end)``
     (default: all ``T``) or ``[0, position[0]]`` (int32 ``[1]`` on the device; no host read),
-    minus the keys ``key_valid`` ``[B, T]`` marks invalid."""
+    minus the keys ``key_valid`` ``[B, T]`` marks invalid. ``num_splits`` and ``occupancy``
+    (blocks per SM hinted to the compiler) override the plan, for sweeps and tests."""
     b, h, dl, dr, t = _check(q_latent, q_pe, ckv, kpe)
     if kv_end is not None and position is not None:
         raise MlaInputError("give kv_end or position, not both")
@@ -247,7 +249,8 @@ def mla_decode(
         parts,
     )
     launch_stream = stream()
-    ct.launch(launch_stream, (b * nhb, splits, 1), mla_decode_kernel, args)
+    kernel = with_occupancy(mla_decode_kernel, occupancy, None)
+    ct.launch(launch_stream, (b * nhb, splits, 1), kernel, args)
     if parts:
         red = (
             o_part.view(b * h, splits, dl),
