@@ -22,10 +22,19 @@ its router's output; the patched block never calls its router module, so the cuT
 recomputed from the block's input with the library ops the shared MoE forward calls
 (``tilegym.ops.library.linear`` and ``moe_route``).
 
+Reading it: a sub-block whose ``forced`` ratio (over agreeing tokens on MoE rows) stays well
+above 1 rounds worse than PyTorch (a kernel to look at); ratios near 1 with more cuTile
+``flips`` or a larger cuTile ``noise`` mean the drift is routing flips, which any change of
+rounding moves. The MoE kernels pick their tiles by tokens per expert
+(``tilegym.ops.moe.choose_config``): ``--length`` chooses which path runs (Mixtral: up to 32
+tokens the decode-step path, 2048 the benchmark's prefill).
+
 On a CPU the patched model runs the custom ops' PyTorch references: the same glue, not the
-cuTile kernels. ``--plant BLOCK@LAYER=SCALE`` multiplies that module's output on the cuTile side
-(the patched MLP returns ``residual + MoE`` inside its layer, so there the sum), a planted fault
-for checking that the table finds one; ``--patch cutile:FLAG=VALUE,...`` changes the patch flags.
+cuTile kernels (the MoE experts' reference computes in fp32, so there the cuTile side's MoE rows
+come out closer to fp32 than PyTorch's). ``--plant BLOCK@LAYER=SCALE`` multiplies that module's
+output on the cuTile side (the patched MLP returns ``residual + MoE`` inside its layer, so there
+the sum), a planted fault for checking that the table finds one; ``--patch
+cutile:FLAG=VALUE,...`` changes the patch flags; ``--layers N`` builds the first N layers only.
 
     python benchmarks/e2e/layer_drift.py --model-key mixtral --device cuda --json drift.json
 """
@@ -198,8 +207,8 @@ def _flat(t):
 
 
 class Side:
-    """One bf16 model: its free-running forward's calls and logits, then its teacher-forced
-    layers and sub-blocks on fp32's inputs."""
+    """One model (the fp32 reference or a bf16 side): its free-running forward's calls and
+    logits; a bf16 side then runs its layers and sub-blocks teacher-forced on fp32's inputs."""
 
     def __init__(self, model, patched: bool, inputs: dict):
         self.model, self.patched = model, patched
@@ -230,8 +239,6 @@ def rows_for(ref, sides: dict[str, Side], real) -> list[Row]:
         names = ["layer"] + [n for n in BLOCKS if f"{i}/{n}" in ref.calls]
         for name in names:
             key = f"{i}/{name}"
-            if key not in ref.calls:
-                continue
             target = _flat(first(ref.calls[key].output))
             x = hidden_of(ref.calls[key]).to(torch.bfloat16)
             with_router = name == "layer" or name == struct.moe_block(i)
@@ -307,7 +314,8 @@ def build(args, overrides: dict):
     )
     from tilegym_hf_bench.tilegym_patch import apply_patch, patch_flags
 
-    loaded = random_model(args.model_key, args.device, args.seed)
+    overrides_config = {"num_hidden_layers": args.layers} if args.layers else None
+    loaded = random_model(args.model_key, args.device, args.seed, overrides_config)
     base = loaded.model
     ref = fp32_reference(base)
     twin = twin_sharing_weights(base)
@@ -323,8 +331,8 @@ def check_args(args) -> dict:
 
     if args.model_key not in PRESETS:
         raise BadInput(f"--model-key {args.model_key!r} is not a preset ({', '.join(PRESETS)})")
-    if args.length < 1 or args.pad < 0:
-        raise BadInput("--length must be at least 1 and --pad at least 0")
+    if args.length < 1 or args.pad < 0 or (args.layers is not None and args.layers < 1):
+        raise BadInput("--length and --layers must be at least 1 and --pad at least 0")
     try:
         side, overrides = parse_variant(args.patch)
         known = patch_flags(PRESETS[args.model_key].model_type)
@@ -407,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="weights and prompt, as the benchmark's")
     p.add_argument("--length", type=int, default=64, help="prompt tokens (batch 1)")
     p.add_argument("--pad", type=int, default=0, help="left padding positions before them")
+    p.add_argument(
+        "--layers", type=int, help="build only this many decoder layers (the preset's: all)"
+    )
     p.add_argument("--patch", default="cutile", help="cutile or cutile:FLAG=VALUE,...")
     p.add_argument("--plant", help="BLOCK@LAYER=SCALE: scale that module's cuTile output")
     p.add_argument("--json", help="also write the rows here")

@@ -96,11 +96,17 @@ def test_table_and_json_rows():
 
 
 @pytest.mark.parametrize(
-    ("key", "extra"), [("tiny-mixtral", ()), ("tiny-qwen3_moe", ("--length", 24, "--pad", 8))]
+    ("key", "extra", "layers"),
+    [
+        ("tiny-mixtral", (), 2),
+        ("tiny-qwen3_moe", ("--length", 24, "--pad", 8), 2),
+        ("tiny-mixtral", ("--layers", 1), 1),
+    ],
 )
-def test_every_layer_and_block_has_a_finite_row_and_cpu_sides_agree(tmp_path, key, extra):
+def test_every_layer_and_block_has_a_finite_row_and_cpu_sides_agree(tmp_path, key, extra, layers):
     rows, stdout = _rows(tmp_path, "--model-key", key, *extra)
-    expected = [(i, b, m) for i in range(2) for b, m in LAYER_ROWS] + [(None, "logits", "free")]
+    expected = [(i, b, m) for i in range(layers) for b, m in LAYER_ROWS]
+    expected.append((None, "logits", "free"))
     assert [(r["layer"], r["block"], r["mode"]) for r in rows] == expected
     table = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + len(expected)  # the header, then a line per row
@@ -130,7 +136,8 @@ def test_a_planted_one_percent_moe_error_shows_in_its_layer_only(tmp_path):
     ("args", "message"),
     [
         (("--model-key", "nope"), "error: --model-key 'nope' is not a preset"),
-        (("--model-key", "tiny-mixtral", "--length", 0), "error: --length must be at least 1"),
+        (("--model-key", "tiny-mixtral", "--length", 0), "error: --length and --layers must be"),
+        (("--model-key", "tiny-mixtral", "--layers", 0), "error: --length and --layers must be"),
         (("--model-key", "tiny-mixtral", "--plant", "mlp1=2"), "error: --plant 'mlp1=2':"),
         (("--model-key", "tiny-mixtral", "--plant", "mlp@7=2"), "error: --plant: no 'mlp' in"),
         (
