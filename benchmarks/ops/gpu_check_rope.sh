@@ -7,10 +7,12 @@
 # Usage (repo root, on a GPU host with the cuTile toolchain):
 #   bash benchmarks/ops/gpu_check_rope.sh                       (< 4 min)
 # Env: WARM (benchmark warm-up workers, 5), SHARDS (variant test shards, 5), TEST_TIMEOUT,
-# BENCH_TIMEOUT, WRITE_FLUSH=0 (skip the write-flush table).
+# BENCH_TIMEOUT, QK_WHOLE_TIMEOUT (bench_qk_norm_rope.py, cold compiles included: 300),
+# WRITE_FLUSH=0 (skip the write-flush table).
 # Outputs in $OUT (default ./gpu_check_out): rope_env.txt, rope_summary.txt, rope_tests_*.txt
 # (one per pytest shard), rope_warm_*.txt (empty when the warm-up went well), rope_bench.txt
-# (write flush) and rope_bench_read.txt (read flush).
+# (write flush), rope_bench_qk_whole.txt (OLMo's whole-projection q/k norm + RoPE, write flush)
+# and rope_bench_read.txt (read flush).
 # Cold compiles dominate, so step 1 runs the pytest shards and WARM "--warm I/N" benchmark
 # workers in parallel (they fill cuTile's disk cache, build/cutile-cache, for the timed run).
 FAMILY=rope
@@ -20,6 +22,7 @@ source "$(dirname "$0")/_gpu_check_lib.sh"
 
 # 1. tests (sharded) and cache-warming benchmark workers, all in parallel
 shard rope tests/ops/test_rope.py tests/ops/test_rope_aot.py
+TT=420 shard qk_whole tests/ops/test_qk_norm_whole_rope.py  # ~60 cold compiles
 shard patches tests/transformers/test_patch_models.py
 SHARDS="${SHARDS:-5}"
 for ((i = 0; i < SHARDS; i++)); do  # every RoPE / qk variant, disjoint shards (_shard in the test file)
@@ -27,7 +30,8 @@ for ((i = 0; i < SHARDS; i++)); do  # every RoPE / qk variant, disjoint shards (
         tests/ops/test_rope_variants.py >"$OUT/rope_tests_variants_$i.txt" 2>&1 &
     pids+=($!)
 done
-parity "$KS/qwen3/kernel_solutions/qwen3_qk_norm_rope.json" "$KS/llama/kernel_solutions/llama_rope.json"
+parity "$KS/qwen3/kernel_solutions/qwen3_qk_norm_rope.json" "$KS/llama/kernel_solutions/llama_rope.json" \
+    "$KS"/olmo*/kernel_solutions/olmo*_qk_norm_whole_rope.json
 warm benchmarks/ops/bench_rope.py "$TT"
 finish_step1
 
@@ -39,6 +43,8 @@ if [ "${WRITE_FLUSH:-1}" = 1 ]; then
     timeout "${BENCH_TIMEOUT:-60}" "$PY" benchmarks/ops/bench_rope.py 2>&1 | tee "$OUT/rope_bench.txt" \
         || status=1
 fi
+timeout "${QK_WHOLE_TIMEOUT:-300}" "$PY" benchmarks/ops/bench_qk_norm_rope.py 2>&1 \
+    | tee "$OUT/rope_bench_qk_whole.txt" || status=1
 export TILEGYM_BENCH_FLUSH=read
 echo "== TILEGYM_BENCH_FLUSH=read" | tee "$OUT/rope_bench_read.txt"
 timeout "${BENCH_TIMEOUT:-60}" "$PY" benchmarks/ops/bench_rope.py --shapes 1x2048,4x4096,8x4096 \

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
 
 import cpu_generate
 import pytest
@@ -17,6 +18,7 @@ from tilegym.transformers.family_probe import (
     config_problems,
     describe_structure,
     norm_form,
+    norm_rounds_once,
     verify,
 )
 
@@ -222,6 +224,22 @@ def test_features_outside_the_patched_modules_are_reproduced():
     )
     probe = describe_structure(model)
     assert verify(model, probe.family, _apply(probe.family)) <= 1e-4
+
+
+@pytest.mark.parametrize(
+    ("module", "cls", "once"),
+    [
+        ("olmo2", "Olmo2RMSNorm", True),
+        ("olmo3", "Olmo3RMSNorm", True),
+        ("olmoe", "OlmoeRMSNorm", False),
+        ("llama", "LlamaRMSNorm", False),
+    ],
+)
+def test_the_probe_reads_where_a_norm_rounds(module, cls, once):
+    """Olmo2RMSNorm rounds once, after the weight; Llama's form (OLMoE's too) rounds the
+    normalized row first: the fused whole-projection q/k kernel follows the one it is told."""
+    upstream = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    assert norm_rounds_once(getattr(upstream, cls)(256)) is once
 
 
 def test_the_probe_reads_the_clip_and_the_router_renormalization():

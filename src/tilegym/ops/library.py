@@ -31,6 +31,7 @@ from tilegym.ops import mla as _mla
 from tilegym.ops import mla_absorb as _mla_absorb
 from tilegym.ops import moe as _moe
 from tilegym.ops import moe_bias as _moe_bias
+from tilegym.ops import qk_norm_whole_rope as _qk_whole
 from tilegym.ops import rms_norm as _rms_norm
 from tilegym.ops import rms_norm_gated as _rms_norm_gated
 from tilegym.ops import rope as _rope
@@ -210,6 +211,39 @@ def _(q, k, q_weight, k_weight, eps, cos, sin, unit_offset=False):
 def _(q, k, q_weight, k_weight, eps, cos, sin, unit_offset=False):
     b, s, hq, d = q.shape
     dtype = _rms_norm.norm_dtype(q, q_weight, unit_offset)
+    return q.new_empty((b, hq, s, d), dtype=dtype), q.new_empty((b, k.shape[2], s, d), dtype=dtype)
+
+
+@_op("qk_norm_whole_rope")
+def qk_norm_whole_rope_op(
+    q: Tensor,
+    k: Tensor,
+    q_weight: Tensor,
+    k_weight: Tensor,
+    eps: float,
+    cos: Tensor,
+    sin: Tensor,
+    round_once: bool = True,
+) -> tuple[Tensor, Tensor]:
+    with private_buffers():
+        return _qk_whole.qk_norm_whole_rope(
+            q, k, q_weight, k_weight, eps, cos, sin, round_once=round_once
+        )
+
+
+@qk_norm_whole_rope_op.register_kernel("cpu")
+def _(q, k, q_weight, k_weight, eps, cos, sin, round_once=True):
+    qo, ko = _qk_whole.qk_norm_whole_rope_reference(
+        q, k, q_weight, k_weight, eps, cos, sin, round_once
+    )
+    dtype = _qk_whole.out_dtype(q.dtype, q_weight.dtype, round_once)
+    return qo.to(dtype).contiguous(), ko.to(dtype).contiguous()
+
+
+@qk_norm_whole_rope_op.register_fake
+def _(q, k, q_weight, k_weight, eps, cos, sin, round_once=True):
+    b, s, hq, d = q.shape
+    dtype = _qk_whole.out_dtype(q.dtype, q_weight.dtype, round_once)
     return q.new_empty((b, hq, s, d), dtype=dtype), q.new_empty((b, k.shape[2], s, d), dtype=dtype)
 
 
@@ -652,6 +686,19 @@ def qk_norm_rope(
     if _use_op(q):
         return qk_norm_rope_op(q, k, q_weight, k_weight, float(eps), cos, sin, bool(unit_offset))
     return _rope.qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin, unit_offset=unit_offset)
+
+
+def qk_norm_whole_rope(
+    q, k, q_weight, k_weight, eps, cos, sin, round_once: bool = True
+) -> tuple[Tensor, Tensor]:
+    """OLMo's whole-projection q/k RMSNorm + per-head view + transpose + RoPE, one launch."""
+    if _use_op(q):
+        return qk_norm_whole_rope_op(
+            q, k, q_weight, k_weight, float(eps), cos, sin, bool(round_once)
+        )
+    return _qk_whole.qk_norm_whole_rope(
+        q, k, q_weight, k_weight, eps, cos, sin, round_once=round_once
+    )
 
 
 def silu_and_mul(gate: Tensor, up: Tensor | None = None) -> Tensor:

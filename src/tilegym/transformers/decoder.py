@@ -28,11 +28,13 @@ from tilegym.ops.library import (
     apply_rope,
     gelu_tanh_and_mul,
     qk_norm_rope,
+    qk_norm_whole_rope,
     rms_norm,
     rms_norm_add,
     rms_norm_add_rms_norm,
     silu_and_mul,
 )
+from tilegym.ops.qk_norm_whole_rope import fits as whole_rope_fits
 from tilegym.transformers.family import Family, norm_eps
 from tilegym.transformers.fused_weights import FusedWeights
 from tilegym.transformers.kv_update import update_cache
@@ -143,7 +145,10 @@ def make_attention_forward(
     With ``family.attn_output_gate`` q_proj holds [q; gate] per head and the attention output
     is scaled by ``sigmoid(gate)`` before o_proj (Qwen3.5; PyTorch's sigmoid and multiply, as
     upstream). Tables narrower than the head (partial rotary, Qwen3.5's 0.25) take the
-    q/k norms and the RoPE kernel apart: the fused kernel rotates whole heads only."""
+    q/k norms and the RoPE kernel apart: the fused kernels rotate whole heads only. Per-head
+    q/k norms (Qwen3) fuse with RoPE in ``qk_norm_rope``; whole-projection ones (OLMo 2/3,
+    OLMoE) in ``qk_norm_whole_rope`` (heads whose halves are power-of-two tiles; OLMoE only
+    while ``clip_qkv`` is unset, its clamp sits between the norms and RoPE)."""
     names = family.qkv
     q_width = 2 if family.attn_output_gate else 1
     torch_rope = upstream_rope(family)
@@ -184,18 +189,23 @@ def make_attention_forward(
         if family.rope_half_table and routes.rope:  # the kernels take head_dim-wide tables
             cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
         per_head = family.qk_norm and not family.qk_norm_whole
+        whole = family.qk_norm and family.qk_norm_whole
         rope = family.rope_switch is None or bool(getattr(self, family.rope_switch))
         clip = getattr(self.config, "clip_qkv", None) if family.clip_qkv else None
-        if family.qk_norm and family.qk_norm_whole:
-            q = self.q_norm(q.reshape(bsz, seq, hq * d)).view(bsz, seq, hq, d)
-            k = self.k_norm(k.reshape(bsz, seq, hk * d)).view(bsz, seq, hk, d)
-        if clip is not None and not per_head:
-            q, k, v = (t.clamp(-clip, clip) for t in (q, k, v))
-        full_rotary = cos.shape[-1] == d
-        if per_head and rope and routes.rope and routes.rms_norm and clip is None and full_rotary:
+        one_launch = rope and routes.rope and routes.rms_norm and clip is None
+        one_launch = one_launch and cos.shape[-1] == d
+        if one_launch and whole and whole_rope_fits(d):
+            qw, kw, eps = self.q_norm.weight, self.k_norm.weight, norm_eps(self.q_norm)
+            q, k = qk_norm_whole_rope(q, k, qw, kw, eps, cos, sin, family.qk_norm_round_once)
+        elif one_launch and per_head:
             qw, kw, eps = self.q_norm.weight, self.k_norm.weight, norm_eps(self.q_norm)
             q, k = qk_norm_rope(q, k, qw, kw, eps, cos, sin, family.norm_unit_offset)
         else:
+            if whole:
+                q = self.q_norm(q.reshape(bsz, seq, hq * d)).view(bsz, seq, hq, d)
+                k = self.k_norm(k.reshape(bsz, seq, hk * d)).view(bsz, seq, hk, d)
+            if clip is not None and not per_head:
+                q, k, v = (t.clamp(-clip, clip) for t in (q, k, v))
             if per_head:
                 q, k = self.q_norm(q), self.k_norm(k)
                 if clip is not None:  # after the norms, as for whole-projection norms

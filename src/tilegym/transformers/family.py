@@ -84,6 +84,9 @@ class Family:
     linear_attention: str | None = None  # class suffix of the linear-attention token mixer of
     # the layers that have one as ``linear_attn`` instead of ``self_attn`` (Qwen3.5:
     # "GatedDeltaNet"), patched by tilegym.transformers.linear_attention; None: none has one
+    qk_norm_round_once: bool = False  # the whole-projection q/k norms (qk_norm_whole) multiply
+    # the fp32 normalized row by the weight and round once (Olmo2RMSNorm, OLMo 3); else they
+    # round before the weight (Llama's form: OLMoE). Read by the fused q/k norm + RoPE kernel
     forwards: Mapping[str, Callable] = field(default_factory=dict, compare=False)
     # the family's own forward builders by upstream class suffix ("RMSNorm", "MLP",
     # "Attention", "DecoderLayer", "MoeBlock"), each with the shared builder's signature: how an

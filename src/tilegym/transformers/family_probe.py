@@ -124,6 +124,21 @@ def norm_form(norm: torch.nn.Module) -> bool | None:
     return True if torch.allclose(out, normed, rtol=1e-5, atol=1e-6) else None
 
 
+def norm_rounds_once(norm: torch.nn.Module) -> bool:
+    """Whether a Llama-form RMSNorm multiplies the fp32 normalized row by the weight and rounds
+    once (``Olmo2RMSNorm``), rather than rounding the row before the weight (``LlamaRMSNorm``),
+    read off a bf16 copy run on random rows: only the rounding order tells them apart."""
+    g = torch.Generator().manual_seed(0)
+    probe = copy.deepcopy(norm).to(torch.bfloat16)
+    n = probe.weight.numel()
+    with torch.no_grad():
+        probe.weight.copy_(1 + torch.rand(n, generator=g))
+        x = torch.randn(4, n, generator=g).to(torch.bfloat16)
+        out = probe(x)
+    h = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + norm_eps(norm))
+    return out.dtype == x.dtype and torch.equal(out, (probe.weight * h).to(x.dtype))
+
+
 def _layers(model):
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
@@ -236,6 +251,7 @@ def describe_structure(model) -> Probe:
             if whole
             else "per-head q/k RMSNorm before RoPE"
         )
+    round_once = whole and offset is False and norm_rounds_once(attn.q_norm)
     clip_qkv = CLIP_QKV in _config_keys(model.config)
     if clip_qkv:
         notes.append(f"q, k and v clamped to +-config.{CLIP_QKV} after the q/k norms, when set")
@@ -300,6 +316,7 @@ def describe_structure(model) -> Probe:
         attn_output_gate=output_gate,
         linear_attention=linear_attention,
         moe_shared_expert=shared_expert,
+        qk_norm_round_once=round_once,
     )
     return Probe(family, tuple(notes))
 

@@ -13,5 +13,6 @@ FAMILY = Family(
     "Olmo2",
     qk_norm=True,
     qk_norm_whole=True,
+    qk_norm_round_once=True,
     post_norm=True,
 )

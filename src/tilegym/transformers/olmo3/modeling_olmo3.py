@@ -15,6 +15,7 @@ FAMILY = Family(
     "Olmo3",
     qk_norm=True,
     qk_norm_whole=True,
+    qk_norm_round_once=True,
     post_norm=True,
 )
 """OLMo 3 (allenai/Olmo-3-1025-7B architecture): the family description."""
