@@ -277,7 +277,10 @@ def compileable_decode_mask(mask: TileMask, kv_offset: int, device) -> TileMask:
     window hold token ``t`` at ``t % window`` and the per-key validity is rotated to match."""
     if not mask.causal or (mask.window is not None and mask.q_start >= mask.window):
         return mask
-    position = torch.tensor([mask.q_start + kv_offset], dtype=torch.int32, device=device)
+    # a fill kernel with the value as its argument: ``torch.tensor([v], device=cuda)`` would copy
+    # from pageable host memory, which waits for the stream (olmo3's cuTile side made 2.12
+    # syncs a token on the H200 against PyTorch's 1.09, one pageable copy a token)
+    position = torch.full((1,), mask.q_start + kv_offset, dtype=torch.int32, device=device)
     key_valid = mask.key_valid
     if key_valid is not None and kv_offset % mask.kv_length:
         key_valid = aligned_key_valid(torch.roll(key_valid, kv_offset % mask.kv_length, dims=-1))
