@@ -31,16 +31,10 @@ TILES = (32, 64)
 OCCUPANCY = (None, 2, 4)
 
 
-def _variant(args, kwargs, splits: int | None, tile_n: int, occupancy: int | None = None):
-    def run():
-        saved = mla.MLA_TILE_N
-        mla.MLA_TILE_N = tile_n
-        try:
-            return mla.mla_decode(*args, num_splits=splits, occupancy=occupancy, **kwargs)
-        finally:
-            mla.MLA_TILE_N = saved
-
-    return run
+def _variant(args, kwargs, splits: int, tile_n: int, occupancy: int | None = None):
+    return lambda: mla.mla_decode(
+        *args, num_splits=splits, occupancy=occupancy, tile_n=tile_n, **kwargs
+    )
 
 
 def case(b: int, h: int, t: int, end: int, by_position: bool):

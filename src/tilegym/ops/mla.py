@@ -190,11 +190,13 @@ def mla_decode(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     occupancy: int | None = None,
+    tile_n: int = MLA_TILE_N,
 ) -> torch.Tensor:
     """Latent context ``[B, H, L]`` of one new token per sequence over keys ``[0, kv_end)``
     (default: all ``T``) or ``[0, position[0]]`` (int32 ``[1]`` on the device; no host read),
-    minus the keys ``key_valid`` ``[B, T]`` marks invalid. ``num_splits`` and ``occupancy``
-    (blocks per SM hinted to the compiler) override the plan, for sweeps and tests."""
+    minus the keys ``key_valid`` ``[B, T]`` marks invalid. ``num_splits``, ``occupancy`` (blocks
+    per SM hinted to the compiler) and ``tile_n`` (keys a tile) override the plan, for sweeps
+    and tests."""
     b, h, dl, dr, t = _check(q_latent, q_pe, ckv, kpe)
     if kv_end is not None and position is not None:
         raise MlaInputError("give kv_end or position, not both")
@@ -215,10 +217,11 @@ def mla_decode(
     nhb = -(-h // hb)
     span = t if by_position else kv_end
     if num_splits:
-        per = max(1, -(-max(1, -(-span // MLA_TILE_N)) // int(num_splits)))
-        splits = max(1, -(-max(1, -(-span // MLA_TILE_N)) // per))
+        tiles = max(1, -(-span // tile_n))
+        per = max(1, -(-tiles // int(num_splits)))
+        splits = max(1, -(-tiles // per))
     else:
-        splits, per = plan_mla_splits(b * nhb, span, _att.sm_count(q_latent.device))
+        splits, per = plan_mla_splits(b * nhb, span, _att.sm_count(q_latent.device), tile_n)
     if out is None:
         out = torch.empty((b, h, dl), dtype=q_latent.dtype, device=q_latent.device)
     dev = q_latent.device
@@ -243,7 +246,7 @@ def mla_decode(
         dl,
         dr,
         hb,
-        MLA_TILE_N,
+        tile_n,
         kv_arg is not None,
         by_position,
         parts,
