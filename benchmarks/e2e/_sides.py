@@ -13,10 +13,11 @@ PYTORCH, CUTILE = "PyTorch static", "cuTile static"
 
 
 def static_sides(
-    model_key: str, workload: str, seed: int, device: str = "cuda"
+    model_key: str, workload: str, seed: int, device: str = "cuda", cpu_sized: bool = False
 ) -> tuple[Workload, dict[str, Generator], PatchReport]:
-    """(the workload, ``{PYTORCH: ..., CUTILE: ...}`` generators, the cuTile side's patch)."""
-    wl = resolve_workload(workload, mode=STATIC)
+    """(the workload, ``{PYTORCH: ..., CUTILE: ...}`` generators, the cuTile side's patch);
+    ``cpu_sized``: the workload's scaled-down shape, for the tiny presets."""
+    wl = resolve_workload(workload, cpu_sized, mode=STATIC)
     base = random_model(model_key, device, seed).model
     twin = twin_sharing_weights(base)
     report = apply_patch(twin, base.config.model_type)

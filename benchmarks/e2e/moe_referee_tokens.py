@@ -1,0 +1,190 @@
+"""Per-token account of the routing-aware referee on an MoE preset's ``workload`` correctness
+case: which generated tokens carry a side's maximum error, and which alternate routings could
+explain them.
+
+The benchmark reports one number per case, the largest refereed token error. On a random-weight
+MoE whose router is near-tied on many tokens (mixtral: 3945 near-ties on 2176 tokens x 4
+layers), that maximum alone cannot tell a kernel that computes something else from a side that
+landed on an unplanned combination of flips. This runs the case's prompt (the benchmark's seed,
+``correctness_check.case_inputs``) through four sides in one process, PyTorch and the cuTile
+patch each in static mode (the compiled decode step the benchmark times) and eager, scores each
+as the benchmark does (``routing.Referee``, margins from the PyTorch static side), and prints:
+
+- per side: the refereed error's quantiles over the generated tokens, how many tokens exceed the
+  tolerance the benchmark would set (1.5 x the PyTorch static side's max + 1e-3), the worst
+  tokens with their plain and refereed errors;
+- for each side's ``--worst`` tokens: the smallest error against fp32 with every subset of that
+  position's near-tied layers swapped (the benchmark's per-position plan swaps them all at once),
+  and with the best subset plus one layer's near-ties over the whole prefix.
+
+A right kernel's static and eager sides look like PyTorch's (a few tokens above the bar, each
+explained by some subset); a wrong one is above it on most tokens and no swap explains them.
+
+    python benchmarks/e2e/moe_referee_tokens.py --model-key mixtral
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from dataclasses import dataclass, replace
+
+import torch
+from _sides import CUTILE, PYTORCH, static_sides
+from tilegym_hf_bench.correctness_check import case_inputs, generate_case
+from tilegym_hf_bench.model_factory import fp32_reference
+from tilegym_hf_bench.routing import Referee, forcing
+from tilegym_hf_bench.routing_rule import near_tied
+from tilegym_hf_bench.scoring import cases, input_mask, reference_logits, token_errors
+from tilegym_hf_bench.tolerance import REL_ERR_FACTOR, REL_ERR_FLOOR
+from tilegym_hf_bench.workloads import DEFAULT_SEED
+
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+@dataclass
+class Side:
+    name: str
+    seq: torch.Tensor
+    logits: torch.Tensor
+    best: torch.Tensor | None = None
+    plain: torch.Tensor | None = None
+
+
+def quantile_text(errors: torch.Tensor) -> str:
+    q = torch.quantile(errors.float(), torch.tensor(QUANTILES, device=errors.device))
+    return " ".join(f"p{int(100 * p)} {v:.3f}" for p, v in zip(QUANTILES, q.tolist(), strict=True))
+
+
+def subset_errors(referee, side, prompt_len, ties, j, prefix_layers):
+    """(best error over subsets of position j's near-tied layers, that subset, best error with
+    that subset plus one layer's prefix near-ties, that layer): errors of token j only."""
+    pos = prompt_len - 1 + j
+    seq_len = side.seq.shape[1] - 1
+    at = torch.zeros(seq_len, dtype=torch.bool, device=side.seq.device)
+    at[pos] = True
+    layers = [i for i, t in enumerate(ties) if bool(t[pos])]
+
+    def err(plan):
+        with forcing(referee.ref_model, plan):
+            alt = reference_logits(referee.ref_model, side.seq, prompt_len)
+        return float(token_errors(side.logits[:, j : j + 1], alt[:, j : j + 1])[0, 0])
+
+    best, best_subset = float("inf"), ()
+    for r in range(1, len(layers) + 1):
+        for subset in itertools.combinations(layers, r):
+            e = err({i: at for i in subset})
+            if e < best:
+                best, best_subset = e, subset
+    best_prefix, prefix_layer = float("inf"), None
+    before = torch.arange(seq_len, device=at.device) < pos
+    for layer in prefix_layers:
+        plan = {i: at for i in best_subset}
+        plan[layer] = (plan.get(layer, torch.zeros_like(at))) | (ties[layer] & before)
+        e = err(plan)
+        if e < best_prefix:
+            best_prefix, prefix_layer = e, layer
+    return layers, best, best_subset, best_prefix, prefix_layer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model-key", default="mixtral")
+    parser.add_argument("--workload", default="default")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="weights' and case's")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--worst", type=int, default=3, help="tokens a side explains")
+    parser.add_argument("--show", type=int, default=8, help="worst tokens listed a side")
+    args = parser.parse_args(argv)
+
+    seed = args.seed
+    wl, gens, _report = static_sides(
+        args.model_key, args.workload, seed, args.device, cpu_sized=args.device == "cpu"
+    )
+    base_model = gens[PYTORCH].model
+    case = cases(wl.batch_size, wl.input_length, wl.output_length)[0]
+    ids, mask = case_inputs(case, base_model.config.get_text_config().vocab_size, seed)
+    if mask is not None:
+        print("error: the workload case is padded; this tool scores unpadded cases only")
+        return 2
+    prompt_len = case.input_length
+    eager_case = replace(case, timed_path=False)
+    sides = []
+    for name, gen, c in (
+        (PYTORCH, gens[PYTORCH], case),
+        (CUTILE, gens[CUTILE], case),
+        ("PyTorch eager", gens[PYTORCH], eager_case),  # generate_case's own eager Generator
+        ("cuTile eager", gens[CUTILE], eager_case),
+    ):
+        seq, logits = generate_case(gen, c, ids, mask)
+        sides.append(Side(name, seq.to(args.device), logits.to(args.device)))
+        print(f"# generated: {name}", flush=True)
+
+    referee = Referee(fp32_reference(base_model), base_model)
+    if not referee.moe_layers:
+        print(f"error: {args.model_key} has no MoE router the referee knows")
+        return 2
+    base = sides[0]
+    ref0, routed0 = referee.plain(base.seq, prompt_len)
+    margins = referee.margins(base.seq, prompt_len, None, routed0)
+    print(
+        f"# {args.model_key}, workload case {case.batch} x {prompt_len} -> {case.new_tokens} "
+        f"(seed {seed}); near-tie margins " + " ".join(f"{m:.3g}" for m in margins.margin)
+    )
+    tolerance = None
+    for side in sides:
+        reference, routed = (
+            (ref0, routed0)
+            if torch.equal(side.seq, base.seq)
+            else (referee.plain(side.seq, prompt_len))
+        )
+        run = referee.refereed(
+            side.seq, prompt_len, None, reference, routed, margins.margin, [side.logits]
+        )
+        side.best, side.plain = run.sides[0].best[0], run.sides[0].plain[0]
+        if tolerance is None:
+            tolerance = REL_ERR_FACTOR * float(side.best.max()) + REL_ERR_FLOOR
+        real = input_mask(side.seq, prompt_len).flatten().bool()
+        ties = [
+            near_tied(r, c, m, real)
+            for r, c, m in zip(routed.ranking, routed.chosen, margins.margin, strict=True)
+        ]
+        over = int((side.best > tolerance).sum())
+        agree = (
+            "same tokens as PyTorch static"
+            if torch.equal(side.seq, base.seq)
+            else (
+                f"{int((side.seq[0, prompt_len:] == base.seq[0, prompt_len:]).sum())} of "
+                f"{case.new_tokens} tokens as PyTorch static"
+            )
+        )
+        print(
+            f"\n## {side.name}: max {float(side.best.max()):.3f} "
+            f"(plain {float(side.plain.max()):.3f}),"
+            f" {quantile_text(side.best)}; {over} of {case.new_tokens} tokens over {tolerance:.3f};"
+            f" {run.forwards} fp32 forwards, {run.near_ties} near-ties, {run.unplanned} unplanned;"
+            f" {agree}"
+        )
+        order = torch.argsort(side.best, descending=True).tolist()
+        print("| token | refereed | plain | near-tied layers at its position |")
+        print("|---|---|---|---|")
+        for j in order[: args.show]:
+            layers = [i for i, t in enumerate(ties) if bool(t[prompt_len - 1 + j])]
+            print(f"| {j} | {float(side.best[j]):.3f} | {float(side.plain[j]):.3f} | {layers} |")
+        for j in order[: args.worst]:
+            layers, best, subset, best_prefix, layer = subset_errors(
+                referee, side, prompt_len, ties, j, range(len(ties))
+            )
+            own = f"best subset {list(subset)} -> {best:.3f}" if layers else "no subset to swap"
+            print(
+                f"token {j}: near-tied layers {layers}; {own}; plus layer {layer}'s prefix "
+                f"near-ties -> {best_prefix:.3f}",
+                flush=True,
+            )
+        del reference
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
