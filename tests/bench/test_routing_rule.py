@@ -5,6 +5,7 @@ import math
 
 import torch
 from tilegym_hf_bench.routing_rule import (
+    MAX_LAYER_PLANS,
     MAX_POSITION_PLANS,
     TIE_MARGIN_FACTOR,
     combine,
@@ -92,7 +93,7 @@ def test_without_alternates_the_errors_are_the_plain_ones():
     assert best is plain and not took.any()
 
 
-def test_plans_swap_each_scored_position_then_each_layer_then_all_together():
+def test_plans_swap_each_scored_position_then_each_layer_then_all_then_single_layers():
     rows, positions = 2, 6  # T = 12, the scored positions 3..5 of each row
     ties = [torch.zeros(rows * positions, dtype=torch.bool) for _ in range(2)]
     ties[0][[1, 3, 4]] = True  # row 0: prompt position 1, scored 3 and 4
@@ -105,8 +106,30 @@ def test_plans_swap_each_scored_position_then_each_layer_then_all_together():
         {0: [1, 3, 4]},
         {1: [3, 11]},
         {0: [1, 3, 4], 1: [3, 11]},
+        {0: [3]},  # layer 0 alone at the first position ({1: [3, 11]} is above)
     ]
     assert unplanned == 0
+
+
+def test_a_position_tied_in_several_layers_gets_each_layer_alone():
+    ties = [torch.tensor([False, True, True]) for _ in range(3)]  # positions 1, 2 in 3 layers
+    plans, _ = swap_plans(ties, 1, first_scored=1)
+    singles = [p for p in plans if len(p) == 1 and int(next(iter(p.values())).sum()) == 1]
+    assert [(i, t.nonzero().flatten().tolist()) for p in singles for i, t in p.items()] == [
+        (0, [1]),
+        (1, [1]),
+        (2, [1]),
+        (0, [2]),
+        (1, [2]),
+        (2, [2]),
+    ]
+
+
+def test_single_layer_plans_stop_at_their_cap():
+    layers = MAX_LAYER_PLANS // MAX_POSITION_PLANS + 1  # every position tied in every layer
+    ties = [torch.ones(MAX_POSITION_PLANS, dtype=torch.bool) for _ in range(layers)]
+    plans, unplanned = swap_plans(ties, 1, first_scored=0)
+    assert len(plans) == MAX_POSITION_PLANS + layers + 1 + MAX_LAYER_PLANS and unplanned == 0
 
 
 def test_no_plan_is_run_twice_and_none_without_near_ties():

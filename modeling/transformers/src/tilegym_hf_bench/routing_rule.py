@@ -23,6 +23,11 @@ TIE_MARGIN_FACTOR = 2.0
 #: (128) and decode (256) workloads (at 64, mixtral's workload case on the H200 left 50 / 57
 #: positions unplanned; at 256 none, for 235 fp32 forwards instead of 138).
 MAX_POSITION_PLANS = 256
+#: At most this many plans swap one layer's near-tie at one scored position (after the plans
+#: above). A side that flipped one of a position's near-tied layers differs from a plan that
+#: swaps them all (mixtral on the H200: one token of 128 at 0.329 against fp32 with all four
+#: swapped, 0.030 with only layer 0's; ``benchmarks/e2e/moe_referee_tokens.py``).
+MAX_LAYER_PLANS = 768
 
 
 def selection_gap(scores: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
@@ -89,7 +94,10 @@ def swap_plans(
       wholesale, and swapping other near-ties with it would move them through attention;
     - each layer's near-ties, then all of them together: a flip in the prompt reaches the
       generated tokens through attention only, and a token may sit on near-ties in several
-      layers."""
+      layers;
+    - where a scored position is near-tied in more than one layer, each of those layers' tie
+      there alone (at most ``MAX_LAYER_PLANS``, in position order): bf16 usually flips one of
+      them, not all. Larger subsets are not tried (2^layers forwards a position)."""
     plans: list[dict[int, torch.Tensor]] = []
 
     def add(plan: dict[int, torch.Tensor]) -> None:
@@ -108,6 +116,16 @@ def swap_plans(
     for i in tied:
         add({i: ties[i]})
     add({i: ties[i] for i in tied})
+    singles = 0
+    for j in range(1, min(int(rank.max()), MAX_POSITION_PLANS) + 1):
+        at = (rank == j).flatten()
+        here = [i for i in tied if bool((ties[i] & at).any())]
+        for i in here if len(here) > 1 else ():
+            if singles == MAX_LAYER_PLANS:
+                break
+            before = len(plans)
+            add({i: ties[i] & at})
+            singles += len(plans) - before
     return plans, int((rank > MAX_POSITION_PLANS).sum())
 
 
