@@ -4,12 +4,13 @@ margin, which tokens an alternate may score, and the min over references."""
 import math
 
 import torch
+from tilegym_hf_bench.routing import Referee
 from tilegym_hf_bench.routing_rule import (
-    MAX_LAYER_PLANS,
     MAX_POSITION_PLANS,
     TIE_MARGIN_FACTOR,
     combine,
     eligible_tokens,
+    layer_swaps_at,
     near_tied,
     same_selection,
     score_noise,
@@ -17,6 +18,7 @@ from tilegym_hf_bench.routing_rule import (
     swap_plans,
     swapped_selection,
     tie_margin,
+    worst_to_refine,
 )
 
 SCORES = torch.tensor(
@@ -93,7 +95,7 @@ def test_without_alternates_the_errors_are_the_plain_ones():
     assert best is plain and not took.any()
 
 
-def test_plans_swap_each_scored_position_then_each_layer_then_all_then_single_layers():
+def test_plans_swap_each_scored_position_then_each_layer_then_all_together():
     rows, positions = 2, 6  # T = 12, the scored positions 3..5 of each row
     ties = [torch.zeros(rows * positions, dtype=torch.bool) for _ in range(2)]
     ties[0][[1, 3, 4]] = True  # row 0: prompt position 1, scored 3 and 4
@@ -106,30 +108,8 @@ def test_plans_swap_each_scored_position_then_each_layer_then_all_then_single_la
         {0: [1, 3, 4]},
         {1: [3, 11]},
         {0: [1, 3, 4], 1: [3, 11]},
-        {0: [3]},  # layer 0 alone at the first position ({1: [3, 11]} is above)
     ]
     assert unplanned == 0
-
-
-def test_a_position_tied_in_several_layers_gets_each_layer_alone():
-    ties = [torch.tensor([False, True, True]) for _ in range(3)]  # positions 1, 2 in 3 layers
-    plans, _ = swap_plans(ties, 1, first_scored=1)
-    singles = [p for p in plans if len(p) == 1 and int(next(iter(p.values())).sum()) == 1]
-    assert [(i, t.nonzero().flatten().tolist()) for p in singles for i, t in p.items()] == [
-        (0, [1]),
-        (1, [1]),
-        (2, [1]),
-        (0, [2]),
-        (1, [2]),
-        (2, [2]),
-    ]
-
-
-def test_single_layer_plans_stop_at_their_cap():
-    layers = MAX_LAYER_PLANS // MAX_POSITION_PLANS + 1  # every position tied in every layer
-    ties = [torch.ones(MAX_POSITION_PLANS, dtype=torch.bool) for _ in range(layers)]
-    plans, unplanned = swap_plans(ties, 1, first_scored=0)
-    assert len(plans) == MAX_POSITION_PLANS + layers + 1 + MAX_LAYER_PLANS and unplanned == 0
 
 
 def test_no_plan_is_run_twice_and_none_without_near_ties():
@@ -143,3 +123,44 @@ def test_scored_positions_past_the_cap_have_no_plan_of_their_own():
     n = MAX_POSITION_PLANS + 6
     plans, unplanned = swap_plans([torch.ones(n, dtype=torch.bool)], 1, first_scored=0)
     assert len(plans) == MAX_POSITION_PLANS + 1 and unplanned == 6
+
+
+def test_a_token_tied_in_several_layers_gets_each_layers_swap_alone():
+    ties = [torch.tensor([False, True, True]), torch.tensor([False, True, False])]
+    plans = layer_swaps_at(ties, 1)
+    assert [{i: t.nonzero().flatten().tolist() for i, t in p.items()} for p in plans] == [
+        {0: [1]},
+        {1: [1]},
+    ]
+    assert layer_swaps_at(ties, 2) == [] and layer_swaps_at(ties, 0) == []
+
+
+def test_the_worst_token_is_refined_once():
+    best = torch.tensor([[0.1, 0.5], [0.3, 0.2]])
+    refined = torch.zeros(2, 2, dtype=torch.bool)
+    assert worst_to_refine(best, refined) == (0, 1)
+    refined[0, 1] = True
+    assert worst_to_refine(best, refined) is None  # the maximum sits on a refined token
+
+
+def test_refining_follows_the_maximum_until_it_sits_on_a_refined_token():
+    """Token 2's position is tied in layers 0 and 1; the side flipped layer 1 alone there, so
+    only that swap explains it. Then the maximum moves to token 0 (tied in one layer: nothing
+    to refine) and refining stops."""
+    prompt_len, new = 2, 3  # inputs: positions 0..3; token j is predicted at position 1 + j
+    ties = [torch.tensor([False, True, False, True]), torch.tensor([False, False, False, True])]
+    seq = torch.zeros(1, prompt_len + new, dtype=torch.long)
+    plain = [torch.tensor([[0.05, 0.01, 0.40]])]
+    alternates = [[]]
+    ran = []
+
+    def run(plan):
+        ran.append({i: t.nonzero().flatten().tolist() for i, t in plan.items()})
+        err = torch.full((1, new), 0.5)
+        if 1 in plan:  # layer 1's swap at position 3 alone matches the side
+            err[0, 2] = 0.02
+        alternates[0].append((err, torch.tensor([[False, False, True]])))
+
+    forwards = Referee._refine(ties, seq, prompt_len, plain, alternates, run)
+    assert ran == [{0: [3]}, {1: [3]}] and forwards == 2
+    assert combine(plain[0], alternates[0])[0].max() == 0.05

@@ -18,14 +18,17 @@ import torch
 from tilegym_hf_bench.errors import BenchError
 from tilegym_hf_bench.router_forms import RouterForm, form_of
 from tilegym_hf_bench.routing_rule import (
+    MAX_REFINE_FORWARDS,
     combine,
     eligible_tokens,
+    layer_swaps_at,
     near_tied,
     same_selection,
     score_noise,
     swap_plans,
     swapped_selection,
     tie_margin,
+    worst_to_refine,
 )
 from tilegym_hf_bench.scoring import finite_or_none, input_mask, reference_logits, token_errors
 
@@ -212,20 +215,49 @@ class Referee:
         plans, unplanned = swap_plans(ties, seq.shape[0], prompt_len - 1)
         new_tokens = seq.shape[1] - prompt_len
         alternates: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in sides]
-        for plan in plans:
+
+        def run(plan: dict[int, torch.Tensor]) -> None:
             with forcing(self.ref_model, plan):
                 alt = reference_logits(self.ref_model, seq, prompt_len, mask)
             swapped = torch.stack(list(plan.values())).any(dim=0).view(real_positions.shape)
             eligible = eligible_tokens(swapped, prompt_len, new_tokens)
             for logits, found in zip(sides, alternates, strict=True):
                 found.append((token_errors(logits, alt), eligible))
-            del alt
+
+        for plan in plans:
+            run(plan)
+        plain = [token_errors(logits, reference) for logits in sides]
+        forwards = len(plans) + self._refine(ties, seq, prompt_len, plain, alternates, run)
         scored = []
-        for logits, found in zip(sides, alternates, strict=True):
-            plain = token_errors(logits, reference)
-            best, took = combine(plain, found)
-            scored.append(SideErrors(plain, best, took))
-        return Refereed(int(sum(int(t.sum()) for t in ties)), len(plans), unplanned, scored)
+        for errors, found in zip(plain, alternates, strict=True):
+            best, took = combine(errors, found)
+            scored.append(SideErrors(errors, best, took))
+        return Refereed(int(sum(int(t.sum()) for t in ties)), forwards, unplanned, scored)
+
+    @staticmethod
+    def _refine(ties, seq, prompt_len: int, plain, alternates, run) -> int:
+        """Swap each near-tied layer alone at a side's worst token while that token has not had
+        it (``worst_to_refine``), up to ``MAX_REFINE_FORWARDS``; the forwards run."""
+        positions = seq.shape[1] - 1
+        refined = [torch.zeros_like(p, dtype=torch.bool) for p in plain]
+        forwards = 0
+        while forwards < MAX_REFINE_FORWARDS:
+            targets = set()
+            for errors, found, done in zip(plain, alternates, refined, strict=True):
+                worst = worst_to_refine(combine(errors, found)[0], done)
+                if worst is not None:
+                    targets.add(worst)
+            if not targets:
+                break
+            for row, j in sorted(targets):
+                for done in refined:
+                    done[row, j] = True
+                for plan in layer_swaps_at(ties, row * positions + prompt_len - 1 + j):
+                    if forwards == MAX_REFINE_FORWARDS:
+                        break
+                    run(plan)
+                    forwards += 1
+        return forwards
 
 
 def _sides(values: list) -> dict:

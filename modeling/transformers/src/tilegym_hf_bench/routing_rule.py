@@ -23,11 +23,12 @@ TIE_MARGIN_FACTOR = 2.0
 #: (128) and decode (256) workloads (at 64, mixtral's workload case on the H200 left 50 / 57
 #: positions unplanned; at 256 none, for 235 fp32 forwards instead of 138).
 MAX_POSITION_PLANS = 256
-#: At most this many plans swap one layer's near-tie at one scored position (after the plans
-#: above). A side that flipped one of a position's near-tied layers differs from a plan that
-#: swaps them all (mixtral on the H200: one token of 128 at 0.329 against fp32 with all four
-#: swapped, 0.030 with only layer 0's; ``benchmarks/e2e/moe_referee_tokens.py``).
-MAX_LAYER_PLANS = 768
+#: At most this many forwards refine a row's worst tokens (``worst_to_refine``): one per layer
+#: near-tied at the worst token's position, that layer's tie alone. A side that flipped one of
+#: a position's near-tied layers differs from the plan that swaps them all (mixtral on the
+#: H200: one token of 128 at 0.329 against fp32 with its three near-tied layers swapped, 0.030
+#: with only layer 0's; ``benchmarks/e2e/moe_referee_tokens.py``).
+MAX_REFINE_FORWARDS = 256
 
 
 def selection_gap(scores: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
@@ -94,10 +95,7 @@ def swap_plans(
       wholesale, and swapping other near-ties with it would move them through attention;
     - each layer's near-ties, then all of them together: a flip in the prompt reaches the
       generated tokens through attention only, and a token may sit on near-ties in several
-      layers;
-    - where a scored position is near-tied in more than one layer, each of those layers' tie
-      there alone (at most ``MAX_LAYER_PLANS``, in position order): bf16 usually flips one of
-      them, not all. Larger subsets are not tried (2^layers forwards a position)."""
+      layers."""
     plans: list[dict[int, torch.Tensor]] = []
 
     def add(plan: dict[int, torch.Tensor]) -> None:
@@ -116,16 +114,6 @@ def swap_plans(
     for i in tied:
         add({i: ties[i]})
     add({i: ties[i] for i in tied})
-    singles = 0
-    for j in range(1, min(int(rank.max()), MAX_POSITION_PLANS) + 1):
-        at = (rank == j).flatten()
-        here = [i for i in tied if bool((ties[i] & at).any())]
-        for i in here if len(here) > 1 else ():
-            if singles == MAX_LAYER_PLANS:
-                break
-            before = len(plans)
-            add({i: ties[i] & at})
-            singles += len(plans) - before
     return plans, int((rank > MAX_POSITION_PLANS).sum())
 
 
@@ -143,3 +131,27 @@ def combine(
     for err, eligible in alternates:
         best = torch.where(eligible & (err < best), err, best)
     return best, best < plain
+
+
+def layer_swaps_at(ties: list[torch.Tensor], token: int) -> list[dict[int, torch.Tensor]]:
+    """Where flat token ``token`` is near-tied in two or more MoE layers: one plan per such
+    layer swapping that layer's tie at that token alone (none otherwise: the position plan
+    already swaps a single layer's tie)."""
+    layers = [i for i, t in enumerate(ties) if bool(t[token])]
+    if len(layers) < 2:
+        return []
+    plans = []
+    for i in layers:
+        only = torch.zeros_like(ties[i])
+        only[token] = True
+        plans.append({i: only})
+    return plans
+
+
+def worst_to_refine(best: torch.Tensor, refined: torch.Tensor) -> tuple[int, int] | None:
+    """(row, generated token) of ``best`` [B, N]'s largest error if that token is not
+    ``refined`` [B, N] bool yet, else None: a side's maximum is final once it sits on a token
+    whose single-layer swaps were all tried (or that has none)."""
+    flat = int(best.flatten().argmax())
+    row, j = divmod(flat, best.shape[1])
+    return None if bool(refined[row, j]) else (row, j)
