@@ -34,11 +34,12 @@ import torch
 from _sides import CUTILE, PYTORCH, static_sides
 from tilegym_hf_bench.correctness_check import case_inputs, generate_case
 from tilegym_hf_bench.model_factory import fp32_reference
-from tilegym_hf_bench.routing import Referee, forcing
+from tilegym_hf_bench.presets import PRESETS
+from tilegym_hf_bench.routing import Referee, forcing, routers
 from tilegym_hf_bench.routing_rule import near_tied
 from tilegym_hf_bench.scoring import cases, input_mask, reference_logits, token_errors
 from tilegym_hf_bench.tolerance import REL_ERR_FACTOR, REL_ERR_FLOOR
-from tilegym_hf_bench.workloads import DEFAULT_SEED
+from tilegym_hf_bench.workloads import DEFAULT_SEED, WORKLOADS
 
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -97,16 +98,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worst", type=int, default=3, help="tokens a side explains")
     parser.add_argument("--show", type=int, default=8, help="worst tokens listed a side")
     args = parser.parse_args(argv)
+    if args.model_key not in PRESETS:
+        parser.error(f"--model-key {args.model_key!r} is not a preset ({', '.join(PRESETS)})")
+    if args.workload not in WORKLOADS:
+        parser.error(f"--workload {args.workload!r} is not one of {', '.join(WORKLOADS)}")
+    if args.worst < 0 or args.show < 0:
+        parser.error("--worst and --show must be at least 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: needs a CUDA GPU (or --device cpu with a tiny preset)", file=sys.stderr)
+        return 2
 
     seed = args.seed
     wl, gens, _report = static_sides(
         args.model_key, args.workload, seed, args.device, cpu_sized=args.device == "cpu"
     )
     base_model = gens[PYTORCH].model
+    if not routers(base_model):
+        print(f"error: {args.model_key} has no MoE router the referee knows", file=sys.stderr)
+        return 2
     case = cases(wl.batch_size, wl.input_length, wl.output_length)[0]
     ids, mask = case_inputs(case, base_model.config.get_text_config().vocab_size, seed)
     if mask is not None:
-        print("error: the workload case is padded; this tool scores unpadded cases only")
+        print(
+            "error: the workload case is padded; this tool scores unpadded cases only",
+            file=sys.stderr,
+        )
         return 2
     prompt_len = case.input_length
     eager_case = replace(case, timed_path=False)
@@ -122,9 +138,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# generated: {name}", flush=True)
 
     referee = Referee(fp32_reference(base_model), base_model)
-    if not referee.moe_layers:
-        print(f"error: {args.model_key} has no MoE router the referee knows")
-        return 2
     base = sides[0]
     ref0, routed0 = referee.plain(base.seq, prompt_len)
     margins = referee.margins(base.seq, prompt_len, None, routed0)

@@ -204,8 +204,9 @@ class Referee:
         sides: list[torch.Tensor],
     ) -> Refereed:
         """Score the logits ``sides`` (each [B, N, V], generated along ``seq``) against
-        ``reference`` and each alternate routing of ``seq`` (``routing_rule.swap_plans``):
-        one fp32 forward per plan, scored for every side at once and dropped."""
+        ``reference`` and each alternate routing of ``seq`` (``routing_rule.swap_plans``, then
+        the single-layer swaps at each side's worst tokens, ``_refine``): one fp32 forward per
+        plan, scored for every side at once and dropped."""
         real_positions = input_mask(seq, prompt_len, mask)
         real = real_positions.flatten().bool()
         ties = [
