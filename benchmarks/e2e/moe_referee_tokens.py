@@ -14,8 +14,9 @@ as the benchmark does (``routing.Referee``, margins from the PyTorch static side
   tolerance the benchmark would set (1.5 x the PyTorch static side's max + 1e-3), the worst
   tokens with their plain and refereed errors;
 - for each side's ``--worst`` tokens: the smallest error against fp32 with every subset of that
-  position's near-tied layers swapped (the benchmark's per-position plan swaps them all at once),
-  and with the best subset plus one layer's near-ties over the whole prefix.
+  position's near-tied layers swapped (the benchmark tries all of them at once, and at a side's
+  worst tokens each alone), and with the best subset plus one layer's near-ties over the whole
+  prefix.
 
 A right kernel's static and eager sides look like PyTorch's (a few tokens above the bar, each
 explained by some subset); a wrong one is above it on most tokens and no swap explains them.

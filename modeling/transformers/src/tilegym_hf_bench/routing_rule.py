@@ -23,8 +23,9 @@ TIE_MARGIN_FACTOR = 2.0
 #: (128) and decode (256) workloads (at 64, mixtral's workload case on the H200 left 50 / 57
 #: positions unplanned; at 256 none, for 235 fp32 forwards instead of 138).
 MAX_POSITION_PLANS = 256
-#: At most this many forwards refine a row's worst tokens (``worst_to_refine``): one per layer
-#: near-tied at the worst token's position, that layer's tie alone. A side that flipped one of
+#: At most this many forwards refine the worst tokens of one scored sequence
+#: (``worst_to_refine``): one per layer near-tied at the worst token's position, that layer's
+#: tie alone. A side that flipped one of
 #: a position's near-tied layers differs from the plan that swaps them all (mixtral on the
 #: H200: one token of 128 at 0.329 against fp32 with its three near-tied layers swapped, 0.030
 #: with only layer 0's; ``benchmarks/e2e/moe_referee_tokens.py``).
@@ -136,7 +137,7 @@ def combine(
 def layer_swaps_at(ties: list[torch.Tensor], token: int) -> list[dict[int, torch.Tensor]]:
     """Where flat token ``token`` is near-tied in two or more MoE layers: one plan per such
     layer swapping that layer's tie at that token alone (none otherwise: the position plan
-    already swaps a single layer's tie)."""
+    already swaps a single layer's tie, except at a position past ``MAX_POSITION_PLANS``)."""
     layers = [i for i, t in enumerate(ties) if bool(t[token])]
     if len(layers) < 2:
         return []
