@@ -7,12 +7,16 @@ MoE whose router is near-tied on many tokens (mixtral: 3945 near-ties on 2176 to
 layers), that maximum alone cannot tell a kernel that computes something else from a side that
 landed on an unplanned combination of flips. This runs the case's prompt (the benchmark's seed,
 ``correctness_check.case_inputs``) through four sides in one process, PyTorch and the cuTile
-patch each in static mode (the compiled decode step the benchmark times) and eager, scores each
-as the benchmark does (``routing.Referee``, margins from the PyTorch static side), and prints:
+patch each in static mode (the compiled decode step the benchmark times) and eager
+(``--static-only``: not), scores each as the benchmark does (``routing.Referee``, margins from
+the PyTorch static side), and prints:
 
 - per side: the refereed error's quantiles over the generated tokens, how many tokens exceed the
   tolerance the benchmark would set (1.5 x the PyTorch static side's max + 1e-3), the worst
-  tokens with their plain and refereed errors;
+  tokens with their plain and refereed errors; and the error against fp32 routed, layer by
+  layer and token by token, as the bf16 PyTorch model routes that sequence teacher-forced (no
+  judge can use this for the cuTile side, whose routing it cannot see; it tells whether routing
+  flips explain a side's error at all);
 - for each side's ``--worst`` tokens: the smallest error against fp32 with every subset of that
   position's near-tied layers swapped (the benchmark tries all of them at once, and at a side's
   worst tokens each alone), and with the best subset plus one layer's near-ties over the whole
@@ -36,7 +40,7 @@ from _sides import CUTILE, PYTORCH, static_sides
 from tilegym_hf_bench.correctness_check import case_inputs, generate_case
 from tilegym_hf_bench.model_factory import fp32_reference
 from tilegym_hf_bench.presets import PRESETS
-from tilegym_hf_bench.routing import Referee, forcing, routers
+from tilegym_hf_bench.routing import Referee, following, forcing, recording, routers
 from tilegym_hf_bench.routing_rule import near_tied
 from tilegym_hf_bench.scoring import cases, input_mask, reference_logits, token_errors
 from tilegym_hf_bench.tolerance import REL_ERR_FACTOR, REL_ERR_FLOOR
@@ -90,6 +94,16 @@ def subset_errors(referee, side, prompt_len, ties, j, prefix_layers):
     return layers, best, best_subset, best_prefix, prefix_layer
 
 
+def following_bf16(referee, seq, prompt_len: int) -> torch.Tensor:
+    """fp32 logits of ``seq`` with every MoE layer routed as the bf16 PyTorch model routes the
+    same sequence teacher-forced: if a side's error against this is small where the referee's
+    is large, routing flips the plans do not cover explain it; if not, something else does."""
+    with recording(referee.baseline_model) as low:
+        reference_logits(referee.baseline_model, seq, prompt_len)
+    with following(referee.ref_model, low.chosen):
+        return reference_logits(referee.ref_model, seq, prompt_len)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-key", default="mixtral")
@@ -98,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--worst", type=int, default=3, help="tokens a side explains")
     parser.add_argument("--show", type=int, default=8, help="worst tokens listed a side")
+    parser.add_argument("--static-only", action="store_true", help="leave out the eager sides")
     args = parser.parse_args(argv)
     if args.model_key not in PRESETS:
         parser.error(f"--model-key {args.model_key!r} is not a preset ({', '.join(PRESETS)})")
@@ -128,12 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     prompt_len = case.input_length
     eager_case = replace(case, timed_path=False)
     sides = []
-    for name, gen, c in (
-        (PYTORCH, gens[PYTORCH], case),
-        (CUTILE, gens[CUTILE], case),
-        ("PyTorch eager", gens[PYTORCH], eager_case),  # generate_case's own eager Generator
-        ("cuTile eager", gens[CUTILE], eager_case),
-    ):
+    runs = [(PYTORCH, gens[PYTORCH], case), (CUTILE, gens[CUTILE], case)]
+    if not args.static_only:  # generate_case makes its own eager Generator
+        runs += [
+            ("PyTorch eager", gens[PYTORCH], eager_case),
+            ("cuTile eager", gens[CUTILE], eager_case),
+        ]
+    for name, gen, c in runs:
         seq, logits = generate_case(gen, c, ids, mask)
         sides.append(Side(name, seq.to(args.device), logits.to(args.device)))
         print(f"# generated: {name}", flush=True)
@@ -180,12 +196,20 @@ def main(argv: list[str] | None = None) -> int:
             f" {run.forwards} fp32 forwards, {run.near_ties} near-ties, {run.unplanned} unplanned;"
             f" {agree}"
         )
+        followed = token_errors(side.logits, following_bf16(referee, side.seq, prompt_len))[0]
+        print(
+            f"against fp32 routed as the bf16 PyTorch model routes this sequence (one forward, "
+            f"teacher-forced): max {float(followed.max()):.3f}, {quantile_text(followed)}"
+        )
         order = torch.argsort(side.best, descending=True).tolist()
-        print("| token | refereed | plain | near-tied layers at its position |")
-        print("|---|---|---|---|")
+        print("| token | refereed | plain | routed as bf16 PyTorch | near-tied layers here |")
+        print("|---|---|---|---|---|")
         for j in order[: args.show]:
             layers = [i for i, t in enumerate(ties) if bool(t[prompt_len - 1 + j])]
-            print(f"| {j} | {float(side.best[j]):.3f} | {float(side.plain[j]):.3f} | {layers} |")
+            print(
+                f"| {j} | {float(side.best[j]):.3f} | {float(side.plain[j]):.3f} "
+                f"| {float(followed[j]):.3f} | {layers} |"
+            )
         for j in order[: args.worst]:
             layers, best, subset, best_prefix, layer = subset_errors(
                 referee, side, prompt_len, ties, j, range(len(ties))
