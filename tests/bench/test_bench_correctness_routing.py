@@ -10,7 +10,7 @@ from tilegym_hf_bench.generation import Generator, make_input_ids
 from tilegym_hf_bench.metrics import assemble
 from tilegym_hf_bench.metrics_schema import validation_errors
 from tilegym_hf_bench.model_factory import fp32_reference, random_model, twin_sharing_weights
-from tilegym_hf_bench.routing import forcing, recording, routers
+from tilegym_hf_bench.routing import forcing, recording, routers, routing_line
 from tilegym_hf_bench.routing_rule import swapped_selection
 from tilegym_hf_bench.scoring import cases, reference_logits, token_errors
 from tilegym_hf_bench.tolerance import MAX_BASELINE_REL_ERR
@@ -77,6 +77,12 @@ def test_a_bf16_routing_flip_no_longer_leaves_fp32_unable_to_referee():
     assert padded["baseline_rel_err"] < 0.02
     assert routing["alternate_tokens"]["baseline"] > 0
     assert routing["margin"] == [2 * n for n in routing["noise"]] and min(routing["noise"]) > 0
+    for side, worst in (
+        ("baseline", padded["baseline_rel_err"]),
+        ("cutile", padded["logits_rel_err"]),
+    ):
+        q = routing["refereed_quantiles"][side]
+        assert 0 < q["p50"] <= q["p90"] <= worst
     assert all(c["baseline_rel_err"] < MAX_BASELINE_REL_ERR for c in result["cases"])
     assert recheck_correctness(result) == (True, None)
     doc = assemble(
@@ -113,3 +119,24 @@ def test_a_dense_model_is_scored_exactly_as_against_plain_fp32():
         assert got["baseline_rel_err"] == float(expected.max())
         assert got["routing"] is None
     assert routers(ref) == []
+
+
+def test_the_log_line_gives_the_refereed_quantiles_where_the_block_has_them():
+    block = {
+        "moe_layers": 2,
+        "noise": [0.01, 0.02],
+        "margin": [0.02, 0.04],
+        "near_ties": {"baseline": 3, "cutile": 4},
+        "unplanned": {"baseline": 0, "cutile": 0},
+        "extra_forwards": 5,
+        "alternate_tokens": {"baseline": 1, "cutile": 2},
+        "plain_rel_err": {"baseline": 0.5, "cutile": 0.6},
+        "refereed_quantiles": {
+            "baseline": {"p50": 0.01, "p90": 0.02},
+            "cutile": {"p50": 0.011, "p90": 0.03},
+        },
+    }
+    line = routing_line(block)
+    assert line.endswith("refereed token rel err p50/p90 1.000e-02/2.000e-02 / 1.100e-02/3.000e-02")
+    del block["refereed_quantiles"]  # a file from before the field: the line without it
+    assert routing_line(block).endswith("plain fp32 max token rel err 5.000e-01 / 6.000e-01")
