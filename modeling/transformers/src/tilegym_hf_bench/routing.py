@@ -241,11 +241,12 @@ class Referee:
         it (``worst_to_refine``), up to ``MAX_REFINE_FORWARDS``; the forwards run."""
         positions = seq.shape[1] - 1
         refined = [torch.zeros_like(p, dtype=torch.bool) for p in plain]
+        best = [combine(errors, found)[0] for errors, found in zip(plain, alternates, strict=True)]
         forwards = 0
         while forwards < MAX_REFINE_FORWARDS:
             targets = set()
-            for errors, found, done in zip(plain, alternates, refined, strict=True):
-                worst = worst_to_refine(combine(errors, found)[0], done)
+            for side_best, done in zip(best, refined, strict=True):
+                worst = worst_to_refine(side_best, done)
                 if worst is not None:
                     targets.add(worst)
             if not targets:
@@ -258,6 +259,10 @@ class Referee:
                         break
                     run(plan)
                     forwards += 1
+                    # the running minimum takes the new alternate alone (``combine`` is one)
+                    best = [
+                        combine(b, found[-1:])[0] for b, found in zip(best, alternates, strict=True)
+                    ]
         return forwards
 
 
