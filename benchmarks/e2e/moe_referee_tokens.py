@@ -18,8 +18,9 @@ the PyTorch static side), and prints:
   judge can use this for the cuTile side, whose routing it cannot see; it tells whether routing
   flips explain a side's error at all);
 - for each side's ``--worst`` tokens: the smallest error against fp32 with every subset of that
-  position's near-tied layers swapped (the benchmark tries all of them at once, and at a side's
-  worst tokens each alone), and with the best subset plus one layer's near-ties over the whole
+  position's near-tied sites swapped (a site: a layer's experts, ``3``, or the groups a
+  DeepSeek router keeps, ``g3``; the benchmark tries all of them at once, and at a side's
+  worst tokens each alone), and with the best subset plus one site's near-ties over the whole
   prefix.
 
 A right kernel's static and eager sides look like PyTorch's (a few tokens above the bar, each
@@ -41,7 +42,6 @@ from tilegym_hf_bench.correctness_check import case_inputs, generate_case
 from tilegym_hf_bench.model_factory import fp32_reference
 from tilegym_hf_bench.presets import PRESETS
 from tilegym_hf_bench.routing import Referee, following, forcing, recording, routers
-from tilegym_hf_bench.routing_rule import near_tied
 from tilegym_hf_bench.scoring import cases, input_mask, reference_logits, token_errors
 from tilegym_hf_bench.tolerance import REL_ERR_FACTOR, REL_ERR_FLOOR
 from tilegym_hf_bench.workloads import DEFAULT_SEED, WORKLOADS
@@ -63,14 +63,15 @@ def quantile_text(errors: torch.Tensor) -> str:
     return " ".join(f"p{int(100 * p)} {v:.3f}" for p, v in zip(QUANTILES, q.tolist(), strict=True))
 
 
-def subset_errors(referee, side, prompt_len, ties, j, prefix_layers):
-    """(best error over subsets of position j's near-tied layers, that subset, best error with
-    that subset plus one layer's prefix near-ties, that layer): errors of token j only."""
+def subset_errors(referee, side, prompt_len, ties, j, prefix_sites):
+    """(position j's near-tied sites, the best error over their subsets, that subset, the best
+    error with that subset plus one site's prefix near-ties, that site): errors of token j
+    only. Sites are indices into ``referee.sites`` (a layer's experts, or its groups)."""
     pos = prompt_len - 1 + j
     seq_len = side.seq.shape[1] - 1
     at = torch.zeros(seq_len, dtype=torch.bool, device=side.seq.device)
     at[pos] = True
-    layers = [i for i, t in enumerate(ties) if bool(t[pos])]
+    sites = [i for i, t in enumerate(ties) if bool(t[pos])]
 
     def err(plan):
         with forcing(referee.ref_model, plan):
@@ -78,20 +79,20 @@ def subset_errors(referee, side, prompt_len, ties, j, prefix_layers):
         return float(token_errors(side.logits[:, j : j + 1], alt[:, j : j + 1])[0, 0])
 
     best, best_subset = float("inf"), ()
-    for r in range(1, len(layers) + 1):
-        for subset in itertools.combinations(layers, r):
+    for r in range(1, len(sites) + 1):
+        for subset in itertools.combinations(sites, r):
             e = err({i: at for i in subset})
             if e < best:
                 best, best_subset = e, subset
-    best_prefix, prefix_layer = float("inf"), None
+    best_prefix, prefix_site = float("inf"), None
     before = torch.arange(seq_len, device=at.device) < pos
-    for layer in prefix_layers:
+    for site in prefix_sites:
         plan = {i: at for i in best_subset}
-        plan[layer] = (plan.get(layer, torch.zeros_like(at))) | (ties[layer] & before)
+        plan[site] = plan.get(site, torch.zeros_like(at)) | (ties[site] & before)
         e = err(plan)
         if e < best_prefix:
-            best_prefix, prefix_layer = e, layer
-    return layers, best, best_subset, best_prefix, prefix_layer
+            best_prefix, prefix_site = e, site
+    return sites, best, best_subset, best_prefix, prefix_site
 
 
 def following_bf16(referee, seq, prompt_len: int) -> torch.Tensor:
@@ -176,10 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         if tolerance is None:
             tolerance = REL_ERR_FACTOR * float(side.best.max()) + REL_ERR_FLOOR
         real = input_mask(side.seq, prompt_len).flatten().bool()
-        ties = [
-            near_tied(r, c, m, real)
-            for r, c, m in zip(routed.ranking, routed.chosen, margins.margin, strict=True)
-        ]
+        ties = referee.ties(routed, margins.margin, real)
+        labels = [site.label() for site in referee.sites]
         over = int((side.best > tolerance).sum())
         agree = (
             "same tokens as PyTorch static"
@@ -202,22 +201,23 @@ def main(argv: list[str] | None = None) -> int:
             f"teacher-forced): max {float(followed.max()):.3f}, {quantile_text(followed)}"
         )
         order = torch.argsort(side.best, descending=True).tolist()
-        print("| token | refereed | plain | routed as bf16 PyTorch | near-tied layers here |")
+        print("| token | refereed | plain | routed as bf16 PyTorch | near-tied sites here |")
         print("|---|---|---|---|---|")
         for j in order[: args.show]:
-            layers = [i for i, t in enumerate(ties) if bool(t[prompt_len - 1 + j])]
+            here = [labels[i] for i, t in enumerate(ties) if bool(t[prompt_len - 1 + j])]
             print(
                 f"| {j} | {float(side.best[j]):.3f} | {float(side.plain[j]):.3f} "
-                f"| {float(followed[j]):.3f} | {layers} |"
+                f"| {float(followed[j]):.3f} | {' '.join(here) or '-'} |"
             )
         for j in order[: args.worst]:
-            layers, best, subset, best_prefix, layer = subset_errors(
+            sites, best, subset, best_prefix, site = subset_errors(
                 referee, side, prompt_len, ties, j, range(len(ties))
             )
-            own = f"best subset {list(subset)} -> {best:.3f}" if layers else "no subset to swap"
+            names = " ".join(labels[i] for i in subset)
+            own = f"best subset [{names}] -> {best:.3f}" if sites else "no subset to swap"
             print(
-                f"token {j}: near-tied layers {layers}; {own}; plus layer {layer}'s prefix "
-                f"near-ties -> {best_prefix:.3f}",
+                f"token {j}: near-tied sites [{' '.join(labels[i] for i in sites)}]; {own}; "
+                f"plus site {labels[site]}'s prefix near-ties -> {best_prefix:.3f}",
                 flush=True,
             )
         del reference

@@ -1,5 +1,6 @@
 """The routing-aware referee's rule on plain tensors: near-ties, the other side of a tie, the
-margin, which tokens an alternate may score, and the min over references."""
+margin, which tokens an alternate may score, and the min over references; a group limit's
+near-ties and the other side of them."""
 
 import math
 
@@ -10,12 +11,14 @@ from tilegym_hf_bench.routing_rule import (
     TIE_MARGIN_FACTOR,
     combine,
     eligible_tokens,
+    group_gap,
     layer_swaps_at,
     near_tied,
     same_selection,
     score_noise,
     selection_gap,
     swap_plans,
+    swapped_groups,
     swapped_selection,
     tie_margin,
     worst_to_refine,
@@ -37,6 +40,20 @@ def test_the_gap_is_the_weakest_chosen_score_minus_the_strongest_unchosen_one():
     assert torch.allclose(gap, torch.tensor([0.01, 0.15, 0.0]), atol=1e-6)
     every = torch.tensor([[0, 1, 2, 3]])
     assert math.isinf(float(selection_gap(SCORES[:1], every)[0]))  # nothing left to swap in
+
+
+def test_a_group_gap_is_the_weakest_kept_group_minus_the_strongest_dropped_one():
+    groups = torch.tensor([[0.9, 0.5, 0.48, 0.1], [0.3, 0.9, 0.1, 0.8]])
+    assert torch.allclose(group_gap(groups, 2), torch.tensor([0.02, 0.5]), atol=1e-6)
+    assert math.isinf(float(group_gap(groups[:1], 4)[0]))  # every group kept: no group tie
+
+
+def test_the_other_side_of_a_group_tie_trades_the_weakest_kept_group():
+    groups = torch.tensor([[0.9, 0.5, 0.48, 0.1], [0.3, 0.9, 0.1, 0.8]])
+    assert swapped_groups(groups, 2).tolist() == [
+        [True, False, True, False],
+        [True, True, False, False],
+    ]
 
 
 def test_only_real_tokens_closer_than_the_margin_are_near_ties():

@@ -1,6 +1,6 @@
-"""How each transformers MoE router ranks experts and weights a selection, so the referee can
-read the scores its top-k compares and give a swapped selection the weights the router itself
-would give it. Plain tensor functions of the router's logits (its first output) and its own
+"""How each transformers MoE router ranks experts (and, for DeepSeek's, the groups it keeps) and
+weights a selection, so the referee can read the scores its top-k compares and give a swapped
+selection the weights the router itself would give it. Plain tensor functions of the router's logits (its first output) and its own
 attributes; the forms are those of transformers 5.17 to 5.24 (the routers are the same there),
 and ``routing`` checks each against the router's own output on every recorded forward.
 """
@@ -14,6 +14,23 @@ import torch
 
 
 @dataclass(frozen=True)
+class GroupLimit:
+    """A router that keeps its best ``topk_group`` of ``num_group`` expert groups before its
+    top-k: bf16 can keep another group where two group scores are near-tied, and the token's
+    experts then change without any near-tie among the experts it could still choose."""
+
+    #: [T, G] the scores its group top-k ranks, from the router's logits
+    scores: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+    #: [T, E] the expert ranking with only the groups ``kept`` ([T, G] bool) open
+    within: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+    #: how far an error of at most e on every raw score moves a group score (a sum of the
+    #: group's two best: 2e; its best: e)
+    lipschitz: float
+    #: whether this router instance limits groups at all (it may keep every group)
+    limits: Callable[[torch.nn.Module], bool]
+
+
+@dataclass(frozen=True)
 class RouterForm:
     #: the scores its top-k ranks (-inf, or 0 for DeepSeek-V2, where a group limit masks them)
     ranking: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
@@ -21,6 +38,10 @@ class RouterForm:
     raw: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
     #: the weights it gives the experts ``indices`` [T, k]
     weights: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+    group: GroupLimit | None = None
+
+    def limits_groups(self, router: torch.nn.Module) -> bool:
+        return self.group is not None and self.group.limits(router)
 
 
 def _softmax(router, logits):
@@ -50,35 +71,59 @@ def _gpt_oss_weights(router, logits, indices):
     return torch.softmax(logits.float().gather(1, indices), dim=1)
 
 
-def _group_mask(router, group_scores):
-    """[T, E] bool: the experts in the ``topk_group`` best groups."""
+def kept_groups(router, group_scores):
+    """[T, G] bool: the ``topk_group`` best groups."""
     idx = torch.topk(group_scores, k=router.topk_group, dim=-1, sorted=False)[1]
-    groups = torch.zeros_like(group_scores).scatter(1, idx, 1.0).bool()
-    per_group = router.num_experts // router.num_group
-    return groups.repeat_interleave(per_group, dim=1)
+    return torch.zeros_like(group_scores, dtype=torch.bool).scatter(1, idx, True)
+
+
+def _experts_of(router, kept):
+    """[T, G] bool groups to [T, E] bool experts."""
+    return kept.repeat_interleave(router.num_experts // router.num_group, dim=1)
+
+
+def _grouped(router, scores):
+    return scores.view(-1, router.num_group, router.num_experts // router.num_group)
+
+
+def _v2_groups(router, logits):
+    return _grouped(router, _softmax(router, logits)).max(dim=-1).values
+
+
+def _v2_within(router, logits, kept):
+    return _softmax(router, logits).masked_fill(~_experts_of(router, kept), 0.0)
+
+
+def _v2_limits(router):
+    return router.topk_method == "group_limited_greedy" and router.topk_group < router.num_group
 
 
 def _v2_ranking(router, logits):
-    scores = _softmax(router, logits)
-    if router.topk_method != "group_limited_greedy":
-        return scores
-    grouped = scores.view(-1, router.num_group, router.num_experts // router.num_group)
-    return scores.masked_fill(~_group_mask(router, grouped.max(dim=-1).values), 0.0)
+    if not _v2_limits(router):
+        return _softmax(router, logits)
+    return _v2_within(router, logits, kept_groups(router, _v2_groups(router, logits)))
 
 
 def _v2_weights(router, logits, indices):
-    return _v2_ranking(router, logits).gather(1, indices) * router.routed_scaling_factor
+    """The chosen experts' softmax scores, scaled: unmasked, so a selection in other groups
+    than the router kept (a swapped group tie) is weighted as the router would weight it."""
+    return _softmax(router, logits).gather(1, indices) * router.routed_scaling_factor
 
 
 def _v3_raw(router, logits):
     return torch.sigmoid(logits.float()) + router.e_score_correction_bias.float()
 
 
+def _v3_groups(router, logits):
+    return _grouped(router, _v3_raw(router, logits)).topk(2, dim=-1)[0].sum(dim=-1)
+
+
+def _v3_within(router, logits, kept):
+    return _v3_raw(router, logits).masked_fill(~_experts_of(router, kept), float("-inf"))
+
+
 def _v3_ranking(router, logits):
-    choice = _v3_raw(router, logits)
-    grouped = choice.view(-1, router.num_group, router.num_experts // router.num_group)
-    top2 = grouped.topk(2, dim=-1)[0].sum(dim=-1)
-    return choice.masked_fill(~_group_mask(router, top2), float("-inf"))
+    return _v3_within(router, logits, kept_groups(router, _v3_groups(router, logits)))
 
 
 def _v3_weights(router, logits, indices):
@@ -97,8 +142,17 @@ FORMS: dict[str, RouterForm] = {
     "Qwen3MoeTopKRouter": _QWEN,
     "Qwen3NextTopKRouter": _QWEN,
     "GptOssTopKRouter": RouterForm(_gpt_oss_raw, _gpt_oss_raw, _gpt_oss_weights),
-    "DeepseekV2TopkRouter": RouterForm(_v2_ranking, _softmax, _v2_weights),
-    "DeepseekV3TopkRouter": RouterForm(_v3_ranking, _v3_raw, _v3_weights),
+    "DeepseekV2TopkRouter": RouterForm(
+        _v2_ranking, _softmax, _v2_weights, GroupLimit(_v2_groups, _v2_within, 1.0, _v2_limits)
+    ),
+    "DeepseekV3TopkRouter": RouterForm(
+        _v3_ranking,
+        _v3_raw,
+        _v3_weights,
+        GroupLimit(
+            _v3_groups, _v3_within, 2.0, lambda router: router.topk_group < router.num_group
+        ),
+    ),
 }
 
 

@@ -1,8 +1,10 @@
 """The routing-aware referee's I/O: forward hooks on the routers of a transformers MoE model
 (``router_forms``) that record what each router scored and chose, or give listed tokens the
 other side of their near-tie, and the fp32 forwards that make a side's references
-(``routing_rule`` decides). All of it runs in the measuring process, on the fp32 reference and
-the bf16 PyTorch baseline: nothing the judged worker returns but its tokens and logits.
+(``routing_rule`` decides). A router can be near-tied at two sites: among its experts, and, for
+one that keeps only its best groups of experts (DeepSeek), among those groups. All of it runs
+in the measuring process, on the fp32 reference and the bf16 PyTorch baseline: nothing the
+judged worker returns but its tokens and logits.
 
 A model without a known router takes no hook and no extra forward: its reference is exactly the
 plain one.
@@ -21,11 +23,13 @@ from tilegym_hf_bench.routing_rule import (
     MAX_REFINE_FORWARDS,
     combine,
     eligible_tokens,
+    group_gap,
     layer_swaps_at,
     near_tied,
     same_selection,
     score_noise,
     swap_plans,
+    swapped_groups,
     swapped_selection,
     tie_margin,
     worst_to_refine,
@@ -36,15 +40,42 @@ from tilegym_hf_bench.scoring import finite_or_none, input_mask, reference_logit
 @dataclass
 class Routed:
     """What the routers of one forward saw, one [T, E] or [T, k] tensor per MoE layer in model
-    order (T: batch x positions, row-major)."""
+    order (T: batch x positions, row-major); ``groups``: [T, G] group scores of a layer whose
+    router keeps only its best groups, None for the others."""
 
     ranking: list[torch.Tensor] = field(default_factory=list)
     raw: list[torch.Tensor] = field(default_factory=list)
     chosen: list[torch.Tensor] = field(default_factory=list)
+    groups: list[torch.Tensor | None] = field(default_factory=list)
 
 
 def routers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, RouterForm]]:
     return [(m, form) for m in model.modules() if (form := form_of(m)) is not None]
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a router can be near-tied: MoE layer ``layer``'s experts, or (``groups``) the
+    groups it keeps. A plan or a tie list indexes sites: first every layer's experts in model
+    order (site i is layer i's), then the groups of each group-limiting layer."""
+
+    layer: int
+    groups: bool = False
+    #: the group scores' margin in expert-score margins (``GroupLimit.lipschitz``)
+    scale: float = 1.0
+
+    def label(self) -> str:
+        return f"g{self.layer}" if self.groups else str(self.layer)
+
+
+def tie_sites(model: torch.nn.Module) -> list[Site]:
+    found = routers(model)
+    groups = [
+        Site(i, True, form.group.lipschitz)
+        for i, (router, form) in enumerate(found)
+        if form.limits_groups(router)
+    ]
+    return [Site(i) for i in range(len(found))] + groups
 
 
 def _check_form(router, form: RouterForm, logits, weights, indices) -> None:
@@ -77,6 +108,8 @@ def recording(model: torch.nn.Module, check: bool = False):
             routed.ranking.append(form.ranking(module, logits).detach())
             routed.raw.append(form.raw(module, logits).detach())
             routed.chosen.append(indices.detach())
+            limited = form.limits_groups(module)
+            routed.groups.append(form.group.scores(module, logits).detach() if limited else None)
 
         handles.append(router.register_forward_hook(hook))
     try:
@@ -88,22 +121,35 @@ def recording(model: torch.nn.Module, check: bool = False):
 
 @contextmanager
 def forcing(model: torch.nn.Module, swaps: dict[int, torch.Tensor]):
-    """Within: the router of MoE layer i gives the tokens ``swaps[i]`` ([T] bool) the other
-    side of their tie as its scores stand in that forward (``swapped_selection``), weighted as
-    the router weights any selection."""
+    """Within: the tokens ``swaps[n]`` ([T] bool) of tie site n (``tie_sites``) get the other
+    side of their tie as the router's scores stand in that forward: its weakest kept group
+    traded for its strongest dropped one and the experts chosen anew among those groups
+    (``swapped_groups``), then its weakest chosen expert for its strongest unchosen one
+    (``swapped_selection``); weighted as the router weights any selection."""
+    sites = tie_sites(model)
     handles = []
     for i, (router, form) in enumerate(routers(model)):
-        if i not in swaps:
+        at = {s.groups: swaps[n] for n, s in enumerate(sites) if s.layer == i and n in swaps}
+        if not at:
             continue
+        experts, groups = at.get(False), at.get(True)
 
-        def hook(module, args, output, form=form, tokens=swaps[i]):
+        def hook(module, args, output, form=form, experts=experts, groups=groups):
             logits, weights, indices = output
-            rows = tokens.nonzero().flatten()
-            picked = swapped_selection(form.ranking(module, logits)[rows], indices[rows])
+            ranking = form.ranking(module, logits).clone()
             indices = indices.clone()
-            indices[rows] = picked
+            if groups is not None:
+                rows = groups.nonzero().flatten()
+                kept = swapped_groups(form.group.scores(module, logits[rows]), module.topk_group)
+                ranking[rows] = form.group.within(module, logits[rows], kept)
+                indices[rows] = torch.topk(ranking[rows], indices.shape[1], dim=-1).indices
+            if experts is not None:
+                rows = experts.nonzero().flatten()
+                indices[rows] = swapped_selection(ranking[rows], indices[rows])
+            changed = [t for t in (experts, groups) if t is not None]
+            rows = torch.stack(changed).any(dim=0).nonzero().flatten()
             weights = weights.clone()
-            weights[rows] = form.weights(module, logits[rows], picked).to(weights.dtype)
+            weights[rows] = form.weights(module, logits[rows], indices[rows]).to(weights.dtype)
             return logits, weights, indices
 
         handles.append(router.register_forward_hook(hook))
@@ -169,7 +215,23 @@ class Referee:
     def __init__(self, ref_model: torch.nn.Module, baseline_model: torch.nn.Module):
         self.ref_model = ref_model
         self.baseline_model = baseline_model
-        self.moe_layers = len(routers(ref_model))
+        self.routers = routers(ref_model)
+        self.moe_layers = len(self.routers)
+        self.sites = tie_sites(ref_model)
+
+    def ties(self, high: Routed, margins: list[float], real: torch.Tensor) -> list[torch.Tensor]:
+        """Per tie site, [T] bool: the real tokens near-tied there in the forward ``high``
+        (a group score moves up to ``Site.scale`` times as far as an expert score)."""
+        found = []
+        for site in self.sites:
+            margin = site.scale * margins[site.layer]
+            if site.groups:
+                keep = self.routers[site.layer][0].topk_group
+                found.append((group_gap(high.groups[site.layer], keep) < margin) & real)
+            else:
+                i = site.layer
+                found.append(near_tied(high.ranking[i], high.chosen[i], margin, real))
+        return found
 
     def plain(self, seq, prompt_len: int, mask=None) -> tuple[torch.Tensor, Routed | None]:
         """(fp32 logits, its routing or None without MoE layers): one forward."""
@@ -208,11 +270,7 @@ class Referee:
         the single-layer swaps at each side's worst tokens, ``_refine``): one fp32 forward per
         plan, scored for every side at once and dropped."""
         real_positions = input_mask(seq, prompt_len, mask)
-        real = real_positions.flatten().bool()
-        ties = [
-            near_tied(r, c, m, real)
-            for r, c, m in zip(high.ranking, high.chosen, margins, strict=True)
-        ]
+        ties = self.ties(high, margins, real_positions.flatten().bool())
         plans, unplanned = swap_plans(ties, seq.shape[0], prompt_len - 1)
         new_tokens = seq.shape[1] - prompt_len
         alternates: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in sides]
@@ -237,7 +295,7 @@ class Referee:
 
     @staticmethod
     def _refine(ties, seq, prompt_len: int, plain, alternates, run) -> int:
-        """Swap each near-tied layer alone at a side's worst token while that token has not had
+        """Swap each near-tied site alone at a side's worst token while that token has not had
         it (``worst_to_refine``), up to ``MAX_REFINE_FORWARDS``; the forwards run."""
         positions = seq.shape[1] - 1
         refined = [torch.zeros_like(p, dtype=torch.bool) for p in plain]

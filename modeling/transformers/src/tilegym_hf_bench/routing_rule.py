@@ -56,6 +56,20 @@ def swapped_selection(scores: torch.Tensor, chosen: torch.Tensor) -> torch.Tenso
     return chosen.scatter(1, slot, other)
 
 
+def group_gap(group_scores: torch.Tensor, keep: int) -> torch.Tensor:
+    """Per token [T]: the weakest kept group's score minus the strongest dropped one's, for a
+    router keeping its ``keep`` best of the [T, G] ``group_scores``."""
+    return selection_gap(group_scores, torch.topk(group_scores, keep, dim=-1).indices)
+
+
+def swapped_groups(group_scores: torch.Tensor, keep: int) -> torch.Tensor:
+    """[T, G] bool: the ``keep`` best groups with the weakest replaced by the strongest dropped
+    one (the other side of a group tie)."""
+    kept = torch.topk(group_scores, keep, dim=-1).indices
+    other = swapped_selection(group_scores, kept)
+    return torch.zeros_like(group_scores, dtype=torch.bool).scatter(1, other, True)
+
+
 def same_selection(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[T] bool: the two [T, k] selections name the same experts (in any order)."""
     return (a.sort(dim=1).values == b.sort(dim=1).values).all(dim=1)
