@@ -1,8 +1,9 @@
 """How each transformers MoE router ranks experts (and, for DeepSeek's, the groups it keeps) and
 weights a selection, so the referee can read the scores its top-k compares and give a swapped
-selection the weights the router itself would give it. Plain tensor functions of the router's logits (its first output) and its own
-attributes; the forms are those of transformers 5.17 to 5.24 (the routers are the same there),
-and ``routing`` checks each against the router's own output on every recorded forward.
+selection the weights the router itself would give it. Plain tensor functions of the router's
+logits (its first output) and its own attributes; the forms are those of transformers 5.17 to
+5.24 (the routers are the same there), and ``routing`` checks each against the router's own
+output on every recorded forward.
 """
 
 from __future__ import annotations
