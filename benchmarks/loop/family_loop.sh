@@ -31,39 +31,17 @@ mkdir -p "$out"
 source "$root/benchmarks/loop/lib.sh"
 loop_repo
 
-flags() {  # FLAG=VALUE...: set this family's MODEL_PATCH_KWARGS flags in the repository
-  python3 "$root/benchmarks/loop/set_patch_flags.py" \
-    "$repo/modeling/transformers/src/tilegym_hf_bench/tilegym_patch.py" "$key" "$@"
-}
-
-save_ledger() {  # the ledger and its plot as they stand: a loop cut off later keeps these rounds
-  [ -f "$repo/sandbox/${key}_results.md" ] || return 0
-  cp "$repo/sandbox/${key}_results.md" "$out/ledger.md.tmp" && mv "$out/ledger.md.tmp" "$out/ledger.md"
-  "${bot[@]}" ledger show --model-key "$key" --plot "$out/ledger.png" > /dev/null
-}
-
-wanted() { [[ " ${LOOP_ROUNDS:-baseline cutile-linear cutile-attn drop-rope} " == *" $1 "* ]]; }
-
-round() {  # NAME DESCRIPTION FLAG=VALUE...: an experiment that flips flags, then its round
-  local name=$1 description=$2; shift 2
-  wanted "$name" || return 0
-  "${bot[@]}" experiment start --model-key "$key" --name "$name"
-  flags "$@"
-  git -C "$repo" commit -qam "$key: $description"
-  loop_run "$name" "$description" -- "${bench[@]}"
-  save_ledger
-}
-
+rounds="baseline cutile-linear cutile-attn drop-rope"
 bench=("$@")
 if [ "$(git -C "$repo" rev-list --count HEAD)" = 1 ]; then
   flags attn=False linear=False
   git -C "$repo" commit -qam "$key: attention and GEMMs in PyTorch (the loop's starting point)"
 fi
-if wanted baseline; then
-  "${bot[@]}" experiment start --model-key "$key" --name baseline
-  loop_run baseline "main as it is" -- "${bench[@]}"
-  save_ledger
+if wanted "$rounds" baseline; then baseline_round; fi
+if wanted "$rounds" cutile-linear; then
+  round cutile-linear "every projection on the cuTile GEMMs" linear=True
 fi
-round cutile-linear "every projection on the cuTile GEMMs" linear=True
-round cutile-attn "attention and the KV-cache write on cuTile" attn=True
-round drop-rope "RoPE back to PyTorch" rope=False
+if wanted "$rounds" cutile-attn; then
+  round cutile-attn "attention and the KV-cache write on cuTile" attn=True
+fi
+if wanted "$rounds" drop-rope; then round drop-rope "RoPE back to PyTorch" rope=False; fi

@@ -3,7 +3,10 @@
 #
 # The caller sets: out (a directory for the results), repo (the throwaway repository), root
 # (this checkout), and calls `loop_repo` once, then `loop_run` per experiment. LOOP_RUN_ARGS
-# (words) go to every `experiment run`, e.g. "--sampling-budget 240" to cap each round.
+# (words) go to every `experiment run`, e.g. "--sampling-budget 240" to cap each round. A
+# one-model loop also sets key (the model key) and bench (the bench args) and runs its
+# experiments as `round`s: each the change of some MODEL_PATCH_KWARGS entries, as an experiment
+# on that model may make; LOOP_ROUNDS (default: every round) names the rounds to run now.
 
 bot=()
 
@@ -44,4 +47,32 @@ loop_run() {  # NAME DESCRIPTION [experiment-run flags] -- [bench args]: one rou
   [ "$status" = 0 ] && [ -n "$report" ] && cp "$report" "$out/$name.comment.md"
   "${bot[@]}" experiment advance >/dev/null 2>&1 || "${bot[@]}" experiment reset >/dev/null 2>&1 || true
   return 0
+}
+
+flags() {  # FLAG=VALUE...: set this model's MODEL_PATCH_KWARGS entries in the repository
+  python3 "$root/benchmarks/loop/set_patch_flags.py" \
+    "$repo/modeling/transformers/src/tilegym_hf_bench/tilegym_patch.py" "$key" "$@"
+}
+
+save_ledger() {  # the ledger and its plot as they stand: a loop cut off later keeps these rounds
+  [ -f "$repo/sandbox/${key}_results.md" ] || return 0
+  cp "$repo/sandbox/${key}_results.md" "$out/ledger.md.tmp" && mv "$out/ledger.md.tmp" "$out/ledger.md"
+  "${bot[@]}" ledger show --model-key "$key" --plot "$out/ledger.png" > /dev/null
+}
+
+wanted() { [[ " ${LOOP_ROUNDS:-$1} " == *" $2 "* ]]; }  # EVERY-ROUND NAME
+
+baseline_round() {  # the ledger's first row: the repository's main as it is
+  "${bot[@]}" experiment start --model-key "$key" --name baseline
+  loop_run baseline "main as it is" -- "${bench[@]}"
+  save_ledger
+}
+
+round() {  # NAME DESCRIPTION FLAG=VALUE...: an experiment that sets entries, then its round
+  local name=$1 description=$2; shift 2
+  "${bot[@]}" experiment start --model-key "$key" --name "$name"
+  flags "$@"
+  git -C "$repo" commit -qam "$key: $description"
+  loop_run "$name" "$description" -- "${bench[@]}"
+  save_ledger
 }

@@ -1,4 +1,4 @@
-"""The scripted family loop's helpers: the flag edit an experiment makes, and bad usage."""
+"""The scripted loops' helpers: the flag edit an experiment makes, and bad usage."""
 
 from __future__ import annotations
 
@@ -45,6 +45,17 @@ def test_unknown_flags_and_model_types_are_errors():
         _module().set_flags(source, "gpt2", {"attn": False})
 
 
+def test_a_tuning_parameter_takes_an_integer_and_joins_the_entry():
+    source = PATCH.read_text()
+    edited = _module().set_flags(source, "qwen3", {"rope_heads": 2})
+    assert (
+        '"qwen3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, '
+        '"linear": True, "rope_heads": 2},' in edited
+    )
+    again = _module().set_flags(edited, "qwen3", {"rope_heads": 0})
+    assert '"linear": True, "rope_heads": 0},' in again
+
+
 def test_the_script_rewrites_a_file_in_place_and_reports_bad_input(tmp_path):
     table = tmp_path / "tilegym_patch.py"
     table.write_text(PATCH.read_text())
@@ -64,12 +75,18 @@ def test_the_script_rewrites_a_file_in_place_and_reports_bad_input(tmp_path):
     missing = run("qwen3_moe", "fast=True")
     assert missing.returncode == 1 and missing.stderr.startswith(f"{table}: error: unknown flags")
     assert run("nope", "rope=True").stderr == "error: unknown model key 'nope'\n"
+    assert run("qwen3", "rope_heads=2").returncode == 0
+    assert '"linear": True, "rope_heads": 2},' in table.read_text()
+    for item in ("rope_heads=two", "rope_heads=True", "linear=3"):
+        bad = run("qwen3", item)
+        assert bad.returncode == 2 and bad.stderr.startswith(f"error: {item}: expected"), item
 
 
 @pytest.mark.parametrize(
     "script,usage",
     [
         ("family_loop.sh", "OUT_DIR MODEL_KEY [bench args...]"),
+        ("speed_loop.sh", "OUT_DIR MODEL_KEY [bench args...]"),
         ("families_on_gpus.sh", "OUT_DIR KEY[,KEY...] [bench args...]"),
     ],
 )

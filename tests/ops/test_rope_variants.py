@@ -138,3 +138,25 @@ def test_auto_threshold_picks_both_kernels(gen, monkeypatch):
         rp.qk_norm_rope(qs, ks, w, w, 1e-6, cos, sin, variant="auto")
     assert seen[0] is rp.rope_kernel and seen[1] is rp.qk_norm_rope_kernel
     assert seen[2] is rp.rope_loop_kernel and seen[3] is rp.qk_norm_rope_loop_kernel
+
+
+@other_shard
+def test_decode_heads_spread_a_decode_step_over_one_block_a_head(gen, monkeypatch):
+    """With ``decode_heads`` 1 a decode call launches the head-loop kernels, one block per q
+    head and per k head (the per-token kernel: one block for all of them)."""
+    import cuda.tile as ct
+
+    seen = []
+    real = ct.launch
+
+    def spy(stream, grid, kernel, args):
+        seen.append((kernel, tuple(grid)))
+        return real(stream, grid, kernel, args)
+
+    monkeypatch.setattr(ct, "launch", spy)
+    q, k, cos, sin = _rope_inputs((1, 16, 8, 1, 128, 128, False), gen)
+    cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+    rp.apply_rope(q, k, cos, sin, decode_heads=1)
+    w = q[0, 0, 0]
+    rp.qk_norm_rope(q.transpose(1, 2), k.transpose(1, 2), w, w, 1e-6, cos, sin, decode_heads=1)
+    assert seen == [(rp.rope_loop_kernel, (24, 1, 1)), (rp.qk_norm_rope_loop_kernel, (24, 1, 1))]

@@ -65,6 +65,22 @@ def test_the_patched_family_compiles_with_a_static_cache(model_type):
     assert torch.equal(got, greedy(base, ids, mask))
 
 
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_decode_rope_heads_reach_the_ops_and_compute_the_same_model(model_type):
+    """``rope_heads`` (a tuning parameter, not a flag) goes through the custom ops' schema into
+    the RoPE kernels' dispatch, eagerly and in a compiled static decode step, and changes no
+    value (on a CPU the ops run their references)."""
+    torch._dynamo.reset()
+    base, patched, handle = _pair(model_type, rope_heads=2)
+    assert handle.applied == list(mp.FLAGS), handle.not_applied
+    ids, mask = left_padded_batch()
+    assert_same_as_upstream(base, patched, ids, mask)
+    cfg = CompileConfig(fullgraph=True, backend="aot_eager")
+    cfg._compile_all_devices = True
+    got = greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
+    assert torch.equal(got, greedy(base, ids, mask))
+
+
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_rope_left_to_pytorch_keeps_the_model_dtype_for_a_static_cache(model_type):
     """rope=False runs the family's own ``apply_rotary_pos_emb``: in bf16, q and k stay bf16

@@ -65,6 +65,14 @@ def test_dispatch_rejects_unknown_flags():
         mp.apply_tilegym_kernel(tiny_model("qwen3"), fused_everything=True)
 
 
+@pytest.mark.parametrize("heads", [-1, 65, 1.0, "2", True])
+def test_rope_heads_must_be_a_small_int(heads):
+    with pytest.raises(ValueError, match="rope_heads must be an int in 0..64"):
+        mp.apply_tilegym_kernel(tiny_model("qwen3"), rope_heads=heads)
+    with pytest.raises(ValueError, match="rope_heads must be an int in 0..64"):
+        mp.apply_tilegym_kernel_to_llama(model=tiny_model("llama"), rope_heads=heads)
+
+
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_dispatch_uses_config_model_type(model_type):
     model = tiny_model(model_type)

@@ -169,19 +169,21 @@ def _(x, residual, weight, next_weight, eps, unit_offset):
 
 
 @_op("apply_rope")
-def apply_rope_op(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+def apply_rope_op(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, decode_heads: int = 0
+) -> tuple[Tensor, Tensor]:
     with private_buffers():
-        return _rope.apply_rope(q, k, cos, sin)
+        return _rope.apply_rope(q, k, cos, sin, decode_heads=decode_heads)
 
 
 @apply_rope_op.register_kernel("cpu")
-def _(q, k, cos, sin):
+def _(q, k, cos, sin, decode_heads=0):
     qo, ko = _rope.apply_rope_reference(q, k, cos, sin)
     return qo.to(q.dtype).contiguous(), ko.to(k.dtype).contiguous()
 
 
 @apply_rope_op.register_fake
-def _(q, k, cos, sin):
+def _(q, k, cos, sin, decode_heads=0):
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
@@ -195,20 +197,31 @@ def qk_norm_rope_op(
     cos: Tensor,
     sin: Tensor,
     unit_offset: bool = False,
+    decode_heads: int = 0,
 ) -> tuple[Tensor, Tensor]:
     with private_buffers():
-        return _rope.qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin, unit_offset=unit_offset)
+        return _rope.qk_norm_rope(
+            q,
+            k,
+            q_weight,
+            k_weight,
+            eps,
+            cos,
+            sin,
+            unit_offset=unit_offset,
+            decode_heads=decode_heads,
+        )
 
 
 @qk_norm_rope_op.register_kernel("cpu")
-def _(q, k, q_weight, k_weight, eps, cos, sin, unit_offset=False):
+def _(q, k, q_weight, k_weight, eps, cos, sin, unit_offset=False, decode_heads=0):
     qo, ko = _rope.qk_norm_rope_reference(q, k, q_weight, k_weight, eps, cos, sin, unit_offset)
     dtype = _rms_norm.norm_dtype(q, q_weight, unit_offset)
     return qo.to(dtype).contiguous(), ko.to(dtype).contiguous()
 
 
 @qk_norm_rope_op.register_fake
-def _(q, k, q_weight, k_weight, eps, cos, sin, unit_offset=False):
+def _(q, k, q_weight, k_weight, eps, cos, sin, unit_offset=False, decode_heads=0):
     b, s, hq, d = q.shape
     dtype = _rms_norm.norm_dtype(q, q_weight, unit_offset)
     return q.new_empty((b, hq, s, d), dtype=dtype), q.new_empty((b, k.shape[2], s, d), dtype=dtype)
@@ -674,18 +687,25 @@ def rms_norm_add_rms_norm(
     return _rms_norm.rms_norm_add(x, residual, weight, eps, next_weight, unit_offset=unit_offset)
 
 
-def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+def apply_rope(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, decode_heads: int = 0
+) -> tuple[Tensor, Tensor]:
+    """``decode_heads``: see ``tilegym.ops.rope._pick``."""
     if _use_op(q):
-        return apply_rope_op(q, k, cos, sin)
-    return _rope.apply_rope(q, k, cos, sin)
+        return apply_rope_op(q, k, cos, sin, int(decode_heads))
+    return _rope.apply_rope(q, k, cos, sin, decode_heads=decode_heads)
 
 
 def qk_norm_rope(
-    q, k, q_weight, k_weight, eps, cos, sin, unit_offset: bool = False
+    q, k, q_weight, k_weight, eps, cos, sin, unit_offset: bool = False, decode_heads: int = 0
 ) -> tuple[Tensor, Tensor]:
     if _use_op(q):
-        return qk_norm_rope_op(q, k, q_weight, k_weight, float(eps), cos, sin, bool(unit_offset))
-    return _rope.qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin, unit_offset=unit_offset)
+        return qk_norm_rope_op(
+            q, k, q_weight, k_weight, float(eps), cos, sin, bool(unit_offset), int(decode_heads)
+        )
+    return _rope.qk_norm_rope(
+        q, k, q_weight, k_weight, eps, cos, sin, unit_offset=unit_offset, decode_heads=decode_heads
+    )
 
 
 def qk_norm_whole_rope(

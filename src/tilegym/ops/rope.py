@@ -202,12 +202,15 @@ QK_LOOP_OCCUPANCY = 3
 
 #: Variants the benchmark sweeps and the GPU tests check: name -> keyword arguments of
 #: ``apply_rope`` (``ROPE_VARIANTS``) / ``qk_norm_rope`` (``QK_VARIANTS``). "auto" is the
-#: default dispatch, "token" the per-token kernel, "l*" the head-loop kernel (l = heads per
+#: default dispatch ("auto-hN": with ``decode_heads`` N, what a model's ``rope_heads`` tuning
+#: launches), "token" the per-token kernel, "l*" the head-loop kernel (l = heads per
 #: block, t = tokens per block, L = latency hint, o = occupancy; sm_90 SASS: 70-154
 #: registers, no spills, no shared memory).
 ROPE_VARIANTS = {
     "auto": dict(),
     "token": dict(variant="token"),
+    "auto-h1": dict(decode_heads=1),
+    "auto-h2": dict(decode_heads=2),
     "l8-t16-L1-o4": dict(variant="loop", heads=8, tokens=16, latency=1, occupancy=4),
     "l2-t16-L1-o4": dict(variant="loop", heads=2, tokens=16, latency=1, occupancy=4),
     "l4-t16-L1-o4": dict(variant="loop", heads=4, tokens=16, latency=1, occupancy=4),
@@ -220,6 +223,8 @@ ROPE_VARIANTS = {
 QK_VARIANTS = {
     "auto": dict(),
     "token": dict(variant="token"),
+    "auto-h1": dict(decode_heads=1),
+    "auto-h2": dict(decode_heads=2),
     "l8-t16-L1-o3": dict(variant="loop", heads=8, tokens=16, latency=1, occupancy=3),
     "l8-t16-L2-o3": dict(variant="loop", heads=8, tokens=16, latency=2, occupancy=3),
     "l8-t16-L2-o4": dict(variant="loop", heads=8, tokens=16, latency=2, occupancy=4),
@@ -509,17 +514,34 @@ def _loop_grid(th: int, ts: int, hq: int, hk: int, seq: int, bsz: int) -> tuple[
 VARIANT_NAMES = ("token", "loop")
 
 
-def _pick(variant: str | None, default: str, token_max: int, ntok: int, flat: bool) -> str:
-    """The variant to launch: "auto" is "token" up to ``token_max`` tokens, "loop" above, and
-    "loop" at every size when the rotary halves are not whole power-of-two tiles (``flat``):
-    there the per-token kernel pads each half and took 27 us a decode step for Phi-3.5-mini's
-    32 heads of 96 (1 token; the loop kernel 8 us; H200, bench_rope.py --models phi3)."""
+def _pick(
+    variant: str | None,
+    default: str,
+    token_max: int,
+    ntok: int,
+    flat: bool,
+    decode_heads: int = 0,
+) -> tuple[str, int | None]:
+    """(the variant to launch, heads per "loop" block where the dispatch sets them, else None).
+
+    "auto" is "token" up to ``token_max`` tokens, "loop" above, and "loop" at every size when
+    the rotary halves are not whole power-of-two tiles (``flat``): there the per-token kernel
+    pads each half and took 27 us a decode step for Phi-3.5-mini's 32 heads of 96 (1 token; the
+    loop kernel 8 us; H200, bench_rope.py --models phi3). With ``decode_heads`` "auto" launches
+    the "loop" kernel with that many heads a block up to ``token_max`` tokens too: the per-token
+    kernel is one block a token, so at batch 1 one block normalizes and rotates every head
+    (qwen3's q/k norm + RoPE: 6.1 us a decode step on the H200, beside 1.3 us for the KV-cache
+    write), where one head a block spreads them over as many blocks."""
+    if decode_heads < 0:
+        raise ValueError(f"decode_heads must be >= 0, got {decode_heads}")
     v = variant or default
     if v == "auto":
-        return "token" if flat and ntok <= token_max else "loop"
+        if ntok <= token_max and decode_heads:
+            return "loop", decode_heads
+        return ("token" if flat and ntok <= token_max else "loop"), None
     if v not in VARIANT_NAMES:
         raise ValueError(f"unknown variant {v!r} (auto, {', '.join(VARIANT_NAMES)})")
-    return v
+    return v, None
 
 
 def apply_rope(
@@ -533,13 +555,16 @@ def apply_rope(
     occupancy=DEFAULT,
     heads: int | None = None,
     latency: int | None = None,
+    decode_heads: int = 0,
 ):
     """``apply_rotary_pos_emb(q, k, cos, sin)`` for (B, H, S, D) q/k (any strides).
 
     ``cos``/``sin`` are ``(B or 1, S, R)`` with ``R <= D`` (partial rotary: the rest of each
     head passes through). Returns new contiguous (B, H, S, D) tensors. ``variant`` ("auto",
     "token", "loop") and, for "loop", ``heads`` / ``tokens`` per block, ``latency`` and
-    ``occupancy`` hints pick a kernel variant (defaults: the ``ROPE_*`` constants).
+    ``occupancy`` hints pick a kernel variant (defaults: the ``ROPE_*`` constants);
+    ``decode_heads``: "auto" runs up to ``ROPE_TOKEN_MAX`` tokens on the "loop" kernel with that
+    many heads a block (0: the per-token kernel, see ``_pick``).
     """
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         check_activation(name, t)
@@ -556,7 +581,10 @@ def apply_rope(
     k_out = torch.empty((bsz, hk, seq, d), dtype=k.dtype, device=k.device)
     if not bsz * seq:
         return q_out, k_out
-    if _pick(variant, ROPE_VARIANT, ROPE_TOKEN_MAX, bsz * seq, _flat(rot, d)) == "token":
+    kind, small = _pick(
+        variant, ROPE_VARIANT, ROPE_TOKEN_MAX, bsz * seq, _flat(rot, d), decode_heads
+    )
+    if kind == "token":
         consts = rope_constants(hq, hk, d, rot)
         args = (q, k, cos, sin, q_out, k_out, batched, *consts)
         ct.launch(stream(), (bsz * seq, 1, 1), rope_kernel, args)
@@ -569,7 +597,7 @@ def apply_rope(
         ins = (_halves(q, rot), _halves(k, rot), *rest, _halves(cos, rot), _halves(sin, rot))
     outs = (*_halves_out(q_out, rot), *_halves_out(k_out, rot))
     outs += (q_out[..., rot:], k_out[..., rot:]) if tp else (q_out, k_out)
-    th = min(heads or ROPE_LOOP_HEADS, max(hq, hk))
+    th = min(heads or small or ROPE_LOOP_HEADS, max(hq, hk))
     ts = _tokens(tokens or ROPE_LOOP_TOKENS, seq)
     occ = ROPE_LOOP_OCCUPANCY if occupancy is DEFAULT else occupancy
     kernel = with_occupancy(rope_loop_kernel, occ, ROPE_LOOP_OCCUPANCY)
@@ -600,13 +628,14 @@ def qk_norm_rope(
     occupancy=DEFAULT,
     heads: int | None = None,
     latency: int | None = None,
+    decode_heads: int = 0,
 ):
     """Qwen3's ``q_norm``/``k_norm`` (per head) + transpose + RoPE, q and k in one launch
     (``unit_offset``: Gemma's ``(1 + weight)`` norms, outputs in q's dtype).
 
     ``q``/``k`` are the projections viewed ``(B, S, H, D)`` (any strides, e.g. slices of a
     fused QKV output); returns contiguous ``(B, H, S, D)`` q and k. Full rotary only.
-    Variant keywords: as for :func:`apply_rope` (``QK_*`` defaults).
+    Variant keywords and ``decode_heads``: as for :func:`apply_rope` (``QK_*`` defaults).
     """
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         check_activation(name, t)
@@ -626,7 +655,8 @@ def qk_norm_rope(
     if not bsz * seq:
         return q_out, k_out
     qw, kw = _last_contiguous(q_weight), _last_contiguous(k_weight)
-    if _pick(variant, QK_VARIANT, QK_TOKEN_MAX, bsz * seq, _flat(d, d)) == "token":
+    kind, small = _pick(variant, QK_VARIANT, QK_TOKEN_MAX, bsz * seq, _flat(d, d), decode_heads)
+    if kind == "token":
         tq, tk, tr = next_pow2(hq), next_pow2(hk), next_pow2(d // 2)
         args = (q, k, qw, kw, cos, sin, q_out, k_out, float(eps), batched, tq, tk, tr)
         ct.launch(stream(), (bsz * seq, 1, 1), qk_norm_rope_kernel, (*args, bool(unit_offset)))
@@ -634,7 +664,7 @@ def qk_norm_rope(
     ins = (q, k, qw, kw, cos, sin)
     if not _flat(d, d):
         ins = tuple(_halves(t, d) for t in ins)
-    th = min(heads or QK_LOOP_HEADS, max(hq, hk))
+    th = min(heads or small or QK_LOOP_HEADS, max(hq, hk))
     ts = _tokens(tokens or QK_LOOP_TOKENS, seq)
     occ = QK_LOOP_OCCUPANCY if occupancy is DEFAULT else occupancy
     kernel = with_occupancy(qk_norm_rope_loop_kernel, occ, QK_LOOP_OCCUPANCY)
@@ -699,7 +729,7 @@ def _token_counts(tokens: int) -> list[int]:
     return [1 << i for i in range(tokens.bit_length()) if 1 << i <= tokens]
 
 
-def _rope_sigs(kernel, dt, hq, hk, d, rot) -> list:
+def _rope_sigs(kernel, dt, hq, hk, d, rot, decode_heads=()) -> list:
     a5, a4, a3 = (array_sig(dt, n) for n in (5, 4, 3))
     i32 = ScalarConstraint(ct.int32)
     tq, tk, tr, tp = rope_constants(hq, hk, d, rot)
@@ -707,13 +737,12 @@ def _rope_sigs(kernel, dt, hq, hk, d, rot) -> list:
         return [signature(a4, a4, a3, a3, a4, a4, i32, tq, tk, tr, tp)]
     ins = (a4, a4, a4, a4, a3, a3) if _flat(rot, d) else (a5, a5, a4, a4, a4, a4)
     th = min(ROPE_LOOP_HEADS, max(hq, hk))
-    return [
-        signature(*ins, *(a4,) * 6, i32, th, ts, tr, tp, ROPE_LOOP_LATENCY)
-        for ts in _token_counts(ROPE_LOOP_TOKENS)
-    ]
+    plans = [(th, ts) for ts in _token_counts(ROPE_LOOP_TOKENS)]
+    plans += [p for p in ((min(h, max(hq, hk)), 1) for h in decode_heads) if p not in plans]
+    return [signature(*ins, *(a4,) * 6, i32, h, ts, tr, tp, ROPE_LOOP_LATENCY) for h, ts in plans]
 
 
-def _qk_sigs(kernel, dt, hq, hk, d, offset: bool = False) -> list:
+def _qk_sigs(kernel, dt, hq, hk, d, offset: bool = False, decode_heads=()) -> list:
     a5, a4, a3, a2, a1 = (array_sig(dt, n) for n in (5, 4, 3, 2, 1))
     i32, f32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
     tr = next_pow2(d // 2)
@@ -722,9 +751,11 @@ def _qk_sigs(kernel, dt, hq, hk, d, offset: bool = False) -> list:
         return [signature(a4, a4, a1, a1, a3, a3, a4, a4, f32, i32, *heads, tr, offset)]
     ins = (a4, a4, a1, a1, a3, a3) if _flat(d, d) else (a5, a5, a2, a2, a4, a4)
     th = min(QK_LOOP_HEADS, max(hq, hk))
+    plans = [(th, ts) for ts in _token_counts(QK_LOOP_TOKENS)]
+    plans += [p for p in ((min(h, max(hq, hk)), 1) for h in decode_heads) if p not in plans]
     return [
-        signature(*ins, a4, a4, a4, a4, f32, i32, th, ts, tr, QK_LOOP_LATENCY, offset)
-        for ts in _token_counts(QK_LOOP_TOKENS)
+        signature(*ins, a4, a4, a4, a4, f32, i32, h, ts, tr, QK_LOOP_LATENCY, offset)
+        for h, ts in plans
     ]
 
 
@@ -734,20 +765,25 @@ def aot_signatures(
     partial_rot=((32, 8, 64, 32),),
     ops=("rope", "qk"),
     unit_offsets=(False,),
+    decode_heads=(),
 ) -> dict:
     """AOT signatures of the kernels the defaults launch ("auto": the per-token kernel and the
     "loop" one): (q heads, kv heads, head dim) of Qwen3-0.6B and Llama-3.2-1B, plus a
     partial-rotary layout for RoPE; every tokens-per-block value. ``ops`` picks RoPE ("rope")
-    and / or q/k-norm + RoPE ("qk"), ``unit_offsets`` the q/k norms' forms."""
+    and / or q/k-norm + RoPE ("qk"), ``unit_offsets`` the q/k norms' forms, ``decode_heads``
+    the head-loop kernels' decode launches a model's ``rope_heads`` tuning adds (one token a
+    block, that many heads)."""
     out: dict = {}
     layouts = [(hq, hk, d, d) for hq, hk, d in heads] + list(partial_rot)
     for dt in dtypes:
         if "rope" in ops:
             for kernel in default_rope_kernels():
                 for hq, hk, d, rot in layouts:
-                    out.setdefault(kernel, []).extend(_rope_sigs(kernel, dt, hq, hk, d, rot))
+                    sigs = _rope_sigs(kernel, dt, hq, hk, d, rot, decode_heads)
+                    out.setdefault(kernel, []).extend(sigs)
         if "qk" in ops:
             for kernel in default_qk_kernels():
                 for (hq, hk, d), offset in ((h, o) for h in heads for o in unit_offsets):
-                    out.setdefault(kernel, []).extend(_qk_sigs(kernel, dt, hq, hk, d, offset))
+                    sigs = _qk_sigs(kernel, dt, hq, hk, d, offset, decode_heads)
+                    out.setdefault(kernel, []).extend(sigs)
     return out

@@ -49,6 +49,7 @@ class Routes:
     swiglu: bool = False
     linear: bool = False
     act: str = "silu"  # the gated MLP activation's kernels (a value of GATED_ACTS)
+    rope_heads: int = 0  # decode RoPE kernels' heads a block (0: per-token; monkey_patch.TUNING)
 
 
 _ACT_KERNELS = {
@@ -199,7 +200,9 @@ def make_attention_forward(
             q, k = qk_norm_whole_rope(q, k, qw, kw, eps, cos, sin, family.qk_norm_round_once)
         elif one_launch and per_head:
             qw, kw, eps = self.q_norm.weight, self.k_norm.weight, norm_eps(self.q_norm)
-            q, k = qk_norm_rope(q, k, qw, kw, eps, cos, sin, family.norm_unit_offset)
+            q, k = qk_norm_rope(
+                q, k, qw, kw, eps, cos, sin, family.norm_unit_offset, routes.rope_heads
+            )
         else:
             if whole:
                 q = self.q_norm(q.reshape(bsz, seq, hq * d)).view(bsz, seq, hq, d)
@@ -212,7 +215,7 @@ def make_attention_forward(
                     q, k, v = (t.clamp(-clip, clip) for t in (q, k, v))
             q, k = q.transpose(1, 2), k.transpose(1, 2)
             if rope and routes.rope:
-                q, k = apply_rope(q, k, cos, sin)
+                q, k = apply_rope(q, k, cos, sin, routes.rope_heads)
             elif rope:
                 q, k = torch_rope(q, k, cos, sin)
         v = v.transpose(1, 2)

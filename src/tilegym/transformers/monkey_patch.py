@@ -1,11 +1,12 @@
 """Apply (and undo) cuTile kernels on transformers models, per instance or per class.
 
 ``apply_tilegym_kernel_to_<model_key>(rope=..., rms_norm=..., swiglu=..., attn=..., linear=...,
-model=None)`` returns a ``PatchHandle``: ``.applied`` lists the flags now routed through cuTile,
-``.not_applied`` maps every other flag to the reason, and ``.undo()`` restores the exact original
-forwards (and frees repacked weights). With ``model`` only that instance's modules change, so a
-baseline and a kernelized model can run side by side; without it the transformers classes are
-patched (before instantiation) and ``undo()`` puts the original function objects back.
+model=None, rope_heads=0)`` returns a ``PatchHandle``: ``.applied`` lists the flags now routed
+through cuTile, ``.not_applied`` maps every other flag to the reason, and ``.undo()`` restores the
+exact original forwards (and frees repacked weights). With ``model`` only that instance's modules
+change, so a baseline and a kernelized model can run side by side; without it the transformers
+classes are patched (before instantiation) and ``undo()`` puts the original function objects
+back. ``rope_heads`` tunes how routed RoPE runs (``TUNING``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ SUPPORTED_TRANSFORMERS = (5, 17)
 """Oldest supported transformers release; every 5.x after it is accepted, 6.x is not."""
 
 FLAGS = ("rope", "rms_norm", "swiglu", "attn", "linear")
+#: Tuning parameters beside the flags: how a routed part runs, not whether. ``rope_heads``: up to
+#: 32 tokens (decode), the RoPE and q/k-norm + RoPE kernels run on the head-loop kernel with
+#: that many heads a block instead of the per-token kernel (0; ``tilegym.ops.rope._pick``).
+TUNING = {"rope_heads": 0}
+MAX_ROPE_HEADS = 64
 GEMM_API = ("linear", "fused_gate_up_silu", "fused_gate_up_gelu_tanh", "linear_residual")
 _MARK = "_tilegym_patched"
 
@@ -200,8 +206,9 @@ class _Patcher:
         self.handle._undo.append(lambda: setattr(klass, "forward", old))
 
 
-def _apply(family: ModelFamily, flags: dict[str, bool], model) -> PatchHandle:
-    return _apply_description(family.model_type, family.description(), flags, model)
+def _apply(family: ModelFamily, flags: dict[str, bool], model, rope_heads: int = 0) -> PatchHandle:
+    desc = family.description()
+    return _apply_description(family.model_type, desc, flags, model, rope_heads)
 
 
 def apply_family(model, description, **flags) -> PatchHandle:
@@ -210,10 +217,13 @@ def apply_family(model, description, **flags) -> PatchHandle:
     _check_flags(flags)
     chosen = {flag: bool(flags.get(flag, True)) for flag in FLAGS}
     model_type = getattr(model.config, "model_type", "unknown")
-    return _apply_description(model_type, description, chosen, model)
+    rope_heads = flags.get("rope_heads", TUNING["rope_heads"])
+    return _apply_description(model_type, description, chosen, model, rope_heads)
 
 
-def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> PatchHandle:
+def _apply_description(
+    model_type: str, desc, flags: dict[str, bool], model, rope_heads: int = 0
+) -> PatchHandle:
     check_transformers_version()
     glue = importlib.import_module(SHARED_GLUE)
     upstream = importlib.import_module(desc.upstream_module)
@@ -263,6 +273,7 @@ def _apply_description(model_type: str, desc, flags: dict[str, bool], model) -> 
         swiglu=swiglu,
         linear=gemm is not None,
         act=act,
+        rope_heads=rope_heads,
     )
     fused = FusedWeights()
     handle.repacked = fused
@@ -432,10 +443,11 @@ def _entry_point(key: str, what: str) -> Callable[..., PatchHandle]:
     """``apply_tilegym_kernel_to_<key>``: one per family, all alike."""
 
     def apply(
-        rope=True, rms_norm=True, swiglu=True, attn=True, linear=True, model=None
+        rope=True, rms_norm=True, swiglu=True, attn=True, linear=True, model=None, rope_heads=0
     ) -> PatchHandle:
         flags = _flags(rope, rms_norm, swiglu, attn, linear)
-        handle = _apply(FAMILIES[key], flags, model)
+        _check_tuning({"rope_heads": rope_heads})
+        handle = _apply(FAMILIES[key], flags, model, rope_heads)
         use_tile_kv_cache(handle, model)
         return handle
 
@@ -488,6 +500,14 @@ def apply_tilegym_kernel(model, **flags) -> PatchHandle:
 
 
 def _check_flags(flags: dict) -> None:
-    unknown = sorted(set(flags) - set(FLAGS))
+    unknown = sorted(set(flags) - set(FLAGS) - set(TUNING))
     if unknown:
-        raise TypeError(f"unknown patch flags {unknown}; known: {', '.join(FLAGS)}")
+        known = ", ".join((*FLAGS, *TUNING))
+        raise TypeError(f"unknown patch flags {unknown}; known: {known}")
+    _check_tuning({k: v for k, v in flags.items() if k in TUNING})
+
+
+def _check_tuning(tuning: dict) -> None:
+    heads = tuning.get("rope_heads", 0)
+    if type(heads) is not int or not 0 <= heads <= MAX_ROPE_HEADS:
+        raise ValueError(f"rope_heads must be an int in 0..{MAX_ROPE_HEADS}, got {heads!r}")

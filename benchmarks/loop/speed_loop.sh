@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One model's speed experiments through the real local loop (tilegym-bot experiment run), from
+# main as it ships (every part on cuTile), on a throwaway repository made from this checkout's
+# sources: each round a change an experiment on that model may make that moves no work between
+# PyTorch and cuTile, so a keep is the judge's speed rule at work (kept_by "speed").
+#
+#   bash benchmarks/loop/speed_loop.sh OUT_DIR MODEL_KEY [bench args...]
+#
+# Rounds (LOOP_ROUNDS names some, default all, in order):
+#   baseline     main as it is (the ledger's first row)
+#   rope-heads   decode RoPE (Qwen3: q/k norm + RoPE) on the head-loop kernel with
+#                SPEED_ROPE_HEADS (default 1) heads a block instead of one block a token
+#                (MODEL_PATCH_KWARGS rope_heads; expected: keep, GPU time per token down)
+# OUT_DIR gets what family_loop.sh leaves (decisions, stderr, PR comments, metrics, ledger.md and
+# ledger.png after every round). On a GPU host source .gpu/activate.sh first; without a GPU pass
+# `--model-key tiny-<key> --device cpu` (the ops then run their PyTorch references: the loop's
+# mechanics only).
+set -euo pipefail
+if [ $# -lt 2 ]; then
+  echo "error: usage: speed_loop.sh OUT_DIR MODEL_KEY [bench args...]" >&2
+  exit 2
+fi
+out=$(realpath -m "$1"); key=$2; shift 2
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+repo=$(realpath -m "${LOOP_REPO:-$out/repo}")
+mkdir -p "$out"
+# shellcheck source=lib.sh
+source "$root/benchmarks/loop/lib.sh"
+loop_repo
+
+rounds="baseline rope-heads"
+bench=("$@")
+heads=${SPEED_ROPE_HEADS:-1}
+if wanted "$rounds" baseline; then baseline_round; fi
+if wanted "$rounds" rope-heads; then
+  round rope-heads "decode RoPE on the head-loop kernel, $heads head(s) a block" "rope_heads=$heads"
+fi
