@@ -19,20 +19,12 @@
 # a GPU with CUDA_VISIBLE_DEVICES to run families side by side); without a GPU pass
 # `--model-key tiny-<key> --device cpu`.
 set -euo pipefail
-if [ $# -lt 2 ]; then
-  echo "error: usage: family_loop.sh OUT_DIR MODEL_KEY [bench args...]" >&2
-  exit 2
-fi
-out=$(realpath -m "$1"); key=$2; shift 2
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-repo=$(realpath -m "${LOOP_REPO:-$out/repo}")
-mkdir -p "$out"
 # shellcheck source=lib.sh
 source "$root/benchmarks/loop/lib.sh"
-loop_repo
+model_loop_start family_loop.sh "$@"
 
 rounds="baseline cutile-linear cutile-attn drop-rope"
-bench=("$@")
 if [ "$(git -C "$repo" rev-list --count HEAD)" = 1 ]; then
   flags attn=False linear=False
   git -C "$repo" commit -qam "$key: attention and GEMMs in PyTorch (the loop's starting point)"

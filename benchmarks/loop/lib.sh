@@ -2,13 +2,26 @@
 # checkout's sources, and one experiment round through `tilegym-bot experiment run`.
 #
 # The caller sets: out (a directory for the results), repo (the throwaway repository), root
-# (this checkout), and calls `loop_repo` once, then `loop_run` per experiment. LOOP_RUN_ARGS
+# (this checkout), and calls `loop_repo` once (a one-model loop: `model_loop_start`, which sets
+# them from its arguments), then `loop_run` per experiment. LOOP_RUN_ARGS
 # (words) go to every `experiment run`, e.g. "--sampling-budget 240" to cap each round. A
 # one-model loop also sets key (the model key) and bench (the bench args) and runs its
 # experiments as `round`s: each the change of some MODEL_PATCH_KWARGS entries, as an experiment
 # on that model may make; LOOP_ROUNDS (default: every round) names the rounds to run now.
 
 bot=()
+
+model_loop_start() {  # SCRIPT "$@": a one-model loop's arguments (OUT_DIR MODEL_KEY [bench
+  # args...]) into out, key, bench and repo (LOOP_REPO, default OUT_DIR/repo), then its repository
+  if [ $# -lt 3 ]; then
+    echo "error: usage: $1 OUT_DIR MODEL_KEY [bench args...]" >&2
+    exit 2
+  fi
+  out=$(realpath -m "$2"); key=$3; bench=("${@:4}")
+  repo=$(realpath -m "${LOOP_REPO:-$out/repo}")
+  mkdir -p "$out"
+  loop_repo
+}
 
 loop_repo() {  # the throwaway repository: this checkout's sources, one commit on main
   bot=(python3 -m tilegym_bot -C "$repo")

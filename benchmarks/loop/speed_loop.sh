@@ -16,20 +16,12 @@
 # `--model-key tiny-<key> --device cpu` (the ops then run their PyTorch references: the loop's
 # mechanics only).
 set -euo pipefail
-if [ $# -lt 2 ]; then
-  echo "error: usage: speed_loop.sh OUT_DIR MODEL_KEY [bench args...]" >&2
-  exit 2
-fi
-out=$(realpath -m "$1"); key=$2; shift 2
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-repo=$(realpath -m "${LOOP_REPO:-$out/repo}")
-mkdir -p "$out"
 # shellcheck source=lib.sh
 source "$root/benchmarks/loop/lib.sh"
-loop_repo
+model_loop_start speed_loop.sh "$@"
 
 rounds="baseline rope-heads"
-bench=("$@")
 heads=${SPEED_ROPE_HEADS:-1}
 if wanted "$rounds" baseline; then baseline_round; fi
 if wanted "$rounds" rope-heads; then
