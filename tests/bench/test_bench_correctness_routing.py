@@ -1,5 +1,5 @@
 """The routing-aware referee on real tiny MoE models on the CPU: the routers' forms, a bf16
-routing flip that used to leave fp32 unable to referee, a group kept in bf16 where no expert is
+routing flip that used to leave fp32 unable to referee, a group flip where no expert is
 near-tied, a wrong expert that still fails, and a dense model scored exactly as before."""
 
 import pytest
@@ -18,7 +18,13 @@ from tilegym_hf_bench.routing import (
     routing_line,
     tie_sites,
 )
-from tilegym_hf_bench.routing_rule import same_selection, swapped_groups, swapped_selection
+from tilegym_hf_bench.routing_rule import (
+    group_gap,
+    same_selection,
+    selection_gap,
+    swapped_groups,
+    swapped_selection,
+)
 from tilegym_hf_bench.scoring import cases, input_mask, reference_logits, token_errors
 from tilegym_hf_bench.tolerance import MAX_BASELINE_REL_ERR
 from tilegym_hf_bench.workloads import Workload
@@ -103,30 +109,40 @@ def test_a_group_site_trades_the_weakest_kept_group_and_chooses_the_experts_anew
     assert torch.equal(forced.chosen[0][:5], plain.chosen[0][:5])
 
 
-def test_a_group_kept_in_bf16_where_no_expert_is_near_tied_is_refereed():
-    """tiny-deepseek_v3, seed 6, the long case (measured on this CPU): bf16 kept another group
-    for generated token 4, whose experts are not near-tied (0.070 from fp32 with that layer's
-    experts swapped too); scored against fp32 with its group tie swapped, it is within
-    rounding, and the run passes."""
-    wl = Workload("t", batch_size=2, input_length=32, output_length=8, seed=6)
-    base = random_model("tiny-deepseek_v3", "cpu", 6).model
-    ids = make_input_ids(512, 2, 32, 6, "cpu")
-    result = check_correctness(
-        Generator(base, ids, "cpu"), Generator(twin_sharing_weights(base), ids, "cpu"), wl
-    )
-    long = next(c for c in result["cases"] if c["name"] == "long")
-    assert long["routing"]["plain_rel_err"]["baseline"] > 0.05
-    assert long["baseline_rel_err"] < 0.01 and result["passed"]
-
-    case = next(c for c in cases(2, 32, 8) if c.name == "long")
-    seq, logits = generate_case(Generator(base, ids, "cpu"), case, *case_inputs(case, 512, 6))
+def test_a_group_flip_where_no_expert_is_near_tied_is_refereed_by_its_group_site():
+    """tiny-deepseek_v3: a side that kept another group at one generated token, where the
+    experts are not near-tied, is that token's fp32 forward with the group tie swapped: the
+    referee with group sites scores it at 0; with expert sites only (the referee before them)
+    it keeps its plain error. Deterministic: the side is fp32 itself, no bf16 rounding."""
+    base = random_model("tiny-deepseek_v3", "cpu", 0).model
+    prompt, new = 24, 8
+    seq = make_input_ids(512, 1, prompt + new, 5, "cpu")
     referee = Referee(fp32_reference(base), base)
-    plain, routed = referee.plain(seq, case.input_length)
-    margins = referee.margins(seq, case.input_length, None, routed)
-    ties = referee.ties(routed, margins.margin, input_mask(seq, case.input_length).flatten().bool())
-    worst = int(token_errors(logits, plain)[0].argmax())
-    assert worst == 4
-    assert [bool(t[case.input_length - 1 + worst]) for t in ties] == [False, True]
+    plain, routed = referee.plain(seq, prompt)
+    router, _ = routers(referee.ref_model)[0]
+    group_gaps = group_gap(routed.groups[0], router.topk_group)
+    expert_gaps = selection_gap(routed.ranking[0], routed.chosen[0])
+    site = [s.groups for s in referee.sites].index(True)
+    scale = referee.sites[site].scale
+    # a generated token whose group gap is the smallest, and a margin that ties its groups only
+    pos = min(range(prompt - 1, prompt + new - 1), key=lambda t: float(group_gaps[t]))
+    margin = 1.01 * float(group_gaps[pos]) / scale
+    assert float(expert_gaps[pos]) >= margin
+    at = torch.zeros(seq.shape[1] - 1, dtype=torch.bool)
+    at[pos] = True
+    with torch.no_grad(), forcing(referee.ref_model, {site: at}):
+        side = reference_logits(referee.ref_model, seq, prompt)
+    j = pos - (prompt - 1)
+    real = input_mask(seq, prompt).flatten().bool()
+    assert [bool(t[pos]) for t in referee.ties(routed, [margin], real)] == [False, True]
+    with torch.no_grad():
+        run = referee.refereed(seq, prompt, None, plain, routed, [margin], [side])
+    errors = run.sides[0]
+    assert float(errors.plain[0, j]) > 0.01 and float(errors.best[0, j]) == 0.0
+    referee.sites = [s for s in referee.sites if not s.groups]
+    with torch.no_grad():
+        before = referee.refereed(seq, prompt, None, plain, routed, [margin], [side]).sides[0]
+    assert float(before.best[0, j]) == float(before.plain[0, j]) > 0.01
 
 
 def test_a_bf16_routing_flip_no_longer_leaves_fp32_unable_to_referee():

@@ -37,6 +37,7 @@ def test_group_sites_referee_the_case_expert_sites_could_not():
     done = _run("--model", "deepseek_v3", "--seeds", "4", "5")
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| 4 |")]
-    before, after = (row.split(" | ")[2] for row in rows)
-    assert before.startswith("workload 0.249 / 0.249")
-    assert after.startswith("workload 0.011 / 0.249")
+    before, after = (row.split(" | ")[2].split(",")[0].split() for row in rows)
+    # "workload REFEREED / PLAIN": unrefereeable before (0.249 on this CPU), rounding after
+    assert before[0] == after[0] == "workload" and before[3] == after[3]
+    assert float(before[1]) > 0.2 and float(after[1]) < 0.05
