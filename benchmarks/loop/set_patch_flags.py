@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tilegym_hf_bench.presets import PRESETS
 
-from tilegym.transformers.monkey_patch import TUNING
+from tilegym.transformers.monkey_patch import TUNING, check_tuning
 
 
 def set_flags(source: str, model_type: str, changes: dict[str, bool | int]) -> str:
@@ -30,6 +30,7 @@ def set_flags(source: str, model_type: str, changes: dict[str, bool | int]) -> s
     if unknown:
         known = ", ".join([*flags, *(t for t in TUNING if t not in flags)])
         raise ValueError(f"unknown flags {unknown} (known: {known})")
+    check_tuning({k: v for k, v in changes.items() if k in TUNING})
     flags.update(changes)
     line = "{" + ", ".join(f'"{k}": {v}' for k, v in flags.items()) + "}"
     return source[: match.start(2)] + line + source[match.end(2) :]

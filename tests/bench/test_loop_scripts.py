@@ -54,6 +54,8 @@ def test_a_tuning_parameter_takes_an_integer_and_joins_the_entry():
     )
     again = _module().set_flags(edited, "qwen3", {"rope_heads": 0})
     assert '"linear": True, "rope_heads": 0},' in again
+    with pytest.raises(ValueError, match="rope_heads must be an int in 0..64, got 65"):
+        _module().set_flags(source, "qwen3", {"rope_heads": 65})
 
 
 def test_the_script_rewrites_a_file_in_place_and_reports_bad_input(tmp_path):

@@ -446,7 +446,7 @@ def _entry_point(key: str, what: str) -> Callable[..., PatchHandle]:
         rope=True, rms_norm=True, swiglu=True, attn=True, linear=True, model=None, rope_heads=0
     ) -> PatchHandle:
         flags = _flags(rope, rms_norm, swiglu, attn, linear)
-        _check_tuning({"rope_heads": rope_heads})
+        check_tuning({"rope_heads": rope_heads})
         handle = _apply(FAMILIES[key], flags, model, rope_heads)
         use_tile_kv_cache(handle, model)
         return handle
@@ -504,10 +504,11 @@ def _check_flags(flags: dict) -> None:
     if unknown:
         known = ", ".join((*FLAGS, *TUNING))
         raise TypeError(f"unknown patch flags {unknown}; known: {known}")
-    _check_tuning({k: v for k, v in flags.items() if k in TUNING})
+    check_tuning({k: v for k, v in flags.items() if k in TUNING})
 
 
-def _check_tuning(tuning: dict) -> None:
+def check_tuning(tuning: dict) -> None:
+    """``ValueError`` (one line) for a tuning parameter out of its range."""
     heads = tuning.get("rope_heads", 0)
     if type(heads) is not int or not 0 <= heads <= MAX_ROPE_HEADS:
         raise ValueError(f"rope_heads must be an int in 0..{MAX_ROPE_HEADS}, got {heads!r}")
