@@ -68,6 +68,9 @@ def test_tiny_preset_end_to_end_on_cpu(tmp_path, key):
     assert c["statistic"] == "max_token"
     assert [case["name"] for case in c["cases"]] == ["workload", "padded", "long"]
     assert c["timed_agreement"]["runs"] == 6  # a first-token and a full run per timed run
+    for case in c["cases"]:  # an MoE model: each side replayed its routing (the worker's sent)
+        if case["routing"] is not None:
+            assert None not in case["routing"]["reported"].values()
     assert "model worker: pid" in r.stdout
     assert doc["workload"] == {
         "name": "default",

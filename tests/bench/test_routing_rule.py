@@ -12,6 +12,7 @@ from tilegym_hf_bench.routing_rule import (
     combine,
     eligible_tokens,
     group_gap,
+    groups_within_reach,
     layer_swaps_at,
     near_tied,
     same_selection,
@@ -21,6 +22,7 @@ from tilegym_hf_bench.routing_rule import (
     swapped_groups,
     swapped_selection,
     tie_margin,
+    within_reach,
     worst_to_refine,
 )
 
@@ -181,3 +183,28 @@ def test_refining_follows_the_maximum_until_it_sits_on_a_refined_token():
     forwards = Referee._refine(ties, seq, prompt_len, plain, alternates, run)
     assert ran == [{0: [3]}, {1: [3]}] and forwards == 2
     assert combine(plain[0], alternates[0])[0].max() == 0.05
+
+
+def test_a_selection_within_reach_is_one_a_margin_wide_error_could_order_first():
+    """Row 0's 2nd and 3rd are 0.01 apart: {0, 2} is within a 0.011 margin, not a 0.009 one;
+    fp32's own top-k always is; a repeated or masked expert never."""
+    picked = torch.tensor([[0, 2], [0, 1], [0, 0], [0, 3]])
+    scores = torch.cat([SCORES, torch.tensor([[0.5, 0.2, 0.1, float("-inf")]])])
+    assert within_reach(scores, picked, 0.011).tolist() == [True, True, False, False]
+    assert within_reach(scores, picked, 0.009).tolist() == [False, True, False, False]
+    assert within_reach(scores, picked, 1e9).tolist() == [True, True, False, False]
+
+
+def test_groups_within_reach_fill_the_reported_groups_with_the_best_others():
+    """4 groups of 2 experts, 2 kept. Experts 4 and 0 lie in groups 2 and 0: kept {0, 2}, where
+    group 2 is 0.05 below the dropped group 1; three groups can never be kept."""
+    groups = torch.tensor([[0.9, 0.6, 0.55, 0.1]] * 3)
+    picked = torch.tensor([[4, 0], [0, 1], [0, 2]])
+    ok, kept = groups_within_reach(groups, picked, 8, 2, 0.06)
+    assert ok.tolist() == [True, True, True]
+    assert kept.tolist()[0] == [True, False, True, False]
+    assert kept.tolist()[1] == [True, True, False, False]  # one group, filled with the best
+    ok, _ = groups_within_reach(groups, picked, 8, 2, 0.04)
+    assert ok.tolist() == [False, True, True]
+    ok, _ = groups_within_reach(groups[:1], torch.tensor([[0, 2, 4]]), 8, 2, 10.0)
+    assert ok.tolist() == [False]

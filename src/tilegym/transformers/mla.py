@@ -66,6 +66,7 @@ from transformers.cache_utils import StaticLayer
 from tilegym.ops import library
 from tilegym.ops.deepseek_route import deepseek_v2_route, deepseek_v3_route
 from tilegym.ops.mla import split_kv_b_weight
+from tilegym.transformers import routing_tap
 from tilegym.transformers.attention import NAME, TileMask, device_position
 from tilegym.transformers.fused_weights import FusedWeights
 from tilegym.transformers.kv_update import update_cache
@@ -395,6 +396,7 @@ def make_moe_forward(routes, gemm, family, fused=None) -> Callable:
         gate = self.gate
         if routes.linear:
             weights, ids = _routed(gate, x)
+            routing_tap.chose(gate, ids)
         else:
             _, weights, ids = gate(x)
         if fused_experts:

@@ -34,6 +34,7 @@ to the experts' sum; the same terms, summed in another order).
 
 Under ``linear`` the router module itself is not called, so its outputs are not recorded for
 ``output_router_logits`` (the training-time load-balancing loss); generation never asks for them.
+The block tells ``routing_tap`` its choice instead, where the benchmark's routing report listens.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import torch
 
 from tilegym.ops.library import moe_experts, moe_experts_bias, moe_route
 from tilegym.ops.moe_bias import ACT_CLAMPED, expert_rows
+from tilegym.transformers import routing_tap
 from tilegym.transformers.fused_weights import FusedWeights
 
 EXPERT_FORMS = ("silu", "clamped")
@@ -105,6 +107,7 @@ def make_moe_block_forward(routes, gemm, family, fused=None) -> Callable:
             logits = gemm.linear(x, router.weight, getattr(router, "bias", None))
             norm = router.norm_topk_prob if renormalize is None else renormalize
             weights, ids = moe_route(logits, router.top_k, bool(norm))
+            routing_tap.chose(router, ids)
         else:
             _, weights, ids = router(x)
         if fused_experts and clamped:

@@ -18,6 +18,7 @@ from tilegym_hf_bench.model_factory import fp32_reference
 from tilegym_hf_bench.modes import EAGER
 from tilegym_hf_bench.remote_side import RemoteSide
 from tilegym_hf_bench.routing import Margins, Referee, Routed, routing_block, routing_line
+from tilegym_hf_bench.routing_report import replay_routing
 from tilegym_hf_bench.scoring import (
     Case,
     CaseScore,
@@ -73,13 +74,23 @@ def generate_case(gen: Generator, case: Case, ids, mask):
 
 def start_remote_case(remote: RemoteSide, case: Case, ids, mask):
     """Ask the worker for one case and return at once: the returned function waits for it and
-    reads its answer. The remote side's prompt is left as it was."""
+    reads its answer (sequences, logits, routing report or None). The remote side's prompt is
+    left as it was."""
     prompt, prompt_mask = remote.prompt, remote.mask
     remote.use_prompt(ids, None if case.timed_path else mask)
     try:
-        return remote.start_logits(case.new_tokens, mode=None if case.timed_path else EAGER)
+        return remote.start_logits(
+            case.new_tokens, mode=None if case.timed_path else EAGER, routing=True
+        )
     finally:
         remote.use_prompt(prompt, prompt_mask)
+
+
+def local_case(gen: Generator, case: Case, ids, mask):
+    """(sequences, logits, routing report or None) of a local side on one case."""
+    seq, logits = generate_case(gen, case, ids, mask)
+    gpu_mask = None if mask is None else mask.to(gen.device)
+    return seq, logits, replay_routing(gen.model, seq.to(gen.device), case.input_length, gpu_mask)
 
 
 @dataclass
@@ -96,6 +107,7 @@ class _Own:
     routed: Routed | None = None
     margins: Margins | None = None
     logits: torch.Tensor | None = None
+    report: list | None = None
 
 
 @dataclass
@@ -106,6 +118,7 @@ class _Kernel:
     logits: torch.Tensor
     reference: torch.Tensor
     routed: Routed | None
+    report: list | None = None
 
 
 class CorrectnessCheck:
@@ -135,7 +148,7 @@ class CorrectnessCheck:
             ]
         else:
             self._remote = [
-                lambda c=case, i=ids, m=mask: generate_case(cutile, c, i, m)
+                lambda c=case, i=ids, m=mask: local_case(cutile, c, i, m)
                 for case, (ids, mask) in zip(self.cases, self.inputs, strict=True)
             ]
 
@@ -159,6 +172,7 @@ class CorrectnessCheck:
             if routed is not None:
                 own.routed, own.logits = routed, logits
                 own.margins = self._referee.margins(seq, case.input_length, gpu_mask, routed)
+                own.report = replay_routing(baseline.model, seq, case.input_length, gpu_mask)
             self._own.append(own)
             del logits
 
@@ -167,19 +181,22 @@ class CorrectnessCheck:
         case: each side's tokens scored against fp32 and the alternate routings of its own
         sequence's near-ties (``routing``), one set of forwards where the sequences agree."""
 
-        def scored(seq, reference, routed, sides):
+        def scored(seq, reference, routed, sides, reports):
             return self._referee.refereed(
-                seq, case.input_length, mask, reference, routed, own.margins.margin, sides
+                seq, case.input_length, mask, reference, routed, own.margins.margin, sides, reports
             )
 
         if kernel is None:
-            runs = [scored(own.seq, own.reference, own.routed, [own.logits])]
+            runs = [scored(own.seq, own.reference, own.routed, [own.logits], [own.report])]
         elif torch.equal(kernel.seq, own.seq):
-            runs = [scored(own.seq, own.reference, own.routed, [own.logits, kernel.logits])]
+            both = [own.logits, kernel.logits]
+            runs = [scored(own.seq, own.reference, own.routed, both, [own.report, kernel.report])]
         else:
             runs = [
-                scored(own.seq, own.reference, own.routed, [own.logits]),
-                scored(kernel.seq, kernel.reference, kernel.routed, [kernel.logits]),
+                scored(own.seq, own.reference, own.routed, [own.logits], [own.report]),
+                scored(
+                    kernel.seq, kernel.reference, kernel.routed, [kernel.logits], [kernel.report]
+                ),
             ]
         errors = [side for run in runs for side in run.sides]
         kernel_err = float(errors[1].best.max()) if kernel is not None else None
@@ -201,7 +218,7 @@ class CorrectnessCheck:
             base_err, routing = own.err, None
             finite = True
             if self._remote is not None:
-                seq, kernel_logits = self._remote[i]()
+                seq, kernel_logits, report = self._remote[i]()
                 seq, kernel_logits = seq.to(device), kernel_logits.to(device)
                 reference, routed = own.reference, own.routed
                 if not torch.equal(seq, own.seq):  # diverged: score it on its own sequence
@@ -210,7 +227,7 @@ class CorrectnessCheck:
                 kernel_err = float(token_errors(kernel_logits, reference).max())
                 top1 = float(agreement(seq, reference, case.input_length).mean())
                 drifts.append(drift(kernel_logits, reference))
-                kernel = _Kernel(seq, kernel_logits, reference, routed)
+                kernel = _Kernel(seq, kernel_logits, reference, routed, report)
                 del kernel_logits, reference
             if own.routed is not None:
                 base_err, kernel_err, routing = self._routing(case, own, gpu_mask, kernel)

@@ -134,13 +134,17 @@ class Worker:
             from safetensors.torch import save_file
 
             name = str(msg["name"])
-            save_file(
-                {
-                    "sequences": seq.contiguous().cpu(),
-                    "logits": logits.to(self.torch.bfloat16).contiguous().cpu(),
-                },
-                str(tensor_file(self.scratch, name)),
-            )
+            tensors = {
+                "sequences": seq.contiguous().cpu(),
+                "logits": logits.to(self.torch.bfloat16).contiguous().cpu(),
+            }
+            if msg.get("routing"):
+                from tilegym_hf_bench.routing_report import replay_routing
+
+                report = replay_routing(self.model, seq, ids.shape[1], mask) or []
+                for i, layer in enumerate(report):
+                    tensors[f"routing-{i}"] = layer.to(self.torch.int32).contiguous().cpu()
+            save_file(tensors, str(tensor_file(self.scratch, name)))
             return {"file": name}
         if msg.get("guard"):  # a timed run: no compile (the cyclic GC was paused by "gc")
             with no_compile(str(msg["guard"])):

@@ -114,18 +114,22 @@ class RemoteSide:
         return self.worker.submit(self._request(new_tokens))
 
     def generate_with_logits(self, new_tokens: int, mode: str | None = None):
-        return self.start_logits(new_tokens, mode)()
+        return self.start_logits(new_tokens, mode)()[:2]
 
-    def start_logits(self, new_tokens: int, mode: str | None = None):
-        """Ask for (sequences, fp32 logits [B, N, V]) of one generate() and return at once; the
-        returned function waits, reads the file the worker wrote (safetensors: data only) and
-        checks its shapes, so this process scores its own side meanwhile. It may be sent before
-        the worker's start is answered: it is queued behind it."""
+    def start_logits(self, new_tokens: int, mode: str | None = None, routing: bool = False):
+        """Ask for (sequences, fp32 logits [B, N, V], routing report) of one generate() and
+        return at once; the returned function waits, reads the file the worker wrote
+        (safetensors: data only) and checks its shapes, so this process scores its own side
+        meanwhile. It may be sent before the worker's start is answered: it is queued behind
+        it. ``routing``: ask for the worker's report of its MoE routing on that sequence
+        (``routing_report``; None from a model without routers), which the referee checks."""
         self._files += 1
         name = f"logits-{self._files}"
         extra = {"logits": True, "name": name}
         if mode is not None:
             extra["mode"] = mode
+        if routing:
+            extra["routing"] = True
         pending = self.worker.submit(self._request(new_tokens, **extra))
         prompt = self.prompt
 
@@ -145,7 +149,7 @@ class RemoteSide:
                 raise BenchError("cuTile side: the worker's logits file has the wrong shapes")
             if not torch.equal(seq[:, :length].long(), prompt):
                 raise BenchError("cuTile side: the worker generated from another prompt")
-            return seq.long(), logits.float()
+            return seq.long(), logits.float(), reported(tensors) if routing else None
 
         return finish
 
@@ -161,3 +165,12 @@ class RemoteSide:
             return json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise BenchError(f"cuTile side: the profile file is unreadable: {exc}") from None
+
+
+def reported(tensors: dict) -> list | None:
+    """The routing report in a logits file: ``routing-0``, ``routing-1``... one per MoE layer
+    (None without any; the referee checks their shapes and ids)."""
+    layers = []
+    while (ids := tensors.get(f"routing-{len(layers)}")) is not None:
+        layers.append(ids)
+    return layers or None

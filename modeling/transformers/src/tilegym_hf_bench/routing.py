@@ -2,9 +2,11 @@
 (``router_forms``) that record what each router scored and chose, or give listed tokens the
 other side of their near-tie, and the fp32 forwards that make a side's references
 (``routing_rule`` decides). A router can be near-tied at two sites: among its experts, and, for
-one that keeps only its best groups of experts (DeepSeek), among those groups. All of it runs
-in the measuring process, on the fp32 reference and the bf16 PyTorch baseline: nothing the
-judged worker returns but its tokens and logits.
+one that keeps only its best groups of experts (DeepSeek), among those groups. A side may also
+report how it routed (``routing_report``): fp32 then routes as reported wherever that choice
+is within bf16's reach of its own scores (``reported``). All of it runs in the measuring
+process, on the fp32 reference and the bf16 PyTorch baseline: the judged worker returns its
+tokens, its logits and its report, which is checked, never trusted.
 
 A model without a known router takes no hook and no extra forward: its reference is exactly the
 plain one.
@@ -24,14 +26,17 @@ from tilegym_hf_bench.routing_rule import (
     combine,
     eligible_tokens,
     group_gap,
+    groups_within_reach,
     layer_swaps_at,
     near_tied,
+    report_problem,
     same_selection,
     score_noise,
     swap_plans,
     swapped_groups,
     swapped_selection,
     tie_margin,
+    within_reach,
     worst_to_refine,
 )
 from tilegym_hf_bench.scoring import finite_or_none, input_mask, reference_logits, token_errors
@@ -94,11 +99,22 @@ def _check_form(router, form: RouterForm, logits, weights, indices) -> None:
 
 
 @contextmanager
+def _hooked(hooks: list):
+    """Within: each (module, forward hook) of ``hooks`` registered."""
+    handles = [module.register_forward_hook(hook) for module, hook in hooks]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
 def recording(model: torch.nn.Module, check: bool = False):
     """Within: each forward of ``model`` appends its routers' scores and choices to the
     yielded ``Routed`` (``check``: verify the forms against the routers' outputs)."""
     routed = Routed()
-    handles = []
+    hooks = []
     for router, form in routers(model):
 
         def hook(module, args, output, form=form):
@@ -111,12 +127,9 @@ def recording(model: torch.nn.Module, check: bool = False):
             limited = form.limits_groups(module)
             routed.groups.append(form.group.scores(module, logits).detach() if limited else None)
 
-        handles.append(router.register_forward_hook(hook))
-    try:
+        hooks.append((router, hook))
+    with _hooked(hooks):
         yield routed
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
@@ -127,7 +140,7 @@ def forcing(model: torch.nn.Module, swaps: dict[int, torch.Tensor]):
     (``swapped_groups``), then its weakest chosen expert for its strongest unchosen one
     (``swapped_selection``); weighted as the router weights any selection."""
     sites = tie_sites(model)
-    handles = []
+    hooks = []
     for i, (router, form) in enumerate(routers(model)):
         at = {s.groups: swaps[n] for n, s in enumerate(sites) if s.layer == i and n in swaps}
         if not at:
@@ -152,31 +165,66 @@ def forcing(model: torch.nn.Module, swaps: dict[int, torch.Tensor]):
             weights[rows] = form.weights(module, logits[rows], indices[rows]).to(weights.dtype)
             return logits, weights, indices
 
-        handles.append(router.register_forward_hook(hook))
-    try:
+        hooks.append((router, hook))
+    with _hooked(hooks):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
 def following(model: torch.nn.Module, chosen: list[torch.Tensor]):
     """Within: MoE layer i of ``model`` routes every token to ``chosen[i]`` ([T, k], another
     forward's choice), weighted as its router weights any selection."""
-    handles = []
+    hooks = []
     for i, (router, form) in enumerate(routers(model)):
 
         def hook(module, args, output, form=form, picked=chosen[i]):
             logits, weights, _ = output
             return logits, form.weights(module, logits, picked).to(weights.dtype), picked
 
-        handles.append(router.register_forward_hook(hook))
-    try:
+        hooks.append((router, hook))
+    with _hooked(hooks):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
+
+
+def accepted(router, form: RouterForm, logits, picked: torch.Tensor, margin: float):
+    """[T] bool: the reported selections ``picked`` [T, k] the router could make in bf16 where
+    its fp32 ``logits`` stand: within ``margin`` of its ranking and, for a router that keeps
+    its best groups, in groups it could keep (``routing_rule``)."""
+    if not form.limits_groups(router):
+        return within_reach(form.ranking(router, logits), picked, margin)
+    scores = form.group.scores(router, logits)
+    experts = form.raw(router, logits).shape[1]
+    ok, kept = groups_within_reach(
+        scores, picked, experts, router.topk_group, form.group.lipschitz * margin
+    )
+    return ok & within_reach(form.group.within(router, logits, kept), picked, margin)
+
+
+@contextmanager
+def reported(model: torch.nn.Module, report: list, margins: list[float], real, counts: list):
+    """Within: MoE layer i routes each real token (``real`` [T] bool) as ``report[i]`` ([T, k])
+    says where that choice is ``accepted`` as this forward's fp32 scores stand, and as fp32
+    chooses elsewhere, weighted as the router weights any selection; ``counts`` gets
+    [accepted, refused] reported choices that differ from fp32's own."""
+    hooks = []
+    for i, (router, form) in enumerate(routers(model)):
+
+        def hook(module, args, output, form=form, picked=report[i], margin=margins[i]):
+            logits, weights, indices = output
+            picked = picked.to(device=indices.device, dtype=indices.dtype)
+            differs = ~same_selection(picked, indices) & real
+            ok = accepted(module, form, logits, picked, margin)
+            counts[0] += int((differs & ok).sum())
+            counts[1] += int((differs & ~ok).sum())
+            rows = (differs & ok).nonzero().flatten()
+            indices, weights = indices.clone(), weights.clone()
+            indices[rows] = picked[rows]
+            weights[rows] = form.weights(module, logits[rows], picked[rows]).to(weights.dtype)
+            return logits, weights, indices
+
+        hooks.append((router, hook))
+    with _hooked(hooks):
+        yield
 
 
 @dataclass
@@ -187,6 +235,8 @@ class SideErrors:
     plain: torch.Tensor
     best: torch.Tensor
     took: torch.Tensor
+    #: {accepted, refused}: the side's reported choices unlike fp32's (None: no report)
+    report: dict | None = None
 
 
 @dataclass
@@ -264,13 +314,17 @@ class Referee:
         high: Routed,
         margins: list[float],
         sides: list[torch.Tensor],
+        reports: list | None = None,
     ) -> Refereed:
         """Score the logits ``sides`` (each [B, N, V], generated along ``seq``) against
-        ``reference`` and each alternate routing of ``seq`` (``routing_rule.swap_plans``, then
-        the single-layer swaps at each side's worst tokens, ``_refine``): one fp32 forward per
-        plan, scored for every side at once and dropped."""
+        ``reference``, each alternate routing of ``seq`` (``routing_rule.swap_plans``, then
+        the single-layer swaps at each side's worst tokens, ``_refine``) and, for a side with
+        one of ``reports`` (its ``routing_report``, or None), fp32 routed as it reports: one
+        fp32 forward per plan, scored for every side at once and dropped, and one per report,
+        scored for its side alone."""
         real_positions = input_mask(seq, prompt_len, mask)
-        ties = self.ties(high, margins, real_positions.flatten().bool())
+        real = real_positions.flatten().bool()
+        ties = self.ties(high, margins, real)
         plans, unplanned = swap_plans(ties, seq.shape[0], prompt_len - 1)
         new_tokens = seq.shape[1] - prompt_len
         alternates: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in sides]
@@ -285,13 +339,36 @@ class Referee:
 
         for plan in plans:
             run(plan)
+        counts: list[dict | None] = []
+        reports = reports or [None] * len(sides)
+        for logits, report, found in zip(sides, reports, alternates, strict=True):
+            if report is None:
+                counts.append(None)
+                continue
+            with_report = (seq, prompt_len, mask, high, margins, real)
+            counts.append(self._reported(*with_report, logits, report, found))
         plain = [token_errors(logits, reference) for logits in sides]
-        forwards = len(plans) + self._refine(ties, seq, prompt_len, plain, alternates, run)
+        forwards = len(plans) + sum(c is not None for c in counts)
+        forwards += self._refine(ties, seq, prompt_len, plain, alternates, run)
         scored = []
-        for errors, found in zip(plain, alternates, strict=True):
+        for errors, found, count in zip(plain, alternates, counts, strict=True):
             best, took = combine(errors, found)
-            scored.append(SideErrors(errors, best, took))
+            scored.append(SideErrors(errors, best, took, count))
         return Refereed(int(sum(int(t.sum()) for t in ties)), forwards, unplanned, scored)
+
+    def _reported(self, seq, prompt_len, mask, high, margins, real, logits, report, found):
+        """One fp32 forward routed as ``report`` says where each choice is within reach
+        (``reported``), its errors for ``logits`` added to ``found`` (every generated token is
+        eligible: a reported choice anywhere may reach it); the choices accepted and refused."""
+        shapes = [tuple(chosen.shape) for chosen in high.chosen]
+        problem = report_problem(report, shapes, [raw.shape[1] for raw in high.raw])
+        if problem is not None:
+            raise BenchError(f"a side's routing report does not fit its sequence: {problem}")
+        counts = [0, 0]
+        with reported(self.ref_model, report, margins, real, counts):
+            alt = reference_logits(self.ref_model, seq, prompt_len, mask)
+        found.append((token_errors(logits, alt), torch.ones_like(logits[..., 0], dtype=torch.bool)))
+        return {"accepted": counts[0], "refused": counts[1]}
 
     @staticmethod
     def _refine(ties, seq, prompt_len: int, plain, alternates, run) -> int:
@@ -344,6 +421,7 @@ def routing_block(
         "alternate_tokens": _sides([int(e.took.sum()) for e in errors]),
         "plain_rel_err": _sides([finite_or_none(float(e.plain.max())) for e in errors]),
         "refereed_quantiles": _sides([_quantiles(e.best) for e in errors]),
+        "reported": _sides([e.report for e in errors]),
     }
 
 
@@ -380,6 +458,15 @@ def routing_line(block: dict) -> str:
                 "{p50:.3e}/{p90:.3e}".format(**block["refereed_quantiles"][s]) for s in sides
             )
             if "refereed_quantiles" in block
+            else ""
+        )
+        + (
+            ", reported choices unlike fp32's accepted/refused "
+            + " / ".join(
+                "none" if (r := block["reported"][s]) is None else f"{r['accepted']}/{r['refused']}"
+                for s in sides
+            )
+            if "reported" in block
             else ""
         )
     )

@@ -70,6 +70,32 @@ def swapped_groups(group_scores: torch.Tensor, keep: int) -> torch.Tensor:
     return torch.zeros_like(group_scores, dtype=torch.bool).scatter(1, other, True)
 
 
+def within_reach(scores: torch.Tensor, picked: torch.Tensor, margin: float) -> torch.Tensor:
+    """[T] bool: the [T, k] selections ``picked`` that bf16 could make where fp32 scored
+    ``scores`` [T, E]: k distinct experts, the weakest no more than ``margin`` below the
+    strongest left out (an error of at most ``margin`` / 2 on each score can order them so;
+    fp32's own top-k always is). A masked (-inf) expert is never within reach."""
+    ordered = picked.sort(dim=1).values
+    distinct = (ordered[:, 1:] != ordered[:, :-1]).all(dim=1)
+    return distinct & (selection_gap(scores, picked) >= -margin)
+
+
+def groups_within_reach(
+    group_scores: torch.Tensor, picked: torch.Tensor, experts: int, keep: int, margin: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ok [T] bool, kept [T, G] bool) for a router that keeps its ``keep`` best of the [T, G]
+    ``group_scores`` of its ``experts`` experts (numbered group by group): the groups of
+    ``picked`` [T, k] filled up with the best other groups, and whether bf16 could have kept
+    them (the weakest kept group no more than ``margin`` below the strongest dropped one).
+    Filling with the best gives the set that passes if any set holding those groups does."""
+    size = experts // group_scores.shape[1]
+    need = torch.zeros_like(group_scores, dtype=torch.bool).scatter(1, picked // size, True)
+    kept_ids = torch.topk(group_scores.masked_fill(need, float("inf")), keep, dim=-1).indices
+    kept = torch.zeros_like(need).scatter(1, kept_ids, True)
+    ok = (need.sum(dim=1) <= keep) & (selection_gap(group_scores, kept_ids) >= -margin)
+    return ok, kept
+
+
 def same_selection(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[T] bool: the two [T, k] selections name the same experts (in any order)."""
     return (a.sort(dim=1).values == b.sort(dim=1).values).all(dim=1)
@@ -170,3 +196,19 @@ def worst_to_refine(best: torch.Tensor, refined: torch.Tensor) -> tuple[int, int
     flat = int(best.flatten().argmax())
     row, j = divmod(flat, best.shape[1])
     return None if bool(refined[row, j]) else (row, j)
+
+
+ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def report_problem(report: list[torch.Tensor], shapes: list[tuple[int, int]], experts: list[int]):
+    """Why ``report`` cannot be one routing of the scored sequence, or None: one [T, k] integer
+    tensor per MoE layer (``shapes``, fp32's own) naming experts below ``experts[i]``."""
+    if len(report) != len(shapes):
+        return f"{len(report)} MoE layers reported, the model has {len(shapes)}"
+    for i, (ids, shape, count) in enumerate(zip(report, shapes, experts, strict=True)):
+        if tuple(ids.shape) != shape or ids.dtype not in ID_DTYPES:
+            return f"MoE layer {i}: a {tuple(ids.shape)} {ids.dtype} tensor, expected {shape}"
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= count):
+            return f"MoE layer {i}: expert ids outside 0..{count - 1}"
+    return None
