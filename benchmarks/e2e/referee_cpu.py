@@ -4,31 +4,38 @@ PyTorch side scored as the benchmark scores it (``check_correctness``: the workl
 long cases, 1 x 192 -> 24).
 
     python benchmarks/e2e/referee_cpu.py --model deepseek_v3 --seeds 0 6
+    python benchmarks/e2e/referee_cpu.py --model qwen3_next --seeds 0 3 --patched
     python benchmarks/e2e/referee_cpu.py --model qwen3_next --seeds 0 3 --follow
 
 Per seed and case: the refereed bf16 error / the plain one against fp32, near-ties, extra fp32
-forwards, the refereed p50. A case above 0.2 cannot be refereed
-(``tolerance.MAX_BASELINE_REL_ERR``). DeepSeek-V3 is scored twice, the second time with the
-referee's group sites left out (expert near-ties only, the referee before them). ``--follow``
-instead scores the workload case's generated bf16 logits against plain fp32 and against fp32
-routed, layer by layer and token by token, as the bf16 model routes that sequence
-teacher-forced (no judge can use this for a judged side, whose routing it cannot see: it tells
-whether routing flips explain the error), and the bf16 teacher-forced logits against the same.
+forwards, the refereed p50, and the side's routing report's choices unlike fp32's, accepted /
+refused. A case above 0.2 cannot be refereed (``tolerance.MAX_BASELINE_REL_ERR``). DeepSeek-V3
+is scored twice, the second time with the referee's group sites left out (expert near-ties
+only, the referee before them). ``--no-report`` scores without the sides' routing reports
+(the referee before them). ``--patched`` judges the model with the cuTile patch applied (its
+ops run their PyTorch implementations on a CPU: other roundings, so other flips, than the
+PyTorch side's) and adds its refereed / plain error, its tolerance and verdict, and its report's
+counts. ``--follow`` instead scores the workload case's generated bf16
+logits against plain fp32 and against fp32 routed, layer by layer and token by token, as the
+bf16 model routes that sequence teacher-forced in one forward (unchecked: it tells whether
+routing flips explain the error), and the bf16 teacher-forced logits against the same.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from contextlib import nullcontext
 from unittest import mock
 
 import torch
-from tilegym_hf_bench import routing
+from tilegym_hf_bench import correctness_check, routing
 from tilegym_hf_bench.correctness_check import case_inputs, check_correctness, generate_case
 from tilegym_hf_bench.generation import Generator, make_input_ids
 from tilegym_hf_bench.model_factory import fp32_reference, random_model, twin_sharing_weights
 from tilegym_hf_bench.scoring import cases, reference_logits, token_errors
+from tilegym_hf_bench.tilegym_patch import apply_patch
 from tilegym_hf_bench.workloads import Workload
 
 WIDTH = dict(hidden_size=1024, num_hidden_layers=4, vocab_size=4096)
@@ -102,20 +109,55 @@ def _model(name: str, seed: int):
     return model, make_input_ids(WIDTH["vocab_size"], 1, PROMPT, seed, "cpu")
 
 
-def scored(name: str, seed: int, groups: bool = True) -> str:
+def _judged(name: str, seed: int, base, patched: bool):
+    """The judged side: the bf16 model itself (its twin), or a copy patched with the cuTile
+    patch, whose ops run their PyTorch implementations on a CPU (other roundings, other
+    flips)."""
+    if not patched:
+        return twin_sharing_weights(base)
+    judged = copy.deepcopy(base)
+    apply_patch(judged, name)  # MODELS' keys are model types
+    return judged
+
+
+def scored(
+    name: str, seed: int, groups: bool = True, reports: bool = True, patched: bool = False
+) -> str:
     base, ids = _model(name, seed)
     wl = Workload("referee-cpu", batch_size=1, input_length=PROMPT, output_length=NEW, seed=seed)
     sites = nullcontext() if groups else mock.patch.object(routing, "tie_sites", experts_only)
-    with sites:
+    unreported = (
+        nullcontext()
+        if reports
+        else mock.patch.object(correctness_check, "replay_routing", lambda *a: None)
+    )
+    with sites, unreported:
         result = check_correctness(
-            Generator(base, ids, "cpu"), Generator(twin_sharing_weights(base), ids, "cpu"), wl
+            Generator(base, ids, "cpu"),
+            Generator(_judged(name, seed, base, patched), ids, "cpu"),
+            wl,
         )
     return " | ".join(
         f"{c['name']} {c['baseline_rel_err']:.3f} / {c['routing']['plain_rel_err']['baseline']:.3f}"
         f", {c['routing']['near_ties']['baseline']} ties, {c['routing']['extra_forwards']} fwd"
         f", p50 {c['routing']['refereed_quantiles']['baseline']['p50']:.3f}"
+        f", report {_report(c['routing']['reported']['baseline'])}"
+        + (_patched_side(c) if patched else "")
         for c in result["cases"]
     )
+
+
+def _patched_side(case: dict) -> str:
+    verdict = "pass" if case["passed"] else "FAIL"
+    return (
+        f"; patched {case['logits_rel_err']:.3f} / "
+        f"{case['routing']['plain_rel_err']['cutile']:.3f} (tolerance {case['tolerance']:.3f}, "
+        f"{verdict}), report {_report(case['routing']['reported']['cutile'])}"
+    )
+
+
+def _report(counts: dict | None) -> str:
+    return "none" if counts is None else f"{counts['accepted']}/{counts['refused']}"
 
 
 def _errors(errors: torch.Tensor) -> str:
@@ -146,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=sorted(MODELS), default="deepseek_v3")
     parser.add_argument("--seeds", type=int, nargs=2, default=(0, 6), metavar=("FIRST", "END"))
     parser.add_argument("--follow", action="store_true", help="errors with routing shared")
+    parser.add_argument("--no-report", action="store_true", help="without routing reports")
+    parser.add_argument(
+        "--patched", action="store_true", help="judge the cuTile-patched model (CPU ops)"
+    )
     args = parser.parse_args(argv)
     first, end = args.seeds
     if not 0 <= first < end:
@@ -155,12 +201,16 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(first, end):
             print(f"| {seed} | {followed(args.model, seed)} |", flush=True)
         return 0
-    print("| seed | referee | cases: refereed / plain bf16 error, near-ties, fp32 forwards |")
+    print(
+        "| seed | referee | cases: refereed / plain bf16 error, near-ties, fp32 forwards, "
+        "refereed p50, report accepted/refused |"
+    )
     print("|---|---|---|")
     for seed in range(first, end):
         for groups in (False, True) if args.model == "deepseek_v3" else (True,):
             sites = "as it is" if groups else "without group sites"
-            print(f"| {seed} | {sites} | {scored(args.model, seed, groups)} |", flush=True)
+            result = scored(args.model, seed, groups, not args.no_report, args.patched)
+            print(f"| {seed} | {sites} | {result} |", flush=True)
     return 0
 
 
