@@ -10,9 +10,10 @@ import torch
 from tilegym_hf_bench.errors import BenchError
 from tilegym_hf_bench.generation import make_input_ids
 from tilegym_hf_bench.model_factory import fp32_reference, random_model
-from tilegym_hf_bench.routing import Referee, following, recording, routers
+from tilegym_hf_bench.routing import Referee, following, forcing, recording, routers
 from tilegym_hf_bench.routing_report import replay_routing
 from tilegym_hf_bench.routing_rule import (
+    group_gap,
     same_selection,
     selection_gap,
     swapped_selection,
@@ -157,3 +158,28 @@ def test_a_report_naming_an_expert_twice_is_refused():
     report[0][3, 1] = report[0][3, 0]
     errors = _refereed(model, seq, 10.0, routed.chosen, report)
     assert errors.report == {"accepted": 0, "refused": 1}
+
+
+def test_a_reported_group_flip_is_accepted_only_within_the_groups_margin():
+    """tiny-deepseek_v3 (2 of 4 groups kept): a side that kept another group at the prompt
+    token whose group scores are nearest, reporting it, is accepted where the margin times
+    the group scores' Lipschitz factor covers that gap and refused at half of it."""
+    model = _fp32("tiny-deepseek_v3")
+    seq = make_input_ids(512, 1, PROMPT + NEW, 5, "cpu")
+    referee = Referee(model, model)
+    routed = _teacher_forced(model, seq)
+    router, _ = routers(model)[0]
+    gaps = group_gap(routed.groups[0], router.topk_group)[: PROMPT - 1]
+    token = int(gaps.argmin())
+    site = [s.groups for s in referee.sites].index(True)
+    at = torch.zeros(seq.shape[1] - 1, dtype=torch.bool)
+    at[token] = True
+    with torch.inference_mode(), forcing(model, {site: at}), recording(model) as side:
+        reference_logits(model, seq, PROMPT)
+    assert not bool(same_selection(side.chosen[0], routed.chosen[0])[token])
+    enough = 1.01 * float(gaps[token]) / referee.sites[site].scale
+    errors = _refereed(model, seq, enough, side.chosen)
+    assert errors.report["accepted"] >= 1 and errors.report["refused"] == 0
+    assert float(errors.best.max()) == 0.0
+    refused = _refereed(model, seq, 0.5 * enough, side.chosen)
+    assert refused.report["refused"] >= 1
