@@ -11,12 +11,15 @@ patch each in static mode (the compiled decode step the benchmark times) and eag
 (``--static-only``: not), scores each as the benchmark does (``routing.Referee``, margins from
 the PyTorch static side), and prints:
 
-- per side: the refereed error's quantiles over the generated tokens, how many tokens exceed the
+- per side: the refereed error's quantiles over the generated tokens (the side's routing
+  report included, as the benchmark scores it: ``routing_report``), how many tokens exceed the
   tolerance the benchmark would set (1.5 x the PyTorch static side's max + 1e-3), the worst
-  tokens with their plain and refereed errors; and the error against fp32 routed, layer by
-  layer and token by token, as the bf16 PyTorch model routes that sequence teacher-forced (no
-  judge can use this for the cuTile side, whose routing it cannot see; it tells whether routing
-  flips explain a side's error at all);
+  tokens with their plain and refereed errors; the error against fp32 routed as the side
+  reports (the choices accepted and refused) and the first generated token past the tolerance
+  there: on a static side, where its compiled decode step first routed unlike its eager replay,
+  if that is what happened; and the error against fp32 routed, layer by layer and token by
+  token, as the bf16 PyTorch model routes that sequence teacher-forced in one forward
+  (unchecked: it tells whether routing flips explain a side's error at all);
 - for each side's ``--worst`` tokens: the smallest error against fp32 with every subset of that
   position's near-tied sites swapped (a site: a layer's experts, ``3``, or the groups a
   DeepSeek router keeps, ``g3``; the benchmark tries all of them at once, and at a side's
@@ -41,7 +44,8 @@ from _sides import CUTILE, PYTORCH, static_sides
 from tilegym_hf_bench.correctness_check import case_inputs, generate_case
 from tilegym_hf_bench.model_factory import fp32_reference
 from tilegym_hf_bench.presets import PRESETS
-from tilegym_hf_bench.routing import Referee, following, forcing, recording, routers
+from tilegym_hf_bench.routing import Referee, following, forcing, recording, reported, routers
+from tilegym_hf_bench.routing_report import replay_routing
 from tilegym_hf_bench.scoring import cases, input_mask, reference_logits, token_errors
 from tilegym_hf_bench.tolerance import REL_ERR_FACTOR, REL_ERR_FLOOR
 from tilegym_hf_bench.workloads import DEFAULT_SEED, WORKLOADS
@@ -54,6 +58,7 @@ class Side:
     name: str
     seq: torch.Tensor
     logits: torch.Tensor
+    report: list | None = None
     best: torch.Tensor | None = None
     plain: torch.Tensor | None = None
 
@@ -152,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         ]
     for name, gen, c in runs:
         seq, logits = generate_case(gen, c, ids, mask)
-        sides.append(Side(name, seq.to(args.device), logits.to(args.device)))
+        seq = seq.to(args.device)
+        report = replay_routing(gen.model, seq, c.input_length)
+        sides.append(Side(name, seq, logits.to(args.device), report))
         print(f"# generated: {name}", flush=True)
 
     referee = Referee(fp32_reference(base_model), base_model)
@@ -171,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             else (referee.plain(side.seq, prompt_len))
         )
         run = referee.refereed(
-            side.seq, prompt_len, None, reference, routed, margins.margin, [side.logits]
-        )
+            side.seq, prompt_len, None, reference, routed, margins.margin, [side.logits],
+            [side.report],
+        )  # fmt: skip
         side.best, side.plain = run.sides[0].best[0], run.sides[0].plain[0]
         if tolerance is None:
             tolerance = REL_ERR_FACTOR * float(side.best.max()) + REL_ERR_FLOOR
@@ -195,19 +203,34 @@ def main(argv: list[str] | None = None) -> int:
             f" {run.forwards} fp32 forwards, {run.near_ties} near-ties, {run.unplanned} unplanned;"
             f" {agree}"
         )
+        counts = [0, 0]
+        with reported(referee.ref_model, side.report, margins.margin, real, counts):
+            as_reported = reference_logits(referee.ref_model, side.seq, prompt_len)
+        as_reported = token_errors(side.logits, as_reported)[0]
+        past = (as_reported > tolerance).nonzero().flatten().tolist()
+        print(
+            f"against fp32 routed as this side reports ({counts[0]} choices accepted, "
+            f"{counts[1]} refused): max {float(as_reported.max()):.3f}, "
+            f"{quantile_text(as_reported)}; first token past {tolerance:.3f}: "
+            f"{past[0] if past else 'none'}"
+        )
         followed = token_errors(side.logits, following_bf16(referee, side.seq, prompt_len))[0]
         print(
             f"against fp32 routed as the bf16 PyTorch model routes this sequence (one forward, "
             f"teacher-forced): max {float(followed.max()):.3f}, {quantile_text(followed)}"
         )
         order = torch.argsort(side.best, descending=True).tolist()
-        print("| token | refereed | plain | routed as bf16 PyTorch | near-tied sites here |")
-        print("|---|---|---|---|---|")
+        print(
+            "| token | refereed | plain | routed as reported | routed as bf16 PyTorch "
+            "| near-tied sites here |"
+        )
+        print("|---|---|---|---|---|---|")
         for j in order[: args.show]:
             here = [labels[i] for i, t in enumerate(ties) if bool(t[prompt_len - 1 + j])]
             print(
                 f"| {j} | {float(side.best[j]):.3f} | {float(side.plain[j]):.3f} "
-                f"| {float(followed[j]):.3f} | {' '.join(here) or '-'} |"
+                f"| {float(as_reported[j]):.3f} | {float(followed[j]):.3f} "
+                f"| {' '.join(here) or '-'} |"
             )
         for j in order[: args.worst]:
             sites, best, subset, best_prefix, site = subset_errors(

@@ -47,3 +47,5 @@ def test_four_sides_are_scored_and_their_worst_tokens_explained():
     ]  # fmt: skip
     assert all("p50" in line and "tokens over" in line for line in sides)
     assert sum(line.startswith("token ") for line in done.stdout.splitlines()) == 4
+    reports = [line for line in done.stdout.splitlines() if "as this side reports" in line]
+    assert len(reports) == 4 and all("refused" in line for line in reports)
