@@ -99,7 +99,7 @@ def _check_form(router, form: RouterForm, logits, weights, indices) -> None:
 
 
 @contextmanager
-def _hooked(hooks: list):
+def hooked(hooks: list):
     """Within: each (module, forward hook) of ``hooks`` registered."""
     handles = [module.register_forward_hook(hook) for module, hook in hooks]
     try:
@@ -128,7 +128,7 @@ def recording(model: torch.nn.Module, check: bool = False):
             routed.groups.append(form.group.scores(module, logits).detach() if limited else None)
 
         hooks.append((router, hook))
-    with _hooked(hooks):
+    with hooked(hooks):
         yield routed
 
 
@@ -166,7 +166,7 @@ def forcing(model: torch.nn.Module, swaps: dict[int, torch.Tensor]):
             return logits, weights, indices
 
         hooks.append((router, hook))
-    with _hooked(hooks):
+    with hooked(hooks):
         yield
 
 
@@ -182,7 +182,7 @@ def following(model: torch.nn.Module, chosen: list[torch.Tensor]):
             return logits, form.weights(module, logits, picked).to(weights.dtype), picked
 
         hooks.append((router, hook))
-    with _hooked(hooks):
+    with hooked(hooks):
         yield
 
 
@@ -223,7 +223,7 @@ def reported(model: torch.nn.Module, report: list, margins: list[float], real, c
             return logits, weights, indices
 
         hooks.append((router, hook))
-    with _hooked(hooks):
+    with hooked(hooks):
         yield
 
 

@@ -20,7 +20,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from tilegym_hf_bench.errors import BenchError
 from tilegym_hf_bench.generation import greedy_config
 from tilegym_hf_bench.modes import EAGER
-from tilegym_hf_bench.routing import routers
+from tilegym_hf_bench.routing import hooked, routers
 
 
 def _tap():
@@ -71,19 +71,15 @@ def replay_routing(model, seq: torch.Tensor, prompt_len: int, mask=None) -> list
     config = greedy_config(model, new_tokens, EAGER, seq.device.type)
     prompt = seq[:, :prompt_len]
     attention = torch.ones_like(prompt) if mask is None else mask.to(seq.device)
-    handles = [r.register_forward_hook(lambda m, a, out: record(m, out[2])) for r, _ in found]
+    hooks = [(r, lambda m, a, out: record(m, out[2])) for r, _ in found]
     tap = _tap()
-    try:
-        with tap.listening(record) if tap is not None else nullcontext():
-            out = model.generate(
-                input_ids=prompt,
-                attention_mask=attention,
-                generation_config=config,
-                logits_processor=LogitsProcessorList([_Forced(seq)]),
-            )
-    finally:
-        for handle in handles:
-            handle.remove()
+    with hooked(hooks), tap.listening(record) if tap is not None else nullcontext():
+        out = model.generate(
+            input_ids=prompt,
+            attention_mask=attention,
+            generation_config=config,
+            logits_processor=LogitsProcessorList([_Forced(seq)]),
+        )
     if not torch.equal(out, seq):
         raise BenchError("internal: the routing replay did not generate the sequence it replays")
     return [
