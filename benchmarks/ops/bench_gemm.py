@@ -63,6 +63,8 @@ MODELS = {
     "phi3": dict(hidden=3072, q=32 * 96, kv=32 * 96, inter=8192, vocab=32064),
     "gemma3": dict(hidden=1152, q=4 * 256, kv=1 * 256, inter=6912, vocab=262144),
     "olmo2": dict(hidden=2048, q=16 * 128, kv=16 * 128, inter=8192, vocab=100352),
+    "olmo3": dict(hidden=4096, q=32 * 128, kv=32 * 128, inter=11008, vocab=100278),
+    "smollm3": dict(hidden=2048, q=16 * 128, kv=4 * 128, inter=11008, vocab=128256),
 }
 #: models the table is timed on when --models is not given
 DEFAULT_MODELS = ("qwen3", "llama")
