@@ -34,15 +34,25 @@ def test_bad_arguments_are_one_line():
     assert done.returncode == 2 and "invalid choice: 'mixtral'" in done.stderr.splitlines()[-1]
 
 
+def _cases(row: str) -> dict[str, float]:
+    """{case: refereed bf16 error} of one row ("| SEED | referee | CASE ERR / PLAIN, ... |")."""
+    return {cell.split()[0]: float(cell.split()[1]) for cell in row.strip(" |").split(" | ")[2:]}
+
+
 @pytest.mark.slow
 def test_group_sites_referee_the_case_expert_sites_could_not():
+    """DeepSeek-V3's group-limited router, seed 4: some case is past 0.2 (unrefereeable)
+    with expert sites only and at bf16 rounding with the group sites (which case depends on
+    the CPU's bf16 kernels: seed 4's workload on one machine, its padded case on another), and
+    no case gets worse."""
     done = _run("--model", "deepseek_v3", "--seeds", "4", "5", "--no-report")
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| 4 |")]
-    before, after = (row.split(" | ")[2].split(",")[0].split() for row in rows)
-    # "workload REFEREED / PLAIN": unrefereeable before (0.249 on this CPU), rounding after
-    assert before[0] == after[0] == "workload" and before[3] == after[3]
-    assert float(before[1]) > 0.2 and float(after[1]) < 0.05
+    assert len(rows) == 2  # without group sites, then as it is
+    before, after = (_cases(row) for row in rows)
+    assert list(before) == list(after) == ["workload", "padded", "long"]
+    assert any(before[c] > 0.2 and after[c] < 0.05 for c in before)
+    assert all(after[c] <= before[c] + 1e-3 for c in before)
 
 
 def _refereed(done: subprocess.CompletedProcess, seed: int) -> dict[str, float]:
@@ -50,7 +60,7 @@ def _refereed(done: subprocess.CompletedProcess, seed: int) -> dict[str, float]:
     | CASE ... |")."""
     assert done.returncode == 0, done.stderr
     (row,) = [line for line in done.stdout.splitlines() if line.startswith(f"| {seed} |")]
-    return {cell.split()[0]: float(cell.split()[1]) for cell in row.strip(" |").split(" | ")[2:]}
+    return _cases(row)
 
 
 @pytest.mark.slow
