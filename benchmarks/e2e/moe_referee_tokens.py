@@ -15,9 +15,9 @@ the PyTorch static side), and prints:
   report included, as the benchmark scores it: ``routing_report``), how many tokens exceed the
   tolerance the benchmark would set (1.5 x the PyTorch static side's max + 1e-3), the worst
   tokens with their plain and refereed errors; the error against fp32 routed as the side
-  reports (the choices accepted and refused) and the first generated token past the tolerance
-  there: on a static side, where its compiled decode step first routed unlike its eager replay,
-  if that is what happened; and the error against fp32 routed, layer by layer and token by
+  reports (the choices accepted and refused; recorded by the scored generate() itself, the
+  compiled step's own routing on a static side) and the first generated token past the
+  tolerance there; and the error against fp32 routed, layer by layer and token by
   token, as the bf16 PyTorch model routes that sequence teacher-forced in one forward
   (unchecked: it tells whether routing flips explain a side's error at all);
 - for each side's ``--worst`` tokens: the smallest error against fp32 with every subset of that
@@ -45,7 +45,6 @@ from tilegym_hf_bench.correctness_check import case_inputs, generate_case
 from tilegym_hf_bench.model_factory import fp32_reference
 from tilegym_hf_bench.presets import PRESETS
 from tilegym_hf_bench.routing import Referee, following, forcing, recording, reported, routers
-from tilegym_hf_bench.routing_report import replay_routing
 from tilegym_hf_bench.scoring import cases, input_mask, reference_logits, token_errors
 from tilegym_hf_bench.tolerance import REL_ERR_FACTOR, REL_ERR_FLOOR
 from tilegym_hf_bench.workloads import DEFAULT_SEED, WORKLOADS
@@ -156,9 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             ("cuTile eager", gens[CUTILE], eager_case),
         ]
     for name, gen, c in runs:
-        seq, logits = generate_case(gen, c, ids, mask)
+        seq, logits, report = generate_case(gen, c, ids, mask)
         seq = seq.to(args.device)
-        report = replay_routing(gen.model, seq, c.input_length)
         sides.append(Side(name, seq, logits.to(args.device), report))
         print(f"# generated: {name}", flush=True)
 

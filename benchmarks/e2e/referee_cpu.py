@@ -120,6 +120,11 @@ def _judged(name: str, seed: int, base, patched: bool):
     return judged
 
 
+def _unreported(model, generate, *shape):
+    """``generate_reporting`` for a side that sends no report."""
+    return (*generate(), None)
+
+
 def scored(
     name: str, seed: int, groups: bool = True, reports: bool = True, patched: bool = False
 ) -> str:
@@ -127,9 +132,7 @@ def scored(
     wl = Workload("referee-cpu", batch_size=1, input_length=PROMPT, output_length=NEW, seed=seed)
     sites = nullcontext() if groups else mock.patch.object(routing, "tie_sites", experts_only)
     unreported = (
-        nullcontext()
-        if reports
-        else mock.patch.object(correctness_check, "replay_routing", lambda *a: None)
+        nullcontext() if reports else mock.patch.object(correctness_check, "reporting", _unreported)
     )
     with sites, unreported:
         result = check_correctness(
@@ -169,7 +172,7 @@ def followed(name: str, seed: int) -> str:
     base, _ = _model(name, seed)
     case = cases(1, PROMPT, NEW)[0]
     inputs = case_inputs(case, WIDTH["vocab_size"], seed)
-    seq, logits = generate_case(Generator(base, inputs[0], "cpu"), case, *inputs)
+    seq, logits, _ = generate_case(Generator(base, inputs[0], "cpu"), case, *inputs)
     ref = fp32_reference(base)
     plain = reference_logits(ref, seq, PROMPT)
     with routing.recording(base) as low:

@@ -193,7 +193,7 @@ def test_a_dense_model_is_scored_exactly_as_against_plain_fp32():
     ref = fp32_reference(base.model)
     for case, got in zip(cases(2, 32, 8), result["cases"], strict=True):
         ids, mask = case_inputs(case, 512, WL.seed)
-        seq, logits = generate_case(base, case, ids, mask)
+        seq, logits, _ = generate_case(base, case, ids, mask)
         expected = token_errors(logits, reference_logits(ref, seq, case.input_length, mask))
         assert got["baseline_rel_err"] == float(expected.max())
         assert got["routing"] is None

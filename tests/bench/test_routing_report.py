@@ -1,17 +1,20 @@
-"""A side's routing report (``routing_report``) and the referee's use of it: the replay gives
-the routing a forward hook sees in one teacher-forced forward, a patched block reports through
-its tap as the upstream router does, and the referee scores a side against fp32 routed as it
-reports only where each reported choice is within bf16's reach (real tiny models, CPU)."""
+"""A side's routing report (``routing_report``) and the referee's use of it: a generate()'s
+record is the routing a forward hook sees in one teacher-forced forward, in eager mode and in
+the compiled static step, a patched block reports through its tap as the upstream router does,
+and the referee scores a side against fp32 routed as it reports only where each reported choice
+is within bf16's reach (real tiny models, CPU)."""
 
 import copy
 
 import pytest
 import torch
+from tilegym_hf_bench.compile_guard import no_compile
 from tilegym_hf_bench.errors import BenchError
-from tilegym_hf_bench.generation import make_input_ids
+from tilegym_hf_bench.generation import Generator, make_input_ids
 from tilegym_hf_bench.model_factory import fp32_reference, random_model
+from tilegym_hf_bench.modes import EAGER
 from tilegym_hf_bench.routing import Referee, following, forcing, recording, routers
-from tilegym_hf_bench.routing_report import replay_routing
+from tilegym_hf_bench.routing_report import generate_reporting
 from tilegym_hf_bench.routing_rule import (
     group_gap,
     same_selection,
@@ -34,25 +37,77 @@ def _teacher_forced(model, seq, mask=None):
     return routed
 
 
+def _recorded(model, seq, mask=None, mode=EAGER):
+    """(sequence, report) of one generate() of ``seq``'s prompt, recorded as it runs."""
+    gen = Generator(model, seq[:, :PROMPT], "cpu", mode)
+    gen.use_prompt(seq[:, :PROMPT], mask)
+    out, _, report = generate_reporting(
+        model, lambda: gen.generate_with_logits(NEW), seq.shape[0], PROMPT, NEW
+    )
+    return out, report
+
+
+def _padded_prompt(batch: int, seed: int):
+    mask = left_pad_mask(batch, PROMPT)
+    seq = make_input_ids(512, batch, PROMPT, seed, "cpu").masked_fill(mask == 0, 0)
+    return seq, mask
+
+
 @pytest.mark.parametrize("key", ["tiny-qwen3_moe", "tiny-gpt_oss", "tiny-deepseek_v3"])
-def test_the_replay_routes_as_one_teacher_forced_forward_with_left_padding(key):
+def test_a_generate_records_the_routing_of_one_teacher_forced_forward_with_left_padding(key):
     """fp32, so the prompt's forward and the per-token ones order the experts alike: the
-    replay's routing of every position, padded rows included, is the one forward's."""
+    record of every position, padded rows included, is the one forward's on the sequence the
+    generate() made."""
     model = _fp32(key)
-    mask = left_pad_mask(2, PROMPT)
-    seq = make_input_ids(512, 2, PROMPT + NEW, 4, "cpu")
-    seq[:, :PROMPT] = seq[:, :PROMPT].masked_fill(mask == 0, 0)
-    replayed = replay_routing(model, seq, PROMPT, mask)
+    prompt, mask = _padded_prompt(2, 4)
+    seq, report = _recorded(model, prompt, mask)
     forward = _teacher_forced(model, seq, mask)
-    assert len(replayed) == len(forward.chosen) == len(routers(model)) >= 1
-    for mine, theirs in zip(replayed, forward.chosen, strict=True):
+    assert len(report) == len(forward.chosen) == len(routers(model)) >= 1
+    for mine, theirs in zip(report, forward.chosen, strict=True):
         assert mine.shape == theirs.shape == (2 * (PROMPT + NEW - 1), theirs.shape[1])
         assert bool(same_selection(mine, theirs).all())
 
 
+@pytest.mark.parametrize("key", ["tiny-qwen3_moe", "tiny-gpt_oss"])
+def test_the_compiled_static_step_records_its_own_routing(key):
+    """Static mode, in the benchmark's order: a plain generate() compiles the step (the
+    warm-up), then records are made (the correctness cases), then plain generate()s run again
+    (the timed runs). Each record is written by the compiled step itself and is the routing of
+    one teacher-forced forward at every position; the step compiled without a listener is used
+    again afterwards without compiling (the timed runs' guard)."""
+    model = _fp32(key)
+    prompt = make_input_ids(512, 1, PROMPT, 3, "cpu")
+    gen = Generator(model, prompt, "cpu", "static")
+    first = gen.generate(NEW)
+    for _ in range(2):
+        seq, report = _recorded(model, prompt, mode="static")
+        assert torch.equal(seq, first)
+        forward = _teacher_forced(model, seq)
+        for mine, theirs in zip(report, forward.chosen, strict=True):
+            assert mine.shape == theirs.shape
+            assert bool(same_selection(mine, theirs).all())
+    with no_compile("timed run"):
+        assert torch.equal(gen.generate(NEW), first)
+
+
+def test_a_router_hooked_only_after_compiling_fails_the_record_loudly():
+    """Dynamo does not guard on module hooks: a model whose step was compiled before its
+    routers were hooked (not through ``Generator``) records the prompt only, and the report
+    says so instead of passing a short record on."""
+    model = _fp32("tiny-qwen3_moe")
+    prompt = make_input_ids(512, 1, PROMPT, 3, "cpu")
+    gen = Generator(model, prompt, "cpu", "static")
+    for router, _ in routers(model):
+        router._forward_hooks.clear()
+    gen.generate(NEW)
+    with pytest.raises(BenchError, match=f"recorded {PROMPT} routed tokens"):
+        _recorded(model, prompt, mode="static")
+
+
 def test_a_dense_model_reports_nothing():
     model = _fp32("tiny-qwen3")
-    assert replay_routing(model, make_input_ids(512, 1, 8, 0, "cpu"), 4) is None
+    prompt = make_input_ids(512, 1, PROMPT, 0, "cpu")
+    assert _recorded(model, prompt)[1] is None
 
 
 @pytest.mark.parametrize(("key", "model_type"), [
@@ -66,14 +121,15 @@ def test_a_patched_block_reports_through_its_tap_as_the_upstream_router_does(key
     patched = copy.deepcopy(upstream)
     report = apply_patch(patched, model_type)
     assert report.applied
-    seq = make_input_ids(512, 1, PROMPT + NEW, 2, "cpu")
+    prompt = make_input_ids(512, 1, PROMPT, 2, "cpu")
     calls = []
     for router, _ in routers(patched):
         router.register_forward_hook(lambda *a: calls.append(1))
-    replayed = replay_routing(patched, seq, PROMPT)
+    seq, mine = _recorded(patched, prompt)
     assert calls == []  # nothing went through the router modules
-    for mine, theirs in zip(replayed, replay_routing(upstream, seq, PROMPT), strict=True):
-        assert bool(same_selection(mine, theirs).all())
+    forward = _teacher_forced(upstream, seq)
+    for layer, theirs in zip(mine, forward.chosen, strict=True):
+        assert bool(same_selection(layer, theirs).all())
 
 
 def _side(model, routed, layer: int, tokens: list[int]):

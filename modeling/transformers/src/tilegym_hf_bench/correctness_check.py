@@ -8,6 +8,7 @@ timed. Each case's prompt is a function of the run's seed and the case's name al
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from tilegym_hf_bench.model_factory import fp32_reference
 from tilegym_hf_bench.modes import EAGER
 from tilegym_hf_bench.remote_side import RemoteSide
 from tilegym_hf_bench.routing import Margins, Referee, Routed, routing_block, routing_line
-from tilegym_hf_bench.routing_report import replay_routing
+from tilegym_hf_bench.routing_report import generate_reporting as reporting
 from tilegym_hf_bench.scoring import (
     Case,
     CaseScore,
@@ -58,18 +59,24 @@ def case_inputs(case: Case, vocab: int, run_seed: int):
 
 
 def generate_case(gen: Generator, case: Case, ids, mask):
-    """(sequences, logits) of one local side on one correctness case; the generator's own
+    """(sequences, logits, routing report or None) of one local side on one correctness case,
+    the report recorded by that same generate() (``routing_report``); the generator's own
     prompt is left as it was (its warm-up and timed runs go on from it)."""
     if case.timed_path:
         prompt, prompt_mask = gen.input_ids, gen.attention_mask
         gen.use_prompt(ids.to(gen.device), None)
         try:
-            return gen.generate_with_logits(case.new_tokens)
+            return _reported(gen, ids, case.new_tokens)
         finally:
             gen.use_prompt(prompt, prompt_mask)
     eager = Generator(gen.model, ids.to(gen.device), gen.device, EAGER)
     eager.use_prompt(ids.to(gen.device), None if mask is None else mask.to(gen.device))
-    return eager.generate_with_logits(case.new_tokens)
+    return _reported(eager, ids, case.new_tokens)
+
+
+def _reported(gen: Generator, ids, new_tokens: int):
+    generate = functools.partial(gen.generate_with_logits, new_tokens)
+    return reporting(gen.model, generate, *ids.shape, new_tokens)
 
 
 def start_remote_case(remote: RemoteSide, case: Case, ids, mask):
@@ -84,13 +91,6 @@ def start_remote_case(remote: RemoteSide, case: Case, ids, mask):
         )
     finally:
         remote.use_prompt(prompt, prompt_mask)
-
-
-def local_case(gen: Generator, case: Case, ids, mask):
-    """(sequences, logits, routing report or None) of a local side on one case."""
-    seq, logits = generate_case(gen, case, ids, mask)
-    gpu_mask = None if mask is None else mask.to(gen.device)
-    return seq, logits, replay_routing(gen.model, seq.to(gen.device), case.input_length, gpu_mask)
 
 
 @dataclass
@@ -148,7 +148,7 @@ class CorrectnessCheck:
             ]
         else:
             self._remote = [
-                lambda c=case, i=ids, m=mask: local_case(cutile, c, i, m)
+                lambda c=case, i=ids, m=mask: generate_case(cutile, c, i, m)
                 for case, (ids, mask) in zip(self.cases, self.inputs, strict=True)
             ]
 
@@ -162,7 +162,7 @@ class CorrectnessCheck:
         device = baseline.device
         self._own = []
         for case, (ids, mask) in zip(self.cases, self.inputs, strict=True):
-            seq, logits = generate_case(baseline, case, ids, mask)
+            seq, logits, report = generate_case(baseline, case, ids, mask)
             seq = seq.to(device)
             gpu_mask = None if mask is None else mask.to(device)
             reference, routed = self._referee.plain(seq, case.input_length, gpu_mask)
@@ -172,7 +172,7 @@ class CorrectnessCheck:
             if routed is not None:
                 own.routed, own.logits = routed, logits
                 own.margins = self._referee.margins(seq, case.input_length, gpu_mask, routed)
-                own.report = replay_routing(baseline.model, seq, case.input_length, gpu_mask)
+                own.report = report
             self._own.append(own)
             del logits
 

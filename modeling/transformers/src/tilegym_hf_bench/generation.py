@@ -14,6 +14,7 @@ from transformers import CompileConfig, GenerationConfig, StaticCache
 from tilegym_hf_bench.compile_guard import require_guard
 from tilegym_hf_bench.errors import BenchError
 from tilegym_hf_bench.modes import DEFAULT_MODE, MODES
+from tilegym_hf_bench.routing_report import install as install_routing_hooks
 
 
 def make_input_ids(vocab_size: int, batch: int, length: int, seed: int, device: str):
@@ -89,7 +90,9 @@ class Generator:
 
     ``keep_cache`` (default: the mode's): one static cache for all of this side's calls, reset
     before each, instead of the fresh one generate() allocates per call. A fresh cache has new
-    addresses, and the decode step's CUDA graphs were recorded against the old ones."""
+    addresses, and the decode step's CUDA graphs were recorded against the old ones.
+
+    The model's routers are hooked for ``routing_report`` first (a no-op without routers)."""
 
     def __init__(
         self,
@@ -101,6 +104,7 @@ class Generator:
     ):
         if MODES[mode].compile_config is not None:
             require_guard(mode)
+        install_routing_hooks(model)  # before the first compiled step: a record must reach it
         self.model = model
         self.mode = mode
         self.device = device

@@ -130,20 +130,24 @@ class Worker:
         gen.use_prompt(ids, mask)
         tokens = int(msg["new_tokens"])
         if msg.get("logits"):
-            seq, logits = gen.generate_with_logits(tokens)
             from safetensors.torch import save_file
 
+            report = None
+            if msg.get("routing"):
+                from tilegym_hf_bench.routing_report import generate_reporting
+
+                seq, logits, report = generate_reporting(
+                    self.model, lambda: gen.generate_with_logits(tokens), *ids.shape, tokens
+                )
+            else:
+                seq, logits = gen.generate_with_logits(tokens)
             name = str(msg["name"])
             tensors = {
                 "sequences": seq.contiguous().cpu(),
                 "logits": logits.to(self.torch.bfloat16).contiguous().cpu(),
             }
-            if msg.get("routing"):
-                from tilegym_hf_bench.routing_report import replay_routing
-
-                report = replay_routing(self.model, seq, ids.shape[1], mask) or []
-                for i, layer in enumerate(report):
-                    tensors[f"routing-{i}"] = layer.to(self.torch.int32).contiguous().cpu()
+            for i, layer in enumerate(report or []):
+                tensors[f"routing-{i}"] = layer.to(self.torch.int32).contiguous().cpu()
             save_file(tensors, str(tensor_file(self.scratch, name)))
             return {"file": name}
         if msg.get("guard"):  # a timed run: no compile (the cyclic GC was paused by "gc")
