@@ -30,7 +30,7 @@ import torch
 
 from tilegym.ops._common import buffers_private, sm_count, stream, with_hints
 from tilegym.ops.gelu_and_mul import gelu_tanh
-from tilegym.ops.gemm_configs import TileConfig, choose_config
+from tilegym.ops.gemm_configs import TileConfig, choose_config, default_config
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -764,16 +764,17 @@ def _fused_gate_up(x, gate_up_weight, act: int, out, config) -> torch.Tensor:
 
 
 def _aot_cases(ops: tuple[str, ...]) -> list[tuple[str, TileConfig, bool]]:
-    """(op, tiles, has_bias) the AOT gate compiles, each once: per op the one-row (GEMV),
-    decode and prefill tiles of the table, both split-K reductions and the hinted variants;
-    kept few because a compile takes seconds."""
+    """(op, tiles, has_bias) the AOT gate compiles, each once: per op the default one-row
+    (GEMV), decode and prefill tiles (`default_config`: not a table lookup, whose entries for
+    any one shape change with tuning), both split-K reductions and the hinted variants; kept
+    few because a compile takes seconds."""
     cases: list[tuple[str, TileConfig, bool]] = []
     for op in ops:
         gated = op in GATED_OPS
         wanted = [
-            (choose_config(1, 4096, 4096, gated=gated), op == "linear"),
-            (choose_config(8, 4096, 4096, gated=gated), False),
-            (choose_config(4096, 4096, 4096, gated=gated), op == "linear"),
+            (default_config("single", gated), op == "linear"),
+            (default_config("decode", gated), False),
+            (default_config("large", gated), op == "linear"),
         ]
         wanted += [(TileConfig(16, 64, 128, split=4, reduce=r), False) for r in ("cta", "pdl")]
         wanted.append((TileConfig(128, 64 if gated else 128, 64, occupancy=1), False))
