@@ -28,6 +28,7 @@ import io
 import json
 import multiprocessing
 import os
+import re
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -385,19 +386,46 @@ def plan_solution(
     return findings, jobs
 
 
+#: how often a compile the compiler crashed on is tried again before it is a finding
+CRASH_RETRIES = 2
+#: tileiras killed by a signal (its exit status negative): SIGABRT and SIGSEGV were seen on a
+#: loaded 2-core CI host for kernels that compiled on the next run; a real error exits >= 1
+_CRASHED = re.compile(r"\bReturn code -\d+\b")
+
+
+def crashed(error: str | None) -> bool:
+    """Whether a compile's one-line error is the compiler dying, not a verdict on the kernel."""
+    return error is not None and _CRASHED.search(error) is not None
+
+
+def retrying_crashes(attempt: Callable[[], str | None], retries: int = CRASH_RETRIES) -> str | None:
+    """``attempt()``'s error (None: success), tried again up to ``retries`` times while the
+    compiler crashed; the last error stands."""
+    error = attempt()
+    for _ in range(retries):
+        if not crashed(error):
+            break
+        error = attempt()
+    return error
+
+
 def compile_kernel(kernel: Any, signatures: list, gpu_code: str) -> str | None:
-    """Compile to an in-memory cubin; None on success, else the error in one line."""
+    """Compile to an in-memory cubin; None on success, else the error in one line (a compile
+    the compiler crashed on is tried again: ``retrying_crashes``)."""
     from cuda.tile.compilation import export_kernel
 
-    try:
-        export_kernel(
-            kernel, list(signatures), io.BytesIO(), output_format="cubin", gpu_code=gpu_code
-        )
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        return first_line(exc)
-    return None
+    def attempt() -> str | None:
+        try:
+            export_kernel(
+                kernel, list(signatures), io.BytesIO(), output_format="cubin", gpu_code=gpu_code
+            )
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return first_line(exc)
+        return None
+
+    return retrying_crashes(attempt)
 
 
 def signatures_problem(declared: object) -> str | None:
