@@ -373,7 +373,7 @@ def test_the_gpu_is_requested_by_uuid_and_the_engine_answers(client, standin, tm
         pytest.skip(f"DOCKER_HOST={host} is not a Unix socket to record the requests on")
     proxy = RecordingProxy(tmp_path / "proxy.sock", host[len("unix://") :])
     try:
-        recorded = docker.DockerClient(base_url=f"unix://{proxy.path}", version="auto", timeout=60)
+        recorded = docker.DockerClient(base_url=f"unix://{proxy.path}", version="auto", timeout=300)
         result, doc, _ = bench(recorded, tmp_path, standin, "ok", gpu=GPU, device="cuda")
         recorded.close()
     finally:
