@@ -51,6 +51,10 @@ DEFAULT_PIDS_LIMIT = 4096
 DEFAULT_OUT_BYTES = 64 * 1024 * 1024
 DEFAULT_LOG_BYTES = 64 * 1024 * 1024
 WATCH_INTERVAL_S = 0.2
+#: how long one engine API call may take: docker-py's default of 60 s is too short for
+#: ``containers/create`` on an engine whose storage driver copies the image per container (vfs),
+#: which took longer on a loaded 2-core host; the run's own limit is ``timeout_s``
+API_TIMEOUT_S = 300
 _CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 ANY_GPU = ""
 
@@ -133,7 +137,7 @@ class DockerExecutor:
         if self._client is None:
             import docker
 
-            self._client = docker.from_env()
+            self._client = docker.from_env(timeout=API_TIMEOUT_S)
         return self._client
 
     def create_kwargs(self, request: BenchRequest, out_dir: Path) -> dict[str, Any]:
