@@ -153,3 +153,21 @@ def test_tables_match_fp64(b, s, high, dtype, gen, poison_empty):
         assert got.dtype == dtype and got.shape == (b, s, 2 * inv.shape[0])
         bar = 2e-5 if dtype == torch.float32 else 4e-3  # the reduction; bf16's half step at 1
         assert (got.double() - want).abs().max().item() <= bar
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rh", [8, 16, 32, 64, 128])
+@pytest.mark.parametrize(("b", "s"), [(1, 1), (3, 37), (8, 1)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_llama_form_tables_at_every_family_width_match_fp64(rh, b, s, dtype, gen, poison_empty):
+    """The widths the families' rotary modules use (``tilegym.transformers.rope_tables``):
+    gpt-oss and Llama-3.2 32, Qwen3 64, Gemma 3 128 frequencies; OLMo's fp32 tables."""
+    pos = torch.randint(0, 131072, (b, s), generator=gen, device="cuda")
+    inv = 1.0 / (1e6 ** (torch.arange(0, 2 * rh, 2, dtype=torch.float32, device="cuda") / (2 * rh)))
+    cos, sin = rt.rotary_tables(pos, inv, 1.0, dtype)
+    f = (pos[..., None].float() * inv).double()
+    for got, want in ((cos, torch.cos(f)), (sin, torch.sin(f))):
+        want = torch.cat((want, want), dim=-1)
+        assert got.dtype == dtype and got.shape == (b, s, 2 * rh)
+        bar = 2e-5 if dtype == torch.float32 else 4e-3
+        assert (got.double() - want).abs().max().item() <= bar

@@ -35,6 +35,38 @@ def patched_pair(model_type: str, **extra):
     return base, patched, mp.apply_tilegym_kernel(patched)
 
 
+def small_family_pair(model_type: str, dtype: torch.dtype = torch.float32, **flags):
+    """(upstream model, its patched deep copy, the handle) of a family's ``small_config.json``
+    made tiny: 128 wide, 2 layers (all where per-layer lists need them: SmolLM3's 4th is NoPE),
+    heads of 64, random nonzero biases; ``flags`` go to ``apply_tilegym_kernel``."""
+    import json
+    from pathlib import Path
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import tilegym.transformers
+    from tilegym.transformers import monkey_patch as mp
+
+    path = Path(tilegym.transformers.__file__).parent / model_type / "small_config.json"
+    d = json.loads(path.read_text())
+    heads = d["num_attention_heads"] // d["num_key_value_heads"]
+    n = d["num_hidden_layers"]
+    per_layer = any(
+        isinstance(v, list) and len(v) == n for k, v in d.items() if k != "architectures"
+    )
+    layers = n if per_layer else 2
+    d.update(hidden_size=128, intermediate_size=192, num_hidden_layers=layers, vocab_size=256)
+    d.update(num_key_value_heads=2, num_attention_heads=2 * heads, head_dim=64)
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(AutoConfig.for_model(**d)).eval().to(dtype)
+    with torch.no_grad():  # biases start at zero: make them count
+        for name, p in base.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    patched = copy.deepcopy(base)
+    return base, patched, mp.apply_tilegym_kernel(patched, **flags)
+
+
 def left_padded_batch(pads: tuple[int, ...] = (0, 4, 10), seed: int | None = None, low: int = 1):
     """(ids, mask) of ``len(pads)`` rows of 11 tokens in [low, 256); row r has its first
     ``pads[r]`` masked."""

@@ -8,41 +8,15 @@ eagerly, through ``generate()`` with left padding, and compiled with a static ca
 
 from __future__ import annotations
 
-import copy
-import json
-from pathlib import Path
-
 import pytest
 import torch
 from cpu_generate import assert_same_as_upstream, greedy, left_padded_batch
-from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig
+from cpu_generate import small_family_pair as _pair
+from transformers import CompileConfig
 
-import tilegym.transformers
 from tilegym.transformers import monkey_patch as mp
 
 FAMILIES = sorted(mp.FAMILIES)
-
-
-def _pair(model_type: str, dtype: torch.dtype = torch.float32, **flags):
-    path = Path(tilegym.transformers.__file__).parent / model_type / "small_config.json"
-    d = json.loads(path.read_text())
-    heads = d["num_attention_heads"] // d["num_key_value_heads"]
-    n = d["num_hidden_layers"]  # kept where per-layer lists need it (SmolLM3's 4th is NoPE)
-    per_layer = any(
-        isinstance(v, list) and len(v) == n for k, v in d.items() if k != "architectures"
-    )
-    layers = n if per_layer else 2
-    d.update(hidden_size=128, intermediate_size=192, num_hidden_layers=layers, vocab_size=256)
-    d.update(num_key_value_heads=2, num_attention_heads=2 * heads, head_dim=64)
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_config(AutoConfig.for_model(**d)).eval().to(dtype)
-    with torch.no_grad():  # biases start at zero: make them count
-        for name, p in base.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.5)
-    patched = copy.deepcopy(base)
-    handle = mp.apply_tilegym_kernel(patched, **flags)
-    return base, patched, handle
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

@@ -143,6 +143,7 @@ def _definitions_of(name, args, model) -> list[str]:
         ],
         "kv_cache_write_at": ["gpt_oss_kv_cache_update"],
         "kv_cache_ring_write": ["gpt_oss_kv_cache_update"],
+        "rotary_tables": ["gpt_oss_rope_tables"],
     }
     return named.get(name, [f"unknown op {name}"])
 

@@ -1,17 +1,19 @@
-"""The RoPE tables of an interleaved (complex) rotary embedding in the half-split layout, on
-cuTile (DeepSeek-V2).
+"""RoPE tables in the half-split layout, ``cos(pos * inv_freq) * scaling`` in both halves, on
+cuTile: the rotary module of every Llama-form family (``tilegym.transformers.rope_tables``) and
+DeepSeek-V2's complex table split into halves (``tilegym.transformers.mla``).
 
-``DeepseekV2RotaryEmbedding`` returns ``polar(1, pos * inv_freq) * attention_scaling`` as a
-complex ``[B, S, R/2]`` table. The patched model rotates by halves on permuted projection rows
-(``tilegym.transformers.mla``), with ``cos = cat(c, c)`` and ``sin = cat(s, s)`` (``c``, ``s``:
-the table's real and imaginary parts) in the activation dtype. In PyTorch that is the rotary
-module's kernels per step (the frequencies, ``polar``, the scaling) and, per layer, the table's
-split, concatenation and cast (two Inductor kernels per layer and step). This computes both
-tables once per step from the positions in one launch: ``f = float(pos) * inv_freq`` in fp32 as
-upstream does (the same rounded products), ``f`` reduced to about ``[-pi, pi]`` by a two-constant
-Cody-Waite step (``2 pi = C1 + C2``, ``C1`` with 8 significant bits so ``k * C1`` is exact for
-``k < 2^16``, about 400 000 positions; error below 1e-5 rad), then cosine and sine, the
-scaling, one rounding to the activation dtype.
+Llama's rotary module computes ``f = pos * inv_freq`` in fp32, ``cat(f, f)``, cosine and sine
+times ``attention_scaling``, cast to the activation dtype; ``DeepseekV2RotaryEmbedding`` returns
+``polar(1, f) * attention_scaling`` as a complex ``[B, S, R/2]`` table, which the patched MLA
+rotates by halves on permuted projection rows (``cos = cat(c, c)``, ``sin = cat(s, s)``, ``c``,
+``s``: its real and imaginary parts). In PyTorch that is the rotary module's kernels per step
+(the frequencies, the cosine and sine or ``polar``, the scaling, the cast) and, for V2, per
+layer the table's split, concatenation and cast. This computes both tables once per step from
+the positions in one launch: ``f = float(pos) * inv_freq`` in fp32 as upstream does (the same
+rounded products), ``f`` reduced to about ``[-pi, pi]`` by a two-constant Cody-Waite step
+(``2 pi = C1 + C2``, ``C1`` with 8 significant bits so ``k * C1`` is exact for ``k < 2^16``, about
+400 000 positions; error below 1e-5 rad), then cosine and sine, the scaling, one rounding to
+the table's dtype.
 """
 
 from __future__ import annotations
@@ -108,13 +110,13 @@ def rotary_tables(
 def reference_rotary_tables(
     position_ids: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Upstream's complex table (``DeepseekV2RotaryEmbedding.forward``), split into its real and
-    imaginary parts, each repeated and cast: what the patched attention built from it per
-    layer (``tilegym.transformers.mla.rope_tables``)."""
+    """Llama's table (``LlamaRotaryEmbedding.forward``, the same values as transformers 5.17's
+    ``inv_freq @ position_ids`` form: one product per angle): ``cat(f, f).cos() * scaling`` and
+    the sine, cast. DeepSeek-V2's ``polar(1, f) * scaling`` split and repeated is the same table
+    up to fp32 rounding of ``polar``'s parts (``tests/ops/test_rotary_tables.py``)."""
     freqs = position_ids[..., None].float() * inv_freq.float()
-    table = torch.polar(torch.ones_like(freqs), freqs) * scaling
-    cos, sin = table.real, table.imag
-    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((sin, sin), dim=-1).to(dtype)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
 
 def aot_signatures(

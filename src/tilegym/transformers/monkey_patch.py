@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from tilegym.transformers import longrope
+from tilegym.transformers import longrope, rope_tables
 from tilegym.transformers.family import GATED_ACTS, config_activation
 from tilegym.transformers.fused_weights import FusedWeights
 
@@ -67,7 +67,8 @@ _BUILDERS = {  # upstream class suffix -> (module, the shared builder of its for
 FAMILY_ONLY_PARTS = ("RotaryEmbedding",)
 """Parts a family may name in ``Family.forwards`` with no shared builder: the model's rotary
 module, built as ``builder(routes, family)`` and patched only with ``rope`` (DeepSeek-V2's
-tables from one kernel per step)."""
+complex table); every other family's rotary modules get the cuTile tables with ``rope`` where
+their forward is Llama's form (``rope_tables``, checked per instance)."""
 
 
 @dataclass(frozen=True)
@@ -366,6 +367,13 @@ def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc
     if routes.rope:  # the decode step's RoPE tables, computed without a host read
         for module in model.modules():
             forward = longrope.branch_free_forward(module)
+            if forward is not None:
+                patcher.instance(module, forward)
+    if routes.rope and "RotaryEmbedding" not in desc.forwards:  # the tables on cuTile
+        for module in rope_tables.rotary_modules(model, desc.class_prefix):
+            forward = None
+            if not getattr(getattr(module, "forward", None), _MARK, False):
+                forward = rope_tables.make_forward(module)
             if forward is not None:
                 patcher.instance(module, forward)
     head = getattr(model, "lm_head", None)
