@@ -68,6 +68,7 @@ GLUE = {
         s,
     ),
     "rms_norm_gated": lambda x, z, w: lib.rms_norm_gated(x, z, w, 1e-6),
+    "attn_output_gate": lambda x, q: lib.sigmoid_gate(x, q[..., q.shape[-1] // 2 :]),
 }
 
 

@@ -105,3 +105,33 @@ def test_prefill_states_carry_into_decode_and_a_static_step_compiles():
     cfg._compile_all_devices = True
     static = greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
     assert torch.equal(static, greedy(base, ids, mask))
+
+
+@pytest.mark.parametrize("off", [None, "swiglu"])
+def test_the_sigmoid_gates_run_on_their_ops_with_swiglu(off):
+    """One ``sigmoid_gate`` a full-attention layer (its output gate) and one
+    ``sigmoid_gate_add`` a sparse block (the shared expert's gate and sum) per forward; with
+    ``swiglu`` off, PyTorch's sigmoid and products (and still upstream's logits)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "tilegym":
+                self.n[func._opname] = self.n.get(func._opname, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    base, patched, _ = _pair(**({off: False} if off else {}))
+    ids, mask = left_padded_batch((0, 4, 9), seed=1)
+    with Calls() as calls, torch.no_grad():
+        got = patched(input_ids=ids, attention_mask=mask).logits
+    full = base.config.layer_types.count("full_attention")
+    gates = 0 if off else 1
+    assert calls.n.get("sigmoid_gate", 0) == gates * full
+    assert calls.n.get("sigmoid_gate_add", 0) == gates * base.config.num_hidden_layers
+    with torch.no_grad():
+        want = base(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], rtol=1e-4, atol=1e-4)

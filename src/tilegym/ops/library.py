@@ -37,6 +37,7 @@ from tilegym.ops import rms_norm_gated as _rms_norm_gated
 from tilegym.ops import rope as _rope
 from tilegym.ops import rotary_tables as _rotary
 from tilegym.ops import router_linear as _router
+from tilegym.ops import sigmoid_gate as _sigmoid_gate
 from tilegym.ops import silu_and_mul as _silu
 from tilegym.ops._common import private_buffers
 
@@ -297,6 +298,38 @@ def _(gate, up):
 def _(gate, up):
     inter = gate.shape[-1] if up is not None else gate.shape[-1] // 2
     return gate.new_empty((*gate.shape[:-1], inter))
+
+
+@_op("sigmoid_gate")
+def sigmoid_gate_op(x: Tensor, gate: Tensor) -> Tensor:
+    with private_buffers():
+        return _sigmoid_gate.sigmoid_gate(x, gate)
+
+
+@sigmoid_gate_op.register_kernel("cpu")
+def _(x, gate):
+    return _sigmoid_gate.sigmoid_gate_reference(x, gate).contiguous()
+
+
+@sigmoid_gate_op.register_fake
+def _(x, gate):
+    return x.new_empty(x.shape)
+
+
+@_op("sigmoid_gate_add")
+def sigmoid_gate_add_op(residual: Tensor, x: Tensor, gate: Tensor) -> Tensor:
+    with private_buffers():
+        return _sigmoid_gate.sigmoid_gate_add(residual, x, gate)
+
+
+@sigmoid_gate_add_op.register_kernel("cpu")
+def _(residual, x, gate):
+    return _sigmoid_gate.sigmoid_gate_add_reference(residual, x, gate).contiguous()
+
+
+@sigmoid_gate_add_op.register_fake
+def _(residual, x, gate):
+    return x.new_empty(x.shape)
 
 
 @_op("linear")
@@ -731,6 +764,21 @@ def gelu_tanh_and_mul(gate: Tensor, up: Tensor | None = None) -> Tensor:
     if _use_op(gate):
         return gelu_tanh_and_mul_op(gate, up)
     return _gelu.gelu_tanh_and_mul(gate, up)
+
+
+def sigmoid_gate(x: Tensor, gate: Tensor) -> Tensor:
+    """``x * sigmoid(gate)``: ``x`` ``[..., H * D]``, ``gate`` ``[..., H, D]`` (strided views
+    of the q projection's gate halves; ``ops/sigmoid_gate.py``: Qwen3.5's output gate)."""
+    if _use_op(x):
+        return sigmoid_gate_op(x, gate)
+    return _sigmoid_gate.sigmoid_gate(x, gate)
+
+
+def sigmoid_gate_add(residual: Tensor, x: Tensor, gate: Tensor) -> Tensor:
+    """``residual + x * sigmoid(gate)``, ``gate`` one logit a row (Qwen3-Next's shared expert)."""
+    if _use_op(x):
+        return sigmoid_gate_add_op(residual, x, gate)
+    return _sigmoid_gate.sigmoid_gate_add(residual, x, gate)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -32,6 +32,7 @@ from tilegym.ops.library import (
     rms_norm,
     rms_norm_add,
     rms_norm_add_rms_norm,
+    sigmoid_gate,
     silu_and_mul,
 )
 from tilegym.ops.qk_norm_whole_rope import fits as whole_rope_fits
@@ -144,8 +145,9 @@ def make_attention_forward(
     With ``family.sinks`` the module's sinks go to the attention function as ``s_aux``; with
     ``family.rope_half_table`` the RoPE kernels get the half-width tables repeated (gpt-oss).
     With ``family.attn_output_gate`` q_proj holds [q; gate] per head and the attention output
-    is scaled by ``sigmoid(gate)`` before o_proj (Qwen3.5; PyTorch's sigmoid and multiply, as
-    upstream). Tables narrower than the head (partial rotary, Qwen3.5's 0.25) take the
+    is scaled by ``sigmoid(gate)`` before o_proj (Qwen3.5; with ``swiglu`` on the cuTile
+    ``sigmoid_gate`` kernel, which reads the gate halves in place, else PyTorch's sigmoid and
+    multiply, as upstream). Tables narrower than the head (partial rotary, Qwen3.5's 0.25) take the
     q/k norms and the RoPE kernel apart: the fused kernels rotate whole heads only. Per-head
     q/k norms (Qwen3) fuse with RoPE in ``qk_norm_rope``; whole-projection ones (OLMo 2/3,
     OLMoE) in ``qk_norm_whole_rope`` (heads whose halves are power-of-two tiles; OLMoE only
@@ -185,7 +187,7 @@ def make_attention_forward(
             q = q.view(bsz, seq, hq, q_width * d)
             k, v = k.view(bsz, seq, hk, d), v.view(bsz, seq, hk, d)
         if family.attn_output_gate:  # upstream's chunk of the [q; gate] head
-            q, gate = q[..., :d], q[..., d:].reshape(bsz, seq, hq * d)
+            q, gate = q[..., :d], q[..., d:]  # [B, S, H, D] views of each head's halves
         cos, sin = position_embeddings
         if family.rope_half_table and routes.rope:  # the kernels take head_dim-wide tables
             cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
@@ -243,8 +245,10 @@ def make_attention_forward(
             **kwargs,
         )
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
-        if gate is not None:
-            attn_output = attn_output * torch.sigmoid(gate)
+        if gate is not None and routes.swiglu:  # one cuTile launch, the gate read in place
+            attn_output = sigmoid_gate(attn_output, gate)
+        elif gate is not None:
+            attn_output = attn_output * torch.sigmoid(gate.reshape(*input_shape, -1))
         if routes.linear and self.o_proj.bias is None:
             if residual is not None:
                 w = fused.scaled(self, "o_proj", residual_scale(self, family))

@@ -30,7 +30,8 @@ the patch's ``FusedWeights``: one more copy of the expert weights while patched)
 Qwen3-Next (``Family.moe_shared_expert``): the block also holds ``shared_expert`` (the family's
 dense MLP, patched as such) and ``shared_expert_gate`` (a ``[1, H]`` linear); their
 ``sigmoid(gate(x)) * shared_expert(x)`` joins the residual the experts op adds (upstream adds it
-to the experts' sum; the same terms, summed in another order).
+to the experts' sum; the same terms, summed in another order); with ``swiglu`` the gate, its
+product and that sum are one cuTile launch (``sigmoid_gate_add``).
 
 Under ``linear`` the router module itself is not called, so its outputs are not recorded for
 ``output_router_logits`` (the training-time load-balancing loss); generation never asks for them.
@@ -43,7 +44,7 @@ from collections.abc import Callable
 
 import torch
 
-from tilegym.ops.library import moe_experts, moe_experts_bias, moe_route
+from tilegym.ops.library import moe_experts, moe_experts_bias, moe_route, sigmoid_gate_add
 from tilegym.ops.moe_bias import ACT_CLAMPED, expert_rows
 from tilegym.transformers import routing_tap
 from tilegym.transformers.fused_weights import FusedWeights
@@ -101,8 +102,12 @@ def make_moe_block_forward(routes, gemm, family, fused=None) -> Callable:
         if family.moe_shared_expert:
             gate = self.shared_expert_gate
             g = gemm.linear(x, gate.weight, gate.bias) if routes.linear else gate(x)
-            shared = torch.sigmoid(g) * self.shared_expert(x)
-            res = shared if res is None else res + shared
+            shared = self.shared_expert(x)
+            if res is not None and routes.swiglu:  # the gate and the sum in one launch
+                res = sigmoid_gate_add(res, shared, g)
+            else:
+                shared = torch.sigmoid(g) * shared
+                res = shared if res is None else res + shared
         if routes.linear:
             logits = gemm.linear(x, router.weight, getattr(router, "bias", None))
             norm = router.norm_topk_prob if renormalize is None else renormalize
