@@ -71,3 +71,29 @@ def test_rope_left_to_pytorch_keeps_the_model_dtype_for_a_static_cache(model_typ
     valid = mask.bool()
     assert logits.dtype == torch.bfloat16
     torch.testing.assert_close(logits[valid].float(), ref[valid].float(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
+@pytest.mark.parametrize("rms_norm", [True, False])
+def test_post_norm_layers_add_their_norms_in_one_op(model_type, rms_norm):
+    """A post-norm layer's two norm-then-add steps are one ``rms_norm_add`` each with
+    ``rms_norm``, and the norms' forwards and PyTorch's adds without; upstream's model either
+    way."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n[func._opname] = self.n.get(func._opname, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    base, patched, _ = _pair(model_type, rms_norm=rms_norm)
+    ids, mask = left_padded_batch()
+    with Ops() as ops, torch.no_grad():
+        patched(input_ids=ids, attention_mask=mask)
+    layers = patched.config.num_hidden_layers
+    assert ops.n.get("rms_norm_add", 0) == (2 * layers if rms_norm else 0)
+    assert_same_as_upstream(base, patched, ids, mask)

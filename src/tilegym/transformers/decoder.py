@@ -339,9 +339,10 @@ def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         **kwargs,
     ) -> torch.Tensor:
-        """A post-norm family's layer (OLMo 2): each sub-block's output is normalized, then
-        added to the residual (the norms are the patched RMSNorm forwards; the adds stay
-        PyTorch's: nothing to fold them into)."""
+        """A post-norm family's layer (OLMo 2, OLMo 3): each sub-block's output is normalized,
+        then added to the residual. With ``rms_norm`` each norm and its add are one kernel
+        (``rms_norm_add``: the norm rounded as the patched RMSNorm rounds it, then the add as
+        PyTorch's), else the norms' own forwards and PyTorch's adds."""
         attn_out, _ = self.self_attn(
             hidden_states=hidden_states,
             attention_mask=attention_mask,
@@ -349,8 +350,14 @@ def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
             position_embeddings=position_embeddings,
             **kwargs,
         )
-        hidden_states = hidden_states + self.post_attention_layernorm(attn_out)
-        return hidden_states + self.post_feedforward_layernorm(self.mlp(hidden_states))
+        post_attn, post_mlp = self.post_attention_layernorm, self.post_feedforward_layernorm
+        if not routes.rms_norm:
+            hidden_states = hidden_states + post_attn(attn_out)
+            return hidden_states + post_mlp(self.mlp(hidden_states))
+        w, eps = post_attn.weight, norm_eps(post_attn)
+        hidden_states = rms_norm_add(attn_out, hidden_states, w, eps, offset)
+        w, eps = post_mlp.weight, norm_eps(post_mlp)
+        return rms_norm_add(self.mlp(hidden_states), hidden_states, w, eps, offset)
 
     def sandwich_forward(
         self,
