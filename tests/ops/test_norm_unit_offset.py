@@ -265,14 +265,19 @@ def test_rms_norm_add_with_and_without_the_next_norm(shape, dtype, gen, poison_e
 
 
 @pytest.mark.gpu
-def test_rms_norm_add_llama_form(gen, poison_empty):
-    """Without the offset the kernel is a Llama-form post-norm (weight * x / rms(x))."""
-    x, w = _inputs((37, 2048), torch.bfloat16, gen)
+@pytest.mark.parametrize("shape", [(37, 2048), (1, 4096), (8, 4096), (2048, 4096)])
+def test_rms_norm_add_llama_form(shape, gen, poison_empty):
+    """Without the offset the kernel is a Llama-form post-norm (weight * x / rms(x)): OLMo 2/3's
+    post-norm steps at their decode and prompt shapes, with and without a next norm."""
+    x, w = _inputs(shape, torch.bfloat16, gen)
     r = torch.randn(x.shape, device="cuda", generator=gen).to(torch.bfloat16)
     ref_total = r.float() + rn.rms_norm_reference(x.float(), w.float(), EPS)
     total, normed = rn.rms_norm_add(x, r, w, EPS, w)
     assert_close_rel(total, ref_total)
     assert_close_rel(normed, rn.rms_norm_reference(ref_total, w.float(), EPS))
+    alone, none = rn.rms_norm_add(x, r, w, EPS)
+    assert none is None
+    assert_close_rel(alone, ref_total)
 
 
 @pytest.mark.gpu
