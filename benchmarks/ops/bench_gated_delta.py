@@ -8,7 +8,10 @@ gates from the module's torch expressions inside the timed call, as the model co
 cuTile fuses them. Times are medians of CUDA-event intervals, variants interleaved after a
 warm-up, with the p10-p90 spread in percent. ``err`` is each variant's relative error against
 the fp32 recurrent reference (outputs; a quick parity check, not a test). ``cutile-fma`` is
-the prefill with the UT transform in fp32 FMAs instead of split tf32 (``prep_split=False``).
+the prefill with the UT transform in fp32 FMAs instead of split tf32 (``prep_split=False``),
+``cutile-split`` the scan split in a state pass and a parallel output kernel (``split=True``).
+``--kernels`` adds, per prefill shape, each cuTile form's time by kernel (torch.profiler's
+CUDA time, mean of ``--iters`` calls): where a form's time goes.
 
 fla is optional: install the wheel into any folder on the GPU host and put it on PYTHONPATH
 (``pip install --no-deps --target /tmp/fla-site flash_linear_attention-0.6.0 fla_core-0.6.0``;
@@ -140,6 +143,28 @@ def _row(label, fns, ref, warmup, iters, cols, reset=None):
     return row
 
 
+def _print_kernel_times(label, fns, iters) -> None:
+    """Each function's mean CUDA time per call by kernel, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fn()
+            torch.cuda.synchronize()
+        times: dict[str, float] = {}
+        for event in prof.key_averages():
+            us = getattr(event, "device_time_total", None) or event.cuda_time_total
+            if us:
+                times[event.key.split("_Kt")[0]] = times.get(event.key.split("_Kt")[0], 0) + us
+        parts = ", ".join(
+            f"{k} {v / iters:.1f}" for k, v in sorted(times.items(), key=lambda kv: -kv[1])
+        )
+        print(f"kernels {label} {name} (us a call): {parts}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--iters", type=int, default=30)
@@ -150,10 +175,11 @@ def main() -> None:
                    help="BxT prefill shapes")  # fmt: skip
     p.add_argument("--decode", nargs="*", type=int, default=DECODE, help="decode batch sizes")
     p.add_argument("--no-conv-norm", action="store_true", help="only the gated delta rule")
+    p.add_argument("--kernels", action="store_true", help="each prefill form's time by kernel")
     args = p.parse_args()
     prefill = [tuple(int(n) for n in s.split("x")) for s in args.prefill]
     fla_chunk, fla_rec = _fla()
-    cols = ["cutile", "cutile-fma", "fla", "torch"]
+    cols = ["cutile", "cutile-fma", "cutile-split", "fla", "torch"]
     header = ["case"] + [f"{c} {h}" for c in cols for h in ("us", "/cutile", "err")]
     rows = []
     for hname in args.heads:
@@ -165,7 +191,11 @@ def main() -> None:
             fns = {
                 "cutile": partial(gd.gated_delta_chunk, *x),
                 "cutile-fma": partial(gd.gated_delta_chunk, *x, prep_split=False),
+                "cutile-split": partial(gd.gated_delta_chunk, *x, split=True),
             }
+            if args.kernels:
+                by_kernel = {n: f for n, f in fns.items() if n.startswith("cutile")}
+                _print_kernel_times(f"{hname} {bsz}x{n_tok}", by_kernel, args.iters)
             if fla_chunk is not None:
                 fns["fla"] = partial(_fla_chunk, fla_chunk, *x)
             if not args.no_torch_prefill:

@@ -64,9 +64,10 @@ def test_references_match_transformers(shape, with_state, gen):
     hf_chunk = qwen3_5.torch_chunk_gated_delta_rule(qr, kr, v, g=g, beta=beta, **kw)
     rec = gd.recurrent_reference(q, k, v, g, beta, s0)
     chunk = gd.chunk_reference(q, k, v, g, beta, s0)
+    split = gd.chunk_reference(q, k, v, g, beta, s0, split=True)
     # fp32, the chunked and recurrent orders of summation: 1.4e-5 apart at T = 64 for one seed
     # (outputs ~1e-2); a wrong gate or beta is off by ~1e-1
-    for mine in (rec, chunk):
+    for mine in (rec, chunk, split):
         for got, want in zip(mine, hf_rec, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=5e-5)
     for got, want in zip(chunk, hf_chunk, strict=True):
@@ -108,6 +109,8 @@ def test_reference_catches_a_wrong_decay(gen):
     out, _ = gd.chunk_reference(q, k, v, g, beta)
     bad, _ = gd.chunk_reference(q, k, v, g * 1.01, beta)
     assert rel_err(bad, out) > 1e-4
+    bad, _ = gd.chunk_reference(q, k, v, g * 1.01, beta, split=True)
+    assert rel_err(bad, out) > 1e-4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,14 +133,15 @@ def launches(monkeypatch):
 
 
 @pytest.mark.parametrize("heads", [(16, 16, 128, 128), (16, 32, 128, 128)])
-def test_aot_signatures_cover_the_launches(launches, heads, gen):
+@pytest.mark.parametrize("split", [False, True])
+def test_aot_signatures_cover_the_launches(launches, heads, split, gen):
     hk, hv, dk, dv = heads
-    sigs = gd.aot_signatures(heads=(heads,), dtypes=(torch.bfloat16,))
+    sigs = gd.aot_signatures(heads=(heads,), dtypes=(torch.bfloat16,), split=(split,))
     q, k, v, a, b, A_log, dt_bias = _inputs(2, 3, hk, hv, dk, dv, gen, dtype=torch.bfloat16)
     state = torch.zeros(2, hv, dk, dv)
     gd.gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state)
-    gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias)
-    gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, state)
+    gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, split=split)
+    gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, state, split=split)
     names = []
     for kernel, _, args in launches:
         names.append(kernel._pyfunc.__name__)
@@ -151,7 +155,7 @@ def test_aot_signatures_compile_for_sm90():
 
     if toolchain_problem():
         pytest.skip(toolchain_problem())
-    for kernel, ss in gd.aot_signatures().items():
+    for kernel, ss in gd.aot_signatures(split=(False, True)).items():
         assert compile_kernel(kernel, ss, "sm_90") is None, kernel._pyfunc.__name__
 
 
@@ -189,6 +193,29 @@ def test_chunk_kernel_matches_reference(shape, dtype, with_state, gen, poison_em
     assert out.dtype == dtype and final.dtype == torch.float32
     assert_close_rel(out, want_out)
     assert_close_rel(final, want_state, 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_split_scan_matches_reference_and_the_one_kernel_scan(
+    shape, dtype, with_state, gen, poison_empty
+):
+    """The state pass + parallel output kernel: the recurrent reference's answer, and the
+    one-kernel scan's up to the products' order (the same tf32 products of the same values)."""
+    bsz, n_tok, hk, hv, dk, dv = shape
+    q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, dtype, pad=min(5, n_tok - 1))
+    s0 = _state(bsz, hv, dk, dv, gen, "cuda") if with_state else None
+    out, final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, split=True)
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    want_out, want_state = gd.recurrent_reference(q, k, v, g, beta, s0)
+    assert out.dtype == dtype and final.dtype == torch.float32
+    assert_close_rel(out, want_out)
+    assert_close_rel(final, want_state, 2e-3)
+    one_out, one_final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, split=False)
+    assert_close_rel(out, one_out.float(), 1e-2)
+    assert_close_rel(final, one_final, 1e-5)
 
 
 @pytest.mark.gpu

@@ -31,6 +31,13 @@ Kernels:
   ``S = exp(g_last) S + (K exp(g_last - gcum))^T v'``. Its products run on tf32 tensor cores
   (``SCAN_TF32``); the UT transform keeps fp32 accuracy, on tensor cores as split tf32
   (``PREP_SPLIT_TF32``) or in fp32 FMAs.
+- ``split=True`` (``SPLIT_SCAN``) splits that scan as flash-linear-attention does: the prep also
+  stores the state update's keys ``k exp(g_last - gcum)``; ``gdn_chunk_state_kernel`` walks the
+  chunks with two products a chunk (``v' = u - w S``, ``S = exp(g_last) S + KD^T v'``), storing
+  each chunk's starting state and ``v'`` (fp32); ``gdn_chunk_output_kernel`` then computes every
+  chunk's output at once from them, ``Q K^T`` once per value block instead of once per value
+  tile in the sequential loop. Same products on the same values (``chunk_reference(...,
+  split=True)`` is its order); not yet run on a GPU, so not the default.
 
 Measured once on an H200 (bf16, fp32 FMA UT transform, before the split form): decode 7.4 us
 at B=1 (torch's recurrent function: 101 us), prefill 4.8 ms for 1 x 2048 tokens x 16 heads
@@ -63,6 +70,11 @@ DECODE_BV = 32
 SCAN_BV = 32
 #: the scan's products on tf32 tensor cores (else fp32).
 SCAN_TF32 = True
+#: the scan split in two (``gdn_chunk_state_kernel`` in order, ``gdn_chunk_output_kernel`` over
+#: every chunk at once) instead of one kernel doing both in order; not yet measured on a GPU.
+SPLIT_SCAN = False
+#: value columns per block of the split scan's output kernel.
+OUTPUT_BV = 64
 #: the UT transform's products as split tf32 on tensor cores (else fp32 FMAs, which tileiras
 #: does not map to tensor cores: 4.8 ms for 2048 tokens x 16 heads on the H200, 2.3x torch's
 #: own chunked function; the split form is not yet measured on a GPU).
@@ -187,6 +199,7 @@ def gdn_chunk_prep_kernel(
     W,
     U,
     G,
+    KD,
     n_tok: int,
     HV: ConstInt,
     GROUP: ConstInt,
@@ -195,8 +208,10 @@ def gdn_chunk_prep_kernel(
     C: ConstInt,
     LOG_C: ConstInt,
     SPLIT: ConstBool,
+    STORE_KD: ConstBool,
 ):
-    """One (chunk, batch x head): gates, decay cumsum, UT transform; u, w, gcum to the workspace.
+    """One (chunk, batch x head): gates, decay cumsum, UT transform; u, w, gcum to the workspace
+    (with STORE_KD also ``k exp(g_last - gcum)``, the state update's keys, for the split scan).
     Its products run at fp32 accuracy (``_mm_fp32``: split tf32 with SPLIT, else fp32 FMAs)."""
     c = ct.bid(0)
     bh = ct.bid(1)
@@ -239,6 +254,9 @@ def gdn_chunk_prep_kernel(
     ct.store(U, (b, h, c, 0), u.reshape((1, 1, C, DV)))
     ct.store(W, (b, h, c, 0), w.reshape((1, 1, C, DK)))
     ct.store(G, (b, h, c), gc.reshape((1, 1, C)))
+    if STORE_KD:
+        g_last = ct.sum(ct.where(rows == C - 1, gc, 0.0), axis=0, keepdims=True)  # gc[C - 1]
+        ct.store(KD, (b, h, c, 0), (k * ct.exp(g_last - gc)).reshape((1, 1, C, DK)))
 
 
 @ct.kernel
@@ -293,6 +311,88 @@ def gdn_chunk_scan_kernel(
         kd = k * ct.exp(g_last - gc)
         s = s * ct.exp(g_last) + _mm(ct.transpose(kd), vn, TF32)
     ct.store(StateOut, (b, h, 0, j), s.reshape((1, 1, DK, BV)).astype(StateOut.dtype))
+
+
+@ct.kernel
+def gdn_chunk_state_kernel(
+    W,
+    U,
+    KD,
+    G,
+    State0,
+    States,
+    VN,
+    StateOut,
+    n_tok: int,
+    HV: ConstInt,
+    DK: ConstInt,
+    BV: ConstInt,
+    C: ConstInt,
+    HAS_STATE: ConstBool,
+    TF32: ConstBool,
+):
+    """The split scan's sequential half, chunks in order for one (value tile, batch x head):
+    each chunk's starting state and ``v' = u - w S`` to the workspace, then
+    ``S = exp(g_last) S + KD^T v'``; two products a chunk, no norms (the prep's ``KD``)."""
+    j = ct.bid(0)
+    bh = ct.bid(1)
+    b = bh // HV
+    h = bh % HV
+    if HAS_STATE:
+        s = ct.load(State0, (b, h, 0, j), (1, 1, DK, BV), padding_mode=PAD_ZERO)
+        s = s.reshape((DK, BV)).astype(ct.float32)
+    else:
+        s = ct.zeros((DK, BV), dtype=ct.float32)
+    n_chunks = ct.cdiv(n_tok, C)
+    for c in range(n_chunks):
+        ct.store(States, (b, h, c, 0, j), s.reshape((1, 1, 1, DK, BV)))
+        w = ct.load(W, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK))
+        u = ct.load(U, (b, h, c, j), (1, 1, C, BV)).reshape((C, BV))
+        vn = u - _mm(w, s, TF32)
+        ct.store(VN, (b, h, c, j), vn.reshape((1, 1, C, BV)))
+        kd = ct.load(KD, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK))
+        g_last = ct.load(G, (b, h, c * C + C - 1), (1, 1, 1)).reshape((1, 1))
+        s = s * ct.exp(g_last) + _mm(ct.transpose(kd), vn, TF32)
+    ct.store(StateOut, (b, h, 0, j), s.reshape((1, 1, DK, BV)).astype(StateOut.dtype))
+
+
+@ct.kernel
+def gdn_chunk_output_kernel(
+    Q,
+    K,
+    G,
+    States,
+    VN,
+    Out,
+    scale: float,
+    HV: ConstInt,
+    GROUP: ConstInt,
+    DK: ConstInt,
+    BV: ConstInt,
+    C: ConstInt,
+    TF32: ConstBool,
+):
+    """The split scan's parallel half, one (chunk, batch x head, value tile) a block:
+    ``o = (Q exp(gcum)) S_c + (Q K^T * decay, causal) v'`` from the chunk's starting state."""
+    c = ct.bid(0)
+    bh = ct.bid(1)
+    j = ct.bid(2)
+    b = bh // HV
+    h = bh % HV
+    hk = h // GROUP
+    q = ct.load(Q, (b, c, hk, 0), (1, C, 1, DK), padding_mode=PAD_ZERO)
+    q = _l2norm_rows(q.reshape((C, DK)).astype(ct.float32)) * scale
+    k = ct.load(K, (b, c, hk, 0), (1, C, 1, DK), padding_mode=PAD_ZERO)
+    k = _l2norm_rows(k.reshape((C, DK)).astype(ct.float32))
+    gc = ct.load(G, (b, h, c), (1, 1, C)).reshape((C, 1))
+    st = ct.load(States, (b, h, c, 0, j), (1, 1, 1, DK, BV)).reshape((DK, BV))
+    vn = ct.load(VN, (b, h, c, j), (1, 1, C, BV)).reshape((C, BV))
+    rows = ct.arange(C, dtype=ct.int32).reshape((C, 1))
+    cols = ct.arange(C, dtype=ct.int32).reshape((1, C))
+    decay = ct.exp(ct.where(rows >= cols, gc - ct.transpose(gc), _NEG_BIG))
+    att = _mm(q, ct.transpose(k), TF32) * decay
+    o = _mm(q * ct.exp(gc), st, TF32) + _mm(att, vn, TF32)
+    ct.store(Out, (b, c, h, j), o.reshape((1, C, 1, BV)).astype(Out.dtype))
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,9 +461,13 @@ def gated_delta_chunk(
     tf32: bool = SCAN_TF32,
     prep_split: bool = PREP_SPLIT_TF32,
     state_dtype: torch.dtype = torch.float32,
+    split: bool = SPLIT_SCAN,
+    out_bv: int = OUTPUT_BV,
 ):
     """Chunked (64) gated delta rule: ``(out [B, T, Hv, Dv] in v's dtype, final state
-    [B, Hv, Dk, Dv] in state_dtype)``, starting from ``initial_state`` (zeros if None)."""
+    [B, Hv, Dk, Dv] in state_dtype)``, starting from ``initial_state`` (zeros if None).
+    ``split``: the scan as the state pass and the parallel output kernel (``out_bv`` value
+    columns a block), through an fp32 workspace of every chunk's starting state."""
     bsz, n_tok, hk, dk, hv, dv = _check(q, k, v, a, b, A_log, dt_bias, initial_state)
     dev = v.device
     out = torch.empty((bsz, n_tok, hv, dv), dtype=v.dtype, device=dev)
@@ -375,20 +479,31 @@ def gated_delta_chunk(
         final.copy_(initial_state if initial_state is not None else torch.zeros_like(final))
         return out, final
     t_pad = n_chunks * CHUNK
-    w = torch.empty((bsz, hv, t_pad, dk), dtype=torch.float32, device=dev)
-    u = torch.empty((bsz, hv, t_pad, dv), dtype=torch.float32, device=dev)
-    g = torch.empty((bsz, hv, t_pad), dtype=torch.float32, device=dev)
+    f32 = dict(dtype=torch.float32, device=dev)
+    w = torch.empty((bsz, hv, t_pad, dk), **f32)
+    u = torch.empty((bsz, hv, t_pad, dv), **f32)
+    g = torch.empty((bsz, hv, t_pad), **f32)
+    kd = torch.empty((bsz, hv, t_pad, dk), **f32) if split else w  # w: a placeholder
     alog, dtb = A_log.contiguous(), dt_bias.contiguous()
     log_c = CHUNK.bit_length() - 1
-    prep = (k, v, a, b, alog, dtb, w, u, g, n_tok, hv, hv // hk, dk, dv, CHUNK, log_c)
-    prep = (*prep, bool(prep_split))
+    prep = (k, v, a, b, alog, dtb, w, u, g, kd, n_tok, hv, hv // hk, dk, dv, CHUNK, log_c)
+    prep = (*prep, bool(prep_split), bool(split))
     ct.launch(stream(), (n_chunks, bsz * hv, 1), gdn_chunk_prep_kernel, prep)
     bv = min(bv, dv)
     has = initial_state is not None
     s0 = initial_state if has else final
-    scan = (q, k, w, u, g, s0, out, final, n_tok, dk**-0.5)
-    consts = (hv, hv // hk, dk, bv, CHUNK, has, bool(tf32))
-    ct.launch(stream(), (dv // bv, bsz * hv, 1), gdn_chunk_scan_kernel, (*scan, *consts))
+    if not split:
+        scan = (q, k, w, u, g, s0, out, final, n_tok, dk**-0.5)
+        consts = (hv, hv // hk, dk, bv, CHUNK, has, bool(tf32))
+        ct.launch(stream(), (dv // bv, bsz * hv, 1), gdn_chunk_scan_kernel, (*scan, *consts))
+        return out, final
+    states = torch.empty((bsz, hv, n_chunks, dk, dv), **f32)
+    vn = torch.empty((bsz, hv, t_pad, dv), **f32)
+    args = (w, u, kd, g, s0, states, vn, final, n_tok, hv, dk, bv, CHUNK, has, bool(tf32))
+    ct.launch(stream(), (dv // bv, bsz * hv, 1), gdn_chunk_state_kernel, args)
+    out_bv = min(out_bv, dv)
+    args = (q, k, g, states, vn, out, dk**-0.5, hv, hv // hk, dk, out_bv, CHUNK, bool(tf32))
+    ct.launch(stream(), (n_chunks, bsz * hv, dv // out_bv), gdn_chunk_output_kernel, args)
     return out, final
 
 
@@ -449,8 +564,10 @@ def ut_inverse_reference(am):
     return t
 
 
-def chunk_reference(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK):
-    """The chunked kernels' algorithm in fp32 PyTorch: ``(out [B, T, Hv, Dv] fp32, state)``."""
+def chunk_reference(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK, split: bool = False):
+    """The chunked kernels' algorithm in fp32 PyTorch: ``(out [B, T, Hv, Dv] fp32, state)``.
+    ``split``: the split scan's order, every chunk's starting state and ``v'`` first (the state
+    pass, keys ``k exp(g_last - gcum)`` from the prep), then every chunk's output from them."""
     q, k, v, g, beta = _prepare(q, k, v, g, beta)
     bsz, hv, n_tok, dk = k.shape
     dv = v.shape[-1]
@@ -460,6 +577,7 @@ def chunk_reference(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK):
     out = torch.empty(bsz, hv, n_tok, dv, device=v.device)
     idx = torch.arange(chunk, device=v.device)
     lower, causal = idx[:, None] > idx[None, :], idx[:, None] >= idx[None, :]
+    pending = []  # (slice, padding, q, k, gcum, starting state, v') for the output pass
     for c0 in range(0, n_tok, chunk):
         sl = slice(c0, min(c0 + chunk, n_tok))
         pad = chunk - (sl.stop - c0)
@@ -471,13 +589,23 @@ def chunk_reference(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK):
         t = ut_inverse_reference(am)
         u, w = t @ (vc * bc), t @ (kc * bc * gc[..., None].exp())
         vn = u - w @ s
-        att = qc @ kc.transpose(-1, -2) * torch.where(causal, diff, -torch.inf).exp()
-        o = (qc * gc[..., None].exp()) @ s + att @ vn
-        out[:, :, sl] = o[:, :, : chunk - pad]
+        pending.append((sl, pad, qc, kc, gc, s, vn))
+        if not split:
+            _chunk_output(out, *pending.pop(), causal)
         g_last = gc[..., -1:]
         kd = kc * (g_last - gc)[..., None].exp()
         s = s * g_last[..., None].exp() + kd.transpose(-1, -2) @ vn
+    for item in pending:
+        _chunk_output(out, *item, causal)
     return out.transpose(1, 2), s
+
+
+def _chunk_output(out, sl, pad, qc, kc, gc, s, vn, causal):
+    """One chunk's output from its starting state ``s`` and ``v'``, into ``out[:, :, sl]``."""
+    diff = gc[..., :, None] - gc[..., None, :]
+    att = qc @ kc.transpose(-1, -2) * torch.where(causal, diff, -torch.inf).exp()
+    o = (qc * gc[..., None].exp()) @ s + att @ vn
+    out[:, :, sl] = o[:, :, : o.shape[2] - pad]
 
 
 # --------------------------------------------------------------------------------------------
@@ -489,30 +617,46 @@ def aot_signatures(
     heads=((16, 16, 128, 128), (16, 32, 128, 128)),
     dtypes=AOT_DTYPES,
     state_dtypes=(torch.float32,),
+    split=(SPLIT_SCAN,),
 ) -> dict:
     """Signatures of the kernels the wrappers launch by default, per (Hk, Hv, Dk, Dv):
-    Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32)."""
+    Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32); ``split``:
+    the scan forms to declare (the default's, or both)."""
     out: dict = {}
     f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
     log_c = CHUNK.bit_length() - 1
+    w5 = array_sig(torch.float32, 5)
     for dt in dtypes:
         a4, a3, a1 = array_sig(dt, 4), array_sig(dt, 3), array_sig(dt, 1)
         w4, w3 = array_sig(torch.float32, 4), array_sig(torch.float32, 3)
         for hk, hv, dk, dv in heads:
             group = hv // hk
+            bv = min(SCAN_BV, dv)
             for sd in state_dtypes:
                 s4 = array_sig(sd, 4)
-                bv = min(DECODE_BV, dv)
-                sig = signature(a4, a4, a4, a3, a3, a1, a1, s4, a4, f32, hv, group, dk, bv)
+                dbv = min(DECODE_BV, dv)
+                sig = signature(a4, a4, a4, a3, a3, a1, a1, s4, a4, f32, hv, group, dk, dbv)
                 out.setdefault(gdn_recurrent_kernel, []).append(sig)
-                bv = min(SCAN_BV, dv)
                 for has in (False, True):
-                    arrays = (a4, a4, w4, w4, w3, s4, a4, s4, i32, f32)
-                    sig = signature(*arrays, hv, group, dk, bv, CHUNK, has, SCAN_TF32)
-                    out.setdefault(gdn_chunk_scan_kernel, []).append(sig)
-            arrays = (a4, a4, a3, a3, a1, a1, w4, w4, w3, i32)
-            sig = signature(*arrays, hv, group, dk, dv, CHUNK, log_c, PREP_SPLIT_TF32)
-            out.setdefault(gdn_chunk_prep_kernel, []).append(sig)
+                    if False in split:
+                        arrays = (a4, a4, w4, w4, w3, s4, a4, s4, i32, f32)
+                        sig = signature(*arrays, hv, group, dk, bv, CHUNK, has, SCAN_TF32)
+                        out.setdefault(gdn_chunk_scan_kernel, []).append(sig)
+                    if True in split:  # fp32 arrays only: one signature for every dtype
+                        arrays = (w4, w4, w4, w3, s4, w5, w4, s4, i32)
+                        sig = signature(*arrays, hv, dk, bv, CHUNK, has, SCAN_TF32)
+                        state_sigs = out.setdefault(gdn_chunk_state_kernel, [])
+                        if sig not in state_sigs:
+                            state_sigs.append(sig)
+            if True in split:
+                obv = min(OUTPUT_BV, dv)
+                arrays = (a4, a4, w3, w5, w4, a4, f32)
+                sig = signature(*arrays, hv, group, dk, obv, CHUNK, SCAN_TF32)
+                out.setdefault(gdn_chunk_output_kernel, []).append(sig)
+            for form in split:
+                arrays = (a4, a4, a3, a3, a1, a1, w4, w4, w3, w4, i32)
+                sig = signature(*arrays, hv, group, dk, dv, CHUNK, log_c, PREP_SPLIT_TF32, form)
+                out.setdefault(gdn_chunk_prep_kernel, []).append(sig)
     return out
 
 

@@ -17,9 +17,8 @@ def gated_delta_chunk(q, k, v, a, b, A_log, dt_bias) -> tuple[torch.Tensor, torc
 
 
 def aot_signatures(definition) -> dict:
-    """The prep and scan kernels at the Definition's (``HK``, ``HV``, ``DK``, ``DV``) and dtype."""
+    """The prep and scan kernels (the default scan form's) at the Definition's (``HK``, ``HV``,
+    ``DK``, ``DV``) and dtype."""
     heads = const_axes(definition, "HK", "HV", "DK", "DV")
     sigs = _ops.aot_signatures(heads=(heads,), dtypes=(tensor_dtype(definition),))
-    return {
-        kernel: sigs[kernel] for kernel in (_ops.gdn_chunk_prep_kernel, _ops.gdn_chunk_scan_kernel)
-    }
+    return {kernel: ss for kernel, ss in sigs.items() if kernel is not _ops.gdn_recurrent_kernel}
