@@ -96,6 +96,24 @@ def _l2norm_rows(x):
 
 
 @ct.function
+def _unit_rows(X, b, c, hk, C: ConstInt, DK: ConstInt):
+    """Chunk ``c``'s ``C`` rows of q or k head ``hk`` ([B, T, Hk, Dk]), L2-normalised, fp32."""
+    x = ct.load(X, (b, c, hk, 0), (1, C, 1, DK), padding_mode=PAD_ZERO)
+    return _l2norm_rows(x.reshape((C, DK)).astype(ct.float32))
+
+
+@ct.function
+def _start_state(State0, b, h, j, DK: ConstInt, BV: ConstInt, HAS_STATE: ConstBool):
+    """Value tile ``j`` of the initial state in fp32: ``State0``'s, or zeros."""
+    if HAS_STATE:
+        s = ct.load(State0, (b, h, 0, j), (1, 1, DK, BV), padding_mode=PAD_ZERO)
+        s = s.reshape((DK, BV)).astype(ct.float32)
+    else:
+        s = ct.zeros((DK, BV), dtype=ct.float32)
+    return s
+
+
+@ct.function
 def _gates(a, braw, alog, dtb, b_dtype):
     """(g, beta) of raw gate projections, in fp32; beta rounded to ``b_dtype`` first."""
     x = a.astype(ct.float32) + dtb
@@ -218,8 +236,7 @@ def gdn_chunk_prep_kernel(
     b = bh // HV
     h = bh % HV
     hk = h // GROUP
-    k = ct.load(K, (b, c, hk, 0), (1, C, 1, DK), padding_mode=PAD_ZERO)
-    k = _l2norm_rows(k.reshape((C, DK)).astype(ct.float32))
+    k = _unit_rows(K, b, c, hk, C, DK)
     alog = ct.load(A_log, (h,), (1,)).astype(ct.float32).reshape((1, 1))
     dtb = ct.load(dt_bias, (h,), (1,)).astype(ct.float32).reshape((1, 1))
     a = ct.load(A, (b, c, h), (1, C, 1), padding_mode=PAD_ZERO).reshape((C, 1))
@@ -285,20 +302,14 @@ def gdn_chunk_scan_kernel(
     b = bh // HV
     h = bh % HV
     hk = h // GROUP
-    if HAS_STATE:
-        s = ct.load(State0, (b, h, 0, j), (1, 1, DK, BV), padding_mode=PAD_ZERO)
-        s = s.reshape((DK, BV)).astype(ct.float32)
-    else:
-        s = ct.zeros((DK, BV), dtype=ct.float32)
+    s = _start_state(State0, b, h, j, DK, BV, HAS_STATE)
     rows = ct.arange(C, dtype=ct.int32).reshape((C, 1))
     cols = ct.arange(C, dtype=ct.int32).reshape((1, C))
     causal = rows >= cols
     n_chunks = ct.cdiv(n_tok, C)
     for c in range(n_chunks):
-        q = ct.load(Q, (b, c, hk, 0), (1, C, 1, DK), padding_mode=PAD_ZERO)
-        q = _l2norm_rows(q.reshape((C, DK)).astype(ct.float32)) * scale
-        k = ct.load(K, (b, c, hk, 0), (1, C, 1, DK), padding_mode=PAD_ZERO)
-        k = _l2norm_rows(k.reshape((C, DK)).astype(ct.float32))
+        q = _unit_rows(Q, b, c, hk, C, DK) * scale
+        k = _unit_rows(K, b, c, hk, C, DK)
         gc = ct.load(G, (b, h, c), (1, 1, C)).reshape((C, 1))
         g_last = ct.load(G, (b, h, c * C + C - 1), (1, 1, 1)).reshape((1, 1))
         w = ct.load(W, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK))
@@ -338,11 +349,7 @@ def gdn_chunk_state_kernel(
     bh = ct.bid(1)
     b = bh // HV
     h = bh % HV
-    if HAS_STATE:
-        s = ct.load(State0, (b, h, 0, j), (1, 1, DK, BV), padding_mode=PAD_ZERO)
-        s = s.reshape((DK, BV)).astype(ct.float32)
-    else:
-        s = ct.zeros((DK, BV), dtype=ct.float32)
+    s = _start_state(State0, b, h, j, DK, BV, HAS_STATE)
     n_chunks = ct.cdiv(n_tok, C)
     for c in range(n_chunks):
         ct.store(States, (b, h, c, 0, j), s.reshape((1, 1, 1, DK, BV)))
@@ -380,10 +387,8 @@ def gdn_chunk_output_kernel(
     b = bh // HV
     h = bh % HV
     hk = h // GROUP
-    q = ct.load(Q, (b, c, hk, 0), (1, C, 1, DK), padding_mode=PAD_ZERO)
-    q = _l2norm_rows(q.reshape((C, DK)).astype(ct.float32)) * scale
-    k = ct.load(K, (b, c, hk, 0), (1, C, 1, DK), padding_mode=PAD_ZERO)
-    k = _l2norm_rows(k.reshape((C, DK)).astype(ct.float32))
+    q = _unit_rows(Q, b, c, hk, C, DK) * scale
+    k = _unit_rows(K, b, c, hk, C, DK)
     gc = ct.load(G, (b, h, c), (1, 1, C)).reshape((C, 1))
     st = ct.load(States, (b, h, c, 0, j), (1, 1, 1, DK, BV)).reshape((DK, BV))
     vn = ct.load(VN, (b, h, c, j), (1, 1, C, BV)).reshape((C, BV))
