@@ -158,7 +158,8 @@ def _print_kernel_times(label, fns, iters) -> None:
         for event in prof.key_averages():
             us = getattr(event, "device_time_total", None) or event.cuda_time_total
             if us:
-                times[event.key.split("_Kt")[0]] = times.get(event.key.split("_Kt")[0], 0) + us
+                kernel = event.key.split("_Kt")[0]  # the name without its signature suffix
+                times[kernel] = times.get(kernel, 0) + us
         parts = ", ".join(
             f"{k} {v / iters:.1f}" for k, v in sorted(times.items(), key=lambda kv: -kv[1])
         )

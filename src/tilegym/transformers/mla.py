@@ -70,6 +70,7 @@ from tilegym.transformers import routing_tap
 from tilegym.transformers.attention import NAME, TileMask, device_position
 from tilegym.transformers.fused_weights import FusedWeights
 from tilegym.transformers.kv_update import update_cache
+from tilegym.transformers.rope_tables import DYNAMIC_ROPE
 
 
 def rope_permutation(rope_dim: int) -> torch.Tensor:
@@ -138,10 +139,6 @@ def rope_tables(position_embeddings) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = position_embeddings.real, position_embeddings.imag
         return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
     return position_embeddings
-
-
-DYNAMIC_ROPE = ("dynamic", "longrope")
-"""Rope types whose ``inv_freq`` upstream updates per call (``dynamic_rope_update``)."""
 
 
 def make_rotary_forward(routes, family) -> Callable:

@@ -371,9 +371,9 @@ def _patch_instance(model, classes, forwards, patcher, routes, fused, gemm, desc
                 patcher.instance(module, forward)
     if routes.rope and "RotaryEmbedding" not in desc.forwards:  # the tables on cuTile
         for module in rope_tables.rotary_modules(model, desc.class_prefix):
-            forward = None
-            if not getattr(getattr(module, "forward", None), _MARK, False):
-                forward = rope_tables.make_forward(module)
+            if getattr(getattr(module, "forward", None), _MARK, False):
+                continue  # longrope's branch-free forward above
+            forward = rope_tables.make_forward(module)
             if forward is not None:
                 patcher.instance(module, forward)
     head = getattr(model, "lm_head", None)

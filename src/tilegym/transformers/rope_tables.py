@@ -43,17 +43,18 @@ class TableForm:
 
     half: bool  # upstream's table is half a head wide (gpt-oss)
     keeps_fp32: bool  # upstream's table stays fp32 (OLMo 2/3), else the input's dtype
-    layer_type: str | None = None  # the forward's third argument (Gemma 3, OLMo 3)
 
     def dtype(self, x: torch.Tensor) -> torch.dtype:
         return torch.float32 if self.keeps_fp32 else x.dtype
 
     def upstream_width(self, tables: tuple[torch.Tensor, torch.Tensor]):
         """The op's full-width ``(cos, sin)``, or their left halves where upstream's are half."""
-        if not self.half:
-            return tables
-        half = tables[0].shape[-1] // 2
-        return tables[0][..., :half], tables[1][..., :half]
+        return _left_halves(tables) if self.half else tables
+
+
+def _left_halves(tables: tuple[torch.Tensor, torch.Tensor]):
+    half = tables[0].shape[-1] // 2
+    return tables[0][..., :half], tables[1][..., :half]
 
 
 def _suffix(layer_type: str | None, name: str) -> str:
@@ -84,10 +85,8 @@ def _reference(pos: torch.Tensor, inv: torch.Tensor, scaling: float, half: bool)
     cast), sliced to half width where upstream's is."""
     from tilegym.ops.rotary_tables import reference_rotary_tables
 
-    cos, sin = reference_rotary_tables(pos, inv.detach().cpu(), scaling, torch.float32)
-    if half:
-        cos, sin = cos[..., : inv.shape[0]], sin[..., : inv.shape[0]]
-    return cos, sin
+    tables = reference_rotary_tables(pos, inv.detach().cpu(), scaling, torch.float32)
+    return _left_halves(tables) if half else tables
 
 
 def table_form(rotary: torch.nn.Module, layer_type: str | None = None) -> TableForm | None:
@@ -123,7 +122,7 @@ def table_form(rotary: torch.nn.Module, layer_type: str | None = None) -> TableF
         want = want.to(cos.dtype).float()
         if not torch.allclose(got.float(), want, rtol=0.0, atol=_tolerance(cos.dtype)):
             return None
-    return TableForm(half=half, keeps_fp32=cos.dtype == torch.float32, layer_type=layer_type)
+    return TableForm(half=half, keeps_fp32=cos.dtype == torch.float32)
 
 
 def _tolerance(dtype: torch.dtype) -> float:
