@@ -156,7 +156,9 @@ def _print_kernel_times(label, fns, iters) -> None:
             torch.cuda.synchronize()
         times: dict[str, float] = {}
         for event in prof.key_averages():
-            us = getattr(event, "device_time_total", None) or event.cuda_time_total
+            us = getattr(event, "device_time_total", None)  # torch 2.11: no cuda_time_total
+            if us is None:
+                us = getattr(event, "cuda_time_total", 0)
             if us:
                 kernel = event.key.split("_Kt")[0]  # the name without its signature suffix
                 times[kernel] = times.get(kernel, 0) + us

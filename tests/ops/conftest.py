@@ -8,14 +8,25 @@ import pytest
 import torch
 
 
-@pytest.fixture
-def gen():
-    """A generator seeded from the OS: different inputs on every run, printed for replay."""
+def _seeded(device: str) -> torch.Generator:
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"seed={seed}")
-    g = torch.Generator(device="cuda") if torch.cuda.is_available() else torch.Generator()
+    g = torch.Generator(device=device)
     g.manual_seed(seed)
     return g
+
+
+@pytest.fixture
+def gen():
+    """A generator seeded from the OS: different inputs on every run, printed for replay (on
+    the GPU where there is one)."""
+    return _seeded("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture
+def cpu_gen():
+    """``gen`` on the CPU whatever the host: for the CPU tests, which a GPU host runs too."""
+    return _seeded("cpu")
 
 
 @pytest.fixture

@@ -52,11 +52,11 @@ SHAPES = [  # (B, T, Hk, Hv, Dk, Dv)
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("with_state", [False, True])
-def test_references_match_transformers(shape, with_state, gen):
+def test_references_match_transformers(shape, with_state, cpu_gen):
     bsz, n_tok, hk, hv, dk, dv = shape
-    q, k, v, a, b, A_log, dt_bias = _inputs(*shape, gen, pad=min(3, n_tok - 1))
+    q, k, v, a, b, A_log, dt_bias = _inputs(*shape, cpu_gen, pad=min(3, n_tok - 1))
     g, beta = gd.gates_reference(a, b, A_log, dt_bias)
-    s0 = _state(bsz, hv, dk, dv, gen) if with_state else None
+    s0 = _state(bsz, hv, dk, dv, cpu_gen) if with_state else None
     kw = dict(initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True)
     # q/k repeated to the value heads as the module does before these functions up to 5.17
     qr, kr = (x.repeat_interleave(hv // hk, dim=2) for x in (q, k))
@@ -74,9 +74,9 @@ def test_references_match_transformers(shape, with_state, gen):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=5e-5)
 
 
-def test_gates_reference_is_the_module_math(gen):
+def test_gates_reference_is_the_module_math(cpu_gen):
     """The gate formula is the module's, in bf16 as the model runs it (beta rounded to bf16)."""
-    q, k, v, a, b, A_log, dt_bias = _inputs(2, 7, 2, 4, 16, 16, gen, dtype=torch.bfloat16)
+    q, k, v, a, b, A_log, dt_bias = _inputs(2, 7, 2, 4, 16, 16, cpu_gen, dtype=torch.bfloat16)
     g, beta = gd.gates_reference(a, b, A_log, dt_bias)
     assert g.dtype == torch.float32 and beta.dtype == torch.bfloat16
     sp = torch.log1p(torch.exp(a.float() + dt_bias.float()))
@@ -84,7 +84,7 @@ def test_gates_reference_is_the_module_math(gen):
     assert (g <= 0).all()
 
 
-def test_ut_inverse_is_the_inverse_for_near_singular_chunks(gen):
+def test_ut_inverse_is_the_inverse_for_near_singular_chunks(cpu_gen):
     """Identical keys and beta near 1 (the hardest case for a product-of-powers inverse):
     the doubling inverse is still the exact inverse in fp32."""
     n = 64
@@ -93,18 +93,18 @@ def test_ut_inverse_is_the_inverse_for_near_singular_chunks(gen):
     torch.testing.assert_close(t @ (torch.eye(n) + am), torch.eye(n), rtol=0, atol=1e-4)
     # UT systems as the kernels build them: beta_i k_i.k_j exp(gcum_i - gcum_j), unit keys,
     # against the fp64 inverse
-    k = torch.nn.functional.normalize(torch.randn(3, n, 32, generator=gen), dim=-1)
-    beta = torch.rand(3, n, 1, generator=gen)
-    gc = (-torch.rand(3, n, generator=gen) * 0.2).cumsum(-1)
+    k = torch.nn.functional.normalize(torch.randn(3, n, 32, generator=cpu_gen), dim=-1)
+    beta = torch.rand(3, n, 1, generator=cpu_gen)
+    gc = (-torch.rand(3, n, generator=cpu_gen) * 0.2).cumsum(-1)
     am = (beta * k @ k.transpose(-1, -2) * (gc[..., :, None] - gc[..., None, :]).exp()).tril(-1)
     t = gd.ut_inverse_reference(am)
     want = torch.linalg.inv(torch.eye(n, dtype=torch.float64) + am.double())
     assert rel_err(t, want) < 1e-5
 
 
-def test_reference_catches_a_wrong_decay(gen):
+def test_reference_catches_a_wrong_decay(cpu_gen):
     """The equality check can fail: a decay off by 1% is detected."""
-    q, k, v, a, b, A_log, dt_bias = _inputs(1, 70, 2, 2, 16, 16, gen)
+    q, k, v, a, b, A_log, dt_bias = _inputs(1, 70, 2, 2, 16, 16, cpu_gen)
     g, beta = gd.gates_reference(a, b, A_log, dt_bias)
     out, _ = gd.chunk_reference(q, k, v, g, beta)
     bad, _ = gd.chunk_reference(q, k, v, g * 1.01, beta)
@@ -134,10 +134,10 @@ def launches(monkeypatch):
 
 @pytest.mark.parametrize("heads", [(16, 16, 128, 128), (16, 32, 128, 128)])
 @pytest.mark.parametrize("split", [False, True])
-def test_aot_signatures_cover_the_launches(launches, heads, split, gen):
+def test_aot_signatures_cover_the_launches(launches, heads, split, cpu_gen):
     hk, hv, dk, dv = heads
     sigs = gd.aot_signatures(heads=(heads,), dtypes=(torch.bfloat16,), split=(split,))
-    q, k, v, a, b, A_log, dt_bias = _inputs(2, 3, hk, hv, dk, dv, gen, dtype=torch.bfloat16)
+    q, k, v, a, b, A_log, dt_bias = _inputs(2, 3, hk, hv, dk, dv, cpu_gen, dtype=torch.bfloat16)
     state = torch.zeros(2, hv, dk, dv)
     gd.gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state)
     gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, split=split)
