@@ -43,7 +43,7 @@ from tilegym.ops.attention import (  # noqa: E402
 )
 from tilegym.ops.kv_cache import kv_cache_write  # noqa: E402
 
-HEADS = {"qwen3": (16, 8, 128), "llama": (32, 8, 64)}
+HEADS = {"qwen3": (16, 8, 128), "llama": (32, 8, 64), "olmo3": (32, 32, 128)}
 SWEEP = [
     PrefillConfig(128, 128, 2),
     PrefillConfig(128, 64, 2),
