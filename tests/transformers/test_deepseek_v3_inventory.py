@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 from cpu_generate import greedy, left_padded_batch
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_calls import OpCalls
 
 import tilegym.transformers
 from tilegym.ops import deepseek_route as dr
@@ -516,19 +516,6 @@ def test_references_are_what_the_patched_model_computes_on_the_cpu(name):
 # ------------------------------------------------------------------ completeness
 
 
-class _Calls(TorchDispatchMode):
-    """The ``tilegym`` custom ops called (on the CPU every cuTile op of the glue is one)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "tilegym":
-            self.calls.append((func._opname, args))
-        return func(*args, **(kwargs or {}))
-
-
 def _weights(model) -> dict[int, str]:
     """The Definition of each op that reads one of the model's own weights, by the weight."""
     out = {model.lm_head.weight.data_ptr(): "deepseek_v3_linear_lm_head"}
@@ -603,7 +590,7 @@ def test_every_op_the_patched_model_calls_has_a_definition_and_every_definition_
     ids, mask = left_padded_batch((0, 4, 9), seed=1)
     hit: set[str] = set()
     for cache in ({}, {"cache_implementation": "static"}):
-        recorder = _Calls()
+        recorder = OpCalls()
         with recorder:
             greedy(model, ids, mask, new_tokens=4, **cache)
         for name, args in recorder.calls:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from cpu_generate import greedy, left_padded_batch, patched_pair
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_calls import OpCalls
 
 import tilegym.transformers
 from tilegym.ops import moe
@@ -101,19 +101,6 @@ def test_rope_reference_is_upstreams_half_rotation_on_the_repeated_tables():
         torch.testing.assert_close(g, o, rtol=1e-12, atol=1e-12)
 
 
-class _Calls(TorchDispatchMode):
-    """The ``tilegym`` custom ops called (on the CPU every cuTile op of the glue is one)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "tilegym":
-            self.calls.append((func._opname, args))
-        return func(*args, **(kwargs or {}))
-
-
 def _definitions_of(name, args, model) -> list[str]:
     """The Definitions one op call computes (which GEMM: by its weight; sliding: by its window)."""
     c = model.config
@@ -163,7 +150,7 @@ def test_every_op_the_patched_model_calls_has_a_definition_and_every_definition_
     ids, mask = left_padded_batch((0, 4, 9), seed=1)
     hit = set()
     for cache in ({}, {"cache_implementation": "static"}):
-        recorder = _Calls()
+        recorder = OpCalls()
         with recorder:
             greedy(patched, ids, mask, new_tokens=6, **cache)
         for name, args in recorder.calls:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from cpu_generate import greedy, left_padded_batch, small_family_pair
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_calls import OpCalls
 
 import tilegym.transformers
 from tilegym.kernel_inventory.models import Definition
@@ -262,19 +262,6 @@ def test_const_axes_are_the_benchmark_presets_shapes():
     assert router["spec"]["entry_kwargs"] == {"top_k": k, "normalize": c["norm_topk_prob"]}
 
 
-class _Calls(TorchDispatchMode):
-    """The ``tilegym`` custom ops called (on the CPU every cuTile op of the glue is one)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "tilegym":
-            self.calls.append((func._opname, args))
-        return func(*args, **(kwargs or {}))
-
-
 def _gemms(model, fused) -> dict[int, str]:
     """The Definition of each GEMM weight the patched model's ops read, by its address."""
     from tilegym.transformers.family import GATE_UP, QKV
@@ -335,7 +322,7 @@ def test_every_op_the_patched_model_calls_has_a_definition_and_every_definition_
     ids, mask = left_padded_batch((0, 4, 9), seed=1)
     hit = set()
     for cache in ({}, {"cache_implementation": "static"}):
-        recorder = _Calls()
+        recorder = OpCalls()
         with recorder:
             greedy(patched, ids, mask, new_tokens=3, **cache)
         for name, args in recorder.calls:
