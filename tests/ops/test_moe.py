@@ -359,8 +359,9 @@ def launches(monkeypatch):
 
 
 def test_aot_signatures_cover_the_launches(launches, cpu_gen):
-    """Every launch of routing and experts at the AOT token counts has a declared signature
-    (so the compile gate compiles what runs), and the grids are fixed by T, k, E, the tiles."""
+    """Every launch of routing and experts at the AOT token counts (routing weights in bf16 and
+    in fp32) has a declared signature (so the compile gate compiles what runs), and the grids
+    are fixed by T, k, E, the tiles."""
     e, k, h, i = 128, 8, 256, 128
     tokens = (1, 8, 128, 256, 512, 2048)
     sigs = moe.aot_signatures(experts=e, top_k=k, hidden=h, tokens=tokens)
@@ -371,6 +372,7 @@ def test_aot_signatures_cover_the_launches(launches, cpu_gen):
             moe.moe_route(torch.zeros((t, e), dtype=dt), k, t % 2 == 0)
         ids, w = _routing(t, e, k, cpu_gen)
         moe.moe_experts(x, ids, w.to(torch.bfloat16), gate_up, down, x if t > 8 else None)
+        moe.moe_experts(x, ids, w.float(), gate_up, down, x)  # DeepSeek's fp32 routing weights
         cfg = moe.choose_config(t * k, e)
         grids = {kern: grid for kern, grid, _ in launches}
         mb = moe.n_blocks(t * k, e, cfg.bm, cfg.dispatch)

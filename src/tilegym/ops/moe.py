@@ -872,11 +872,14 @@ def aot_signatures(
             tiles = (cfg.bm, cfg.bn_down, cfg.tk, cfg.swap)
             add(_hinted(tilegym_moe_down_kernel, cfg), a2, i32, a3, a2, *tiles)
         direct_bms = {cfg.bm if cfg.dispatch == "direct" else 0 for cfg in cfgs}
+        # routing weights in the activation dtype (Qwen3-MoE) or in fp32 (DeepSeek's routers)
+        weight_sigs = (a2, aligned_array_sig(ct.float32, 2))
         for has_res in (True, False):
             for direct_bm in sorted(direct_bms):
                 pos = aligned_array_sig(ct.int32, 2)
                 consts = (*combine, has_res, direct_bm)
-                add(tilegym_moe_combine_kernel, a2, pos, a2, a2, a2, n_int, *consts)
+                for wts in weight_sigs:
+                    add(tilegym_moe_combine_kernel, a2, pos, wts, a2, a2, n_int, *consts)
     return sigs
 
 
