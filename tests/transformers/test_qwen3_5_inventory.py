@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch.nn.functional as F
+from linear_attention_glue import MIXER_GLUE
 
 import tilegym.transformers
 from tilegym.kernel_inventory.models import Definition
@@ -45,6 +46,7 @@ def _residual(x, w, r):
 
 #: Definition stem -> what the CPU glue runs for it
 GLUE = {
+    **MIXER_GLUE,
     "rms_norm": _unit_norm,
     "qk_norm": _unit_norm,
     "rope_partial": lib.apply_rope,
@@ -58,17 +60,6 @@ GLUE = {
     "attention_prefill": _attention(True),
     "attention_decode": _attention(False),
     "kv_cache_update": _kv_write,
-    "causal_conv1d": lambda x, w: lib.causal_conv1d(x, w, None, None, w.shape[1]),
-    "causal_conv1d_update": lambda x, s, w: (lib.causal_conv1d_update(x, s, w, None), s),
-    "gated_delta_chunk": lambda q, k, v, a, b, A, dt: lib.gated_delta_chunk(
-        q, k, v, a, b, A, dt, None
-    ),
-    "gated_delta_recurrent": lambda q, k, v, a, b, A, dt, s: (
-        lib.gated_delta_recurrent(q, k, v, a, b, A, dt, s),
-        s,
-    ),
-    "rms_norm_gated": lambda x, z, w: lib.rms_norm_gated(x, z, w, 1e-6),
-    "attn_output_gate": lambda x, q: lib.sigmoid_gate(x, q[..., q.shape[-1] // 2 :]),
 }
 
 

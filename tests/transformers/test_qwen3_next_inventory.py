@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from cpu_generate import greedy, left_padded_batch, small_family_pair
+from linear_attention_glue import MIXER_GLUE
 from op_calls import OpCalls
 
 import tilegym.transformers
@@ -80,27 +81,17 @@ def _experts_down(act, ids, weights, down_weight, residual):
 
 #: Definition stem -> what the CPU glue runs for it
 GLUE = {
+    **MIXER_GLUE,
     "rms_norm": _unit_norm,
     "qk_norm": _unit_norm,
     "rope_tables": lambda pos, inv: lib.rotary_tables(pos, inv, 1.0, torch.bfloat16),
     "rope_partial": lib.apply_rope,
     "linear_qkv": _linear,
-    "attn_output_gate": lambda x, q: lib.sigmoid_gate(x, q[..., q.shape[-1] // 2 :]),
     "attention_prefill": lambda q, k, v: lib.prefill_attention(q, k, v, scale=SCALE),
     "attention_decode": lambda q, k, v: lib.decode_attention(q, k, v, scale=SCALE),
     "kv_cache_update": _kv_write,
     "linear_o_proj_residual": lib.linear_residual,
     "linear_in_proj": _linear,
-    "causal_conv1d": lambda x, w: lib.causal_conv1d(x, w, None, None, w.shape[1]),
-    "causal_conv1d_update": lambda x, s, w: (lib.causal_conv1d_update(x, s, w, None), s),
-    "gated_delta_chunk": lambda q, k, v, a, b, A, dt: lib.gated_delta_chunk(
-        q, k, v, a, b, A, dt, None
-    ),
-    "gated_delta_recurrent": lambda q, k, v, a, b, A, dt, s: (
-        lib.gated_delta_recurrent(q, k, v, a, b, A, dt, s),
-        s,
-    ),
-    "rms_norm_gated": lambda x, z, w: lib.rms_norm_gated(x, z, w, 1e-6),
     "linear_out_proj_residual": lib.linear_residual,
     "linear_router": _linear,
     "experts_gate_up_silu": _experts_gate_up,
