@@ -10,7 +10,6 @@ NaN-poisoned outputs, every split-K reduction of the fused GEMM.
 from __future__ import annotations
 
 import math
-import os
 
 import cuda.tile as ct
 import pytest
@@ -29,13 +28,6 @@ GEMM_TOL = {torch.bfloat16: 8e-3, torch.float16: 2e-3}
 
 
 # ------------------------------------------------------------------------------------- CPU
-@pytest.fixture
-def cpu_gen():
-    """A CPU generator seeded from the OS (seed printed): the CPU tests' inputs on any host
-    (``gen`` is a CUDA generator where a GPU is present)."""
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import cuda.tile as ct
 import pytest
@@ -37,14 +36,6 @@ CONFIGS = [
     MoeConfig(64, 128, 128, 64, dispatch="direct"),
     MoeConfig(64, 64, 128, 64, occupancy=1),
 ]
-
-
-@pytest.fixture
-def cpu_gen():
-    """A CPU generator seeded from the OS (printed for replay): the CPU tests' inputs."""
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 def _cfg_id(c: MoeConfig) -> str:

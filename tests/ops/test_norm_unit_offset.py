@@ -10,8 +10,6 @@ signatures against the launches. GPU: parity against fp32 references on fresh ra
 
 from __future__ import annotations
 
-import os
-
 import cuda.tile as ct
 import pytest
 import torch
@@ -33,13 +31,6 @@ def _gemma_norm(weight: torch.Tensor, dtype=torch.bfloat16) -> Gemma3RMSNorm:
 
 
 # ------------------------------------------------------------------------------------- CPU
-@pytest.fixture
-def cpu_gen():
-    """A CPU generator seeded from the OS (seed printed): the CPU tests' inputs on any host
-    (``gen`` is a CUDA generator where a GPU is present)."""
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -11,7 +11,6 @@ outputs, every benchmark variant, and replay from a captured CUDA graph.
 from __future__ import annotations
 
 import importlib
-import os
 
 import pytest
 import torch
@@ -25,14 +24,6 @@ FAMILIES = {
     "olmo3": ("transformers.models.olmo3.modeling_olmo3", "Olmo3RMSNorm", True),
     "olmoe": ("transformers.models.olmoe.modeling_olmoe", "OlmoeRMSNorm", False),
 }
-
-
-@pytest.fixture
-def cpu_gen():
-    """A CPU generator seeded from the OS (seed printed for replay)."""
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 def _tables(bc, seq, d, gen, device="cpu"):
