@@ -11,8 +11,10 @@ import io
 import json
 import math
 
+import cuda.tile as ct
 import pytest
 import torch
+from cubin_ptx import global_accesses, instructions, ptx_lines
 
 from tilegym.ops import gemm_configs
 from tilegym.ops.gemm_configs import TileConfig, candidate_configs, choose_config
@@ -180,6 +182,70 @@ def test_gemv_odd_and_model_shapes(op, cfg, gen):
         _run_case(op, m, n, k, gen, config=cfg, bias=op == "linear")
     with pytest.raises(ValueError, match="gemv"):
         _run_case("gated", 1, 256, 256, gen, config=cfg)
+
+
+@ct.kernel
+def _copy_late(src, dst, rounds: int, TILE: ct.Constant[int]):
+    """dst = src, stored after `rounds` dependent multiply-adds (each leaves the value as it
+    is); each block first lets a programmatic dependent of this kernel start."""
+    ct.grid_dependency_control_launch_dependents()
+    t = ct.load(src, (0, ct.bid(0)), (1, TILE), padding_mode=ct.PaddingMode.ZERO)
+    half = t.astype(ct.float32) * 0.5
+    acc = t.astype(ct.float32)
+    for _ in range(rounds):
+        acc = acc * 0.5 + half
+    ct.store(dst, (0, ct.bid(0)), acc.astype(dst.dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["linear", "residual"])
+@pytest.mark.parametrize(
+    "cfg",
+    [TileConfig(1, 4, 1024, gemv=True), TileConfig(1, 8, 1024, gemv=True)],
+    ids=["sum_last", "sum_each"],  # TM * TN * TK <= GEMV_ACC_ELEMS or not
+)
+def test_gemv_pdl_waits_for_the_kernel_writing_x(op, cfg, gen, monkeypatch):
+    """`GEMV_PDL` on: the GEMV starts while the kernel before it in the stream (which lets it
+    start at once) still computes X; it must read X, bias and residual only after its wait.
+    One row, odd N, fresh inputs, outputs poisoned; a first call compiles and warms up. The
+    same launch without the wait reads X's NaN poison: the test can see a missed wait."""
+    from tilegym.ops import gemm
+    from tilegym.ops._common import stream
+
+    monkeypatch.setattr(gemm, "GEMV_PDL", True)
+    dt = torch.bfloat16
+
+    def write_late(src, x):  # x = src, stored some 100 us (2^17 dependent fp32 fmas) late
+        grid = (math.ceil(src.shape[1] / 1024), 1, 1)
+        ct.launch(stream(), grid, _copy_late, (src, x, 1 << 17, 1024))
+
+    # the first call compiles (X is written by then); the others start while X is computed
+    for n, k in ((1021, 3000), (1021, 3000), (2047, 1000), (5, 1024)):
+        src = _rand((1, k), gen, dt)
+        w = _rand((n, k), gen, dt, 1 / math.sqrt(k))
+        b = _rand((n,), gen, dt) if op == "linear" else None
+        r = _rand((1, n), gen, dt) if op == "residual" else None
+        x = torch.full_like(src, float("nan"))
+        out = torch.full((1, n), float("nan"), device="cuda", dtype=dt)
+        write_late(src, x)
+        if op == "residual":
+            gemm.linear_residual(x, w, r, out=out, config=cfg)
+            ref = r.float() + torch.nn.functional.linear(src.float(), w.float())
+        else:
+            gemm.linear(x, w, b, out=out, config=cfg)
+            ref = torch.nn.functional.linear(src.float(), w.float(), b.float())
+        assert_close_rel(out, ref, tol=GEMM_TOL[dt])
+    args = (*gemm._io_args(x, w, b, r, out), cfg.tm, cfg.tn, cfg.tk, gemm.GEMV_LATENCY)
+    args += (b is not None, r is not None, False)  # PDL=False: no wait in the kernel
+    grid = (math.ceil(n / cfg.tn), 1, 1)
+    for poison in (False, True):  # the first launch compiles the kernel without the wait
+        if poison:
+            x.fill_(float("nan"))
+            write_late(src, x)
+        ct.launch(
+            stream(), grid, gemm.tilegym_gemv_kernel, args, programmatic_dependent_launch=True
+        )
+    assert out.isnan().all(), "without its wait the GEMV still read X after it was written"
 
 
 SWAP_CONFIGS = [
@@ -415,6 +481,8 @@ def test_aot_signatures_compile_for_sm90():
     }
     assert set(sigs) == base | occ1
     assert all(sigs.values())
+    gemv_pdl = [sig.parameters[-1].value for sig in sigs[gemm.tilegym_gemv_kernel]]
+    assert gemv_pdl.count(False) == gemv_pdl.count(True) > 0  # the GEMV_PDL constant, both ways
     buf = io.BytesIO()
     export_kernel(
         gemm.tilegym_linear_kernel,
@@ -424,6 +492,43 @@ def test_aot_signatures_compile_for_sm90():
         output_format="cubin",
     )
     assert len(buf.getvalue()) > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", [1, 8], ids=["any_shape", "by_8"])
+@pytest.mark.parametrize("tiles", [(1, 4, 1024), (1, 8, 1024)], ids=["sum_last", "sum_each"])
+def test_gemv_pdl_loads_w_before_the_wait_and_x_after(tiles, step):
+    """sm_90 PTX of the GEMV kernel with bias and residual for aligned arrays (the AOT
+    signature's; `step` 8: last dimensions divisible by 8 too, as in the models, which gives
+    16-byte loads): with PDL, the first W tile's loads come before `griddepcontrol.wait` and
+    every other global access (X, B, R, Y) after it; without PDL there is no wait."""
+    import dataclasses
+
+    from cuda.tile.compilation import KernelSignature
+
+    from tilegym.ops import gemm
+
+    aot = gemm.aot_signatures(("linear",), (torch.bfloat16,))[gemm.tilegym_gemv_kernel]
+    (aligned, *_) = [s for s in aot if s.parameters[0].base_addr_divisible_by == 16]
+    arrays = [
+        dataclasses.replace(a, shape_divisible_by=(1,) * (a.ndim - 1) + (step,))
+        for a in aligned.parameters[:5]
+    ]
+    x, w = 0, 1  # pointer parameters: X, W, B, R, Y
+
+    def ptx(pdl: bool) -> list[str]:
+        params = [*arrays, *tiles, gemm.GEMV_LATENCY, True, True, pdl]
+        return ptx_lines(
+            gemm.tilegym_gemv_kernel, KernelSignature(params, aligned.calling_convention)
+        )
+
+    lines = ptx(True)
+    (wait,) = instructions(lines, "griddepcontrol.wait")
+    accesses = global_accesses(lines)
+    before = [a for a in accesses if a.line < wait]
+    assert before and all(a.op.startswith("ld.") and a.arrays == {w} for a in before), before
+    assert any(a.arrays == {x} for a in accesses if a.line > wait)
+    assert not any("griddepcontrol" in line for line in ptx(False))
 
 
 def test_tile_table_parses_and_rejects_bad_keys():

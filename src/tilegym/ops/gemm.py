@@ -10,6 +10,8 @@ K-major through a transposed tile load, so no per-call copy is made.
 Tile shapes come from `gemm_configs` (an H200-measured table). A one-row GEMM (decode at batch
 1) mostly takes the GEMV kernel (`TileConfig.gemv`): plain 16-byte loads and fp32 multiply-adds,
 without the TMA + mma pipeline whose fixed latency dominates a few-microsecond stream of W.
+With `GEMV_PDL` it is launched as a programmatic dependent of the previous kernel: each block
+loads its first W tile (no kernel writes weights) before waiting for that kernel's writes.
 Other decode GEMMs mostly swap the mma's operands (`TileConfig.swap`, `_mma_step`).
 Split-K (`TileConfig.split`)
 gives each split a contiguous share of the K tiles and has it store its fp32 partial tile into
@@ -45,6 +47,10 @@ GEMV_LATENCY = 10
 #: cross-warp sum through shared memory with barriers (sm_90 SASS: 6 per step), which keeps
 #: the next K step's loads from being issued before it ends.
 GEMV_ACC_ELEMS = 4096
+#: True: the GEMV kernel is launched as a programmatic dependent of the previous kernel in the
+#: stream and loads its first W tile before waiting for it (`_gemv_first`). Off until measured
+#: on a GPU.
+GEMV_PDL = False
 
 #: SPLIT_MODE of the GEMM kernels: no split, split with last-CTA sum, split writing partials only
 NO_SPLIT, SPLIT_CTA, SPLIT_PARTIAL = 0, 1, 2
@@ -273,45 +279,74 @@ def tilegym_gemv_kernel(
     LATENCY: ConstInt,
     HAS_BIAS: ConstBool,
     HAS_RES: ConstBool,
+    PDL: ConstBool,
 ):
     """`tilegym_linear_kernel` for a few rows; grid (N tiles, M tiles).
 
     Decode GEMMs are latency-bound streams of W: here each block issues plain (non-TMA)
     16-byte loads of a (TN, TK) W tile, multiplies by the (TM, TK) rows of X broadcast over TN
     and sums over K in fp32; no shared-memory staging, barriers or mma.
+
+    PDL: launched as a programmatic dependent of the previous kernel, the block loads its first
+    W tile, then waits for that kernel's memory; X, B and R are read and Y written after.
     """
     bn = ct.bid(0)
     bm = ct.bid(1)
     if TM * TN * TK <= GEMV_ACC_ELEMS:
-        acc = _gemv_sum_last(X, W, bm, bn, TM, TN, TK, LATENCY)
+        acc = _gemv_sum_last(X, W, bm, bn, TM, TN, TK, LATENCY, PDL)
     else:
-        acc = _gemv_sum_each(X, W, bm, bn, TM, TN, TK, LATENCY)
+        acc = _gemv_sum_each(X, W, bm, bn, TM, TN, TK, LATENCY, PDL)
     _linear_epilogue(acc, B, R, Y, bm, bn, TM, TN, HAS_BIAS, HAS_RES)
 
 
 @ct.function
-def _gemv_products(X, W, bm, bn, k, TM: ConstInt, TN: ConstInt, TK: ConstInt, LATENCY: ConstInt):
+def _gemv_w(W, bn, k, TN: ConstInt, TK: ConstInt, LATENCY: ConstInt):
+    """The (TN, TK) W tile of K step ``k``."""
+    return ct.load(W, (bn, k), (TN, TK), padding_mode=_ZERO, latency=LATENCY, allow_tma=False)
+
+
+@ct.function
+def _gemv_products(X, w, bm, k, TM: ConstInt, TN: ConstInt, TK: ConstInt):
     """fp32 (TM, TN, TK) products of K step ``k``: X rows broadcast over the W tile's rows."""
-    w = ct.load(W, (bn, k), (TN, TK), padding_mode=_ZERO, latency=LATENCY, allow_tma=False)
     x = ct.load(X, (bm, k), (TM, TK), padding_mode=_ZERO, allow_tma=False)
     return x.astype(ct.float32).reshape((TM, 1, TK)) * w.astype(ct.float32).reshape((1, TN, TK))
 
 
 @ct.function
-def _gemv_sum_last(X, W, bm, bn, TM: ConstInt, TN: ConstInt, TK: ConstInt, LATENCY: ConstInt):
+def _gemv_first(
+    X, W, bm, bn, TM: ConstInt, TN: ConstInt, TK: ConstInt, LATENCY: ConstInt, PDL: ConstBool
+):
+    """The products of K step 0. PDL: W's tile is loaded before waiting for the previous
+    kernel (weights are never written by it), X after."""
+    w = _gemv_w(W, bn, 0, TN, TK, LATENCY)
+    if PDL:
+        ct.grid_dependency_control_wait()
+    return _gemv_products(X, w, bm, 0, TM, TN, TK)
+
+
+@ct.function
+def _gemv_sum_last(
+    X, W, bm, bn, TM: ConstInt, TN: ConstInt, TK: ConstInt, LATENCY: ConstInt, PDL: ConstBool
+):
     """(TM, TN) dot products: products summed elementwise over K steps, reduced once."""
+    # 0 + products, as when the loop started from zeros: a -0 product sums to +0 as before
     acc = ct.full((TM, TN, TK), 0, dtype=ct.float32)
-    for k in range(ct.num_tiles(W, axis=1, shape=(TN, TK))):
-        acc = acc + _gemv_products(X, W, bm, bn, k, TM, TN, TK, LATENCY)
+    acc = acc + _gemv_first(X, W, bm, bn, TM, TN, TK, LATENCY, PDL)
+    for k in range(1, ct.num_tiles(W, axis=1, shape=(TN, TK))):
+        acc = acc + _gemv_products(X, _gemv_w(W, bn, k, TN, TK, LATENCY), bm, k, TM, TN, TK)
     return ct.sum(acc, axis=2)
 
 
 @ct.function
-def _gemv_sum_each(X, W, bm, bn, TM: ConstInt, TN: ConstInt, TK: ConstInt, LATENCY: ConstInt):
+def _gemv_sum_each(
+    X, W, bm, bn, TM: ConstInt, TN: ConstInt, TK: ConstInt, LATENCY: ConstInt, PDL: ConstBool
+):
     """(TM, TN) dot products, reduced every K step (tiles too big to keep the products)."""
     acc = ct.full((TM, TN), 0, dtype=ct.float32)
-    for k in range(ct.num_tiles(W, axis=1, shape=(TN, TK))):
-        acc = acc + ct.sum(_gemv_products(X, W, bm, bn, k, TM, TN, TK, LATENCY), axis=2)
+    acc = acc + ct.sum(_gemv_first(X, W, bm, bn, TM, TN, TK, LATENCY, PDL), axis=2)
+    for k in range(1, ct.num_tiles(W, axis=1, shape=(TN, TK))):
+        w = _gemv_w(W, bn, k, TN, TK, LATENCY)
+        acc = acc + ct.sum(_gemv_products(X, w, bm, k, TM, TN, TK), axis=2)
     return acc
 
 
@@ -593,9 +628,13 @@ def _launch_persistent(x2, weight, bias, residual2, out2, cfg: TileConfig) -> No
     ct.launch(stream(x2.device), (blocks, 1, 1), kernel, args)
 
 
-def _launch_gemv(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
+def _launch_gemv(
+    x2, weight, bias, residual2, out2, cfg: TileConfig, *, pdl: bool | None = None
+) -> None:
+    """The GEMV kernel; `pdl` (None: `GEMV_PDL`) launches it as a programmatic dependent."""
     m, _ = x2.shape
     n = weight.shape[0]
+    pdl = GEMV_PDL if pdl is None else pdl
     args = (
         *_io_args(x2, weight, bias, residual2, out2),
         cfg.tm,
@@ -604,9 +643,11 @@ def _launch_gemv(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
         cfg.latency or GEMV_LATENCY,
         bias is not None,
         residual2 is not None,
+        pdl,
     )
     grid = (math.ceil(n / cfg.tn), math.ceil(m / cfg.tm), 1)
-    ct.launch(stream(x2.device), grid, hinted(tilegym_gemv_kernel, cfg, grid[0]), args)
+    kernel = hinted(tilegym_gemv_kernel, cfg, grid[0])
+    ct.launch(stream(x2.device), grid, kernel, args, programmatic_dependent_launch=pdl)
 
 
 def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
@@ -845,8 +886,9 @@ def aot_signatures(
             if cfg.gemv:
                 consts = [cfg.tm, cfg.tn, cfg.tk, cfg.latency or GEMV_LATENCY]
                 kernel = hinted(tilegym_gemv_kernel, cfg, 1)
-                sig = KernelSignature([*io, *consts, has_bias, has_res], cconv)
-                sigs.setdefault(kernel, []).append(sig)
+                for pdl in (False, True):  # GEMV_PDL either way
+                    sig = KernelSignature([*io, *consts, has_bias, has_res, pdl], cconv)
+                    sigs.setdefault(kernel, []).append(sig)
                 continue
             if cfg.persistent:
                 consts = [cfg.tm, cfg.tn, cfg.tk, cfg.group_m, cfg.latency, cfg.transpose_tile]
