@@ -86,8 +86,10 @@ def test_aot_signatures_cover_the_launches(launches, gen):
         x, w, state = _conv_inputs(2, 9, ch, gen, dtype=torch.bfloat16)
         cc.causal_conv1d(x, w, state_out=state)
         cc.causal_conv1d_update(x[:, :1], state, w)
-    x = torch.zeros(2, 3, 16, 128, dtype=torch.bfloat16)
-    rg.rms_norm_gated(x, x, torch.ones(128, dtype=torch.bfloat16), 1e-6)
+    for tokens in (3, rg.FEW_ROWS // 16):  # decode's few rows and prefill's many
+        x = torch.zeros(2, tokens, 16, 128, dtype=torch.bfloat16)
+        rg.rms_norm_gated(x, x, torch.ones(128, dtype=torch.bfloat16), 1e-6)
+    assert {args[5] for k, _, args in launches if k is rg.rms_norm_gated_kernel} == {4, 16}
     assert {k for k, _, _ in launches} == set(sigs)
     for kernel, _, args in launches:
         assert any(launch_fits(s, args) for s in sigs[kernel]), (kernel._pyfunc.__name__, args)
@@ -148,7 +150,7 @@ def test_conv_prefill_then_decode_equals_one_pass(gen):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows", [1, 7, 64, 1000])
+@pytest.mark.parametrize("rows", [1, 7, 64, 1000, 2051])
 def test_gated_norm_matches_reference(rows, dtype, gen, poison_empty):
     x = torch.randn(rows, 128, device="cuda", generator=gen).to(dtype)
     z = torch.randn(rows, 128, device="cuda", generator=gen).to(dtype) * 3
