@@ -10,7 +10,9 @@
 #   baseline     main as it is (the ledger's first row)
 #   rope-heads   decode RoPE (Qwen3: q/k norm + RoPE) on the head-loop kernel with
 #                SPEED_ROPE_HEADS (default 1) heads a block instead of one block a token
-#                (MODEL_PATCH_KWARGS rope_heads; expected: keep, GPU time per token down)
+#                (MODEL_PATCH_KWARGS rope_heads; expected: keep, GPU time per token down).
+#                qwen3 ships with rope_heads 1 (this round's keep on an H100, 12-05): for it,
+#                SPEED_ROPE_HEADS=2 tries the next step
 # OUT_DIR gets what family_loop.sh leaves (decisions, stderr, PR comments, metrics, ledger.md and
 # ledger.png after every round). On a GPU host source .gpu/activate.sh first; without a GPU pass
 # `--model-key tiny-<key> --device cpu` (the ops then run their PyTorch references: the loop's

@@ -41,19 +41,23 @@ def test_unknown_flags_and_model_types_are_errors():
     source = PATCH.read_text()
     with pytest.raises(ValueError, match="unknown flags"):
         _module().set_flags(source, "phi3", {"attention": False})
-    with pytest.raises(ValueError, match="no one-line MODEL_PATCH_KWARGS entry for 'gpt2'"):
+    with pytest.raises(ValueError, match="no MODEL_PATCH_KWARGS entry for 'gpt2'"):
         _module().set_flags(source, "gpt2", {"attn": False})
 
 
 def test_a_tuning_parameter_takes_an_integer_and_joins_the_entry():
     source = PATCH.read_text()
-    edited = _module().set_flags(source, "qwen3", {"rope_heads": 2})
+    edited = _module().set_flags(source, "llama", {"rope_heads": 2})
+    # too long for one line: one flag a line, as ruff formats it
     assert (
-        '"qwen3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, '
-        '"linear": True, "rope_heads": 2},' in edited
+        '    "llama": {\n        "rope": True,\n        "rms_norm": True,\n'
+        '        "swiglu": True,\n        "attn": True,\n        "linear": True,\n'
+        '        "rope_heads": 2,\n    },\n' in edited
     )
-    again = _module().set_flags(edited, "qwen3", {"rope_heads": 0})
-    assert '"linear": True, "rope_heads": 0},' in again
+    again = _module().set_flags(edited, "llama", {"rope_heads": 0, "rope": False})
+    assert '        "rope": False,\n' in again and '        "rope_heads": 0,\n' in again
+    assert again.replace("False", "True").replace(": 0,", ": 2,") == edited
+    assert _module().set_flags(source, "phi3", {"attn": False}).count("\n") == source.count("\n")
     with pytest.raises(ValueError, match="rope_heads must be an int in 0..64, got 65"):
         _module().set_flags(source, "qwen3", {"rope_heads": 65})
 
@@ -78,7 +82,7 @@ def test_the_script_rewrites_a_file_in_place_and_reports_bad_input(tmp_path):
     assert missing.returncode == 1 and missing.stderr.startswith(f"{table}: error: unknown flags")
     assert run("nope", "rope=True").stderr == "error: unknown model key 'nope'\n"
     assert run("qwen3", "rope_heads=2").returncode == 0
-    assert '"linear": True, "rope_heads": 2},' in table.read_text()
+    assert '        "rope_heads": 2,\n' in table.read_text()
     for item in ("rope_heads=two", "rope_heads=True", "linear=3"):
         bad = run("qwen3", item)
         assert bad.returncode == 2 and bad.stderr.startswith(f"error: {item}: expected"), item
