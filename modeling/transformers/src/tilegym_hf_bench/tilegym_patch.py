@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MODEL_PATCH_KWARGS = {
-    "qwen3": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
+    "qwen3": {
+        "rope": True,
+        "rms_norm": True,
+        "swiglu": True,
+        "attn": True,
+        "linear": True,
+        "rope_heads": 1,
+    },
     "llama": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "mistral": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "qwen2": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
