@@ -51,9 +51,11 @@ GEMV_ACC_ELEMS = 4096
 #: stream and loads its first W tile before waiting for it (`_gemv_first`). On an H100, in a
 #: graph of 28 x (RMSNorm, copy, GEMV + residual) (`benchmarks/ops/bench_gemv_pdl.py`) it took
 #: the 1024x3072 layer from 9.98 to 8.99 us and the 1024x2048 one from 8.19 to 8.05 us (within
-#: the spread). Off because a caller whose previous kernel writes W (a weight built or scaled
-#: lazily on first use, `FusedWeights.get` / `.scaled`) would race with that early load: it
-#: needs a contract that decode weights are built before the step, not yet made.
+#: the spread). Off because a caller whose previous kernel writes W would race with that early
+#: load: a patched instance builds its packed and scaled weights at patch time, but a
+#: class-level patch builds them lazily on first use (`FusedWeights.get` / `.scaled`), right
+#: before the GEMV that reads them, and so may any direct caller. Turning it on needs that
+#: contract stated and kept, and an end-to-end measurement.
 GEMV_PDL = False
 
 #: SPLIT_MODE of the GEMM kernels: no split, split with last-CTA sum, split writing partials only
