@@ -3,7 +3,8 @@ in one CUDA graph (launch gaps as in a replayed step, no host time), median over
 
 ``graph_us(fn, calls, replays) -> (median, min, max)`` in microseconds per call;
 ``interleaved_graphs({name: fn}, calls, replays)`` captures one graph per variant and replays
-them in turn, so clock drift hits every variant alike.
+them in turn, so clock drift hits every variant alike; ``graphed(fn)`` is one call of ``fn``
+captured, as its graph's ``replay`` (for timing with ``_timing``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def capture(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
         for _ in range(calls):
             fn()
     return graph
+
+
+def graphed(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` captured in a CUDA graph (after warm-up calls): calling the result replays it."""
+    return capture(fn, 1).replay
 
 
 def _replay_us(graph: torch.cuda.CUDAGraph) -> float:

@@ -34,6 +34,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _graph_timing import graphed  # noqa: E402
 from _timing import Stats, format_table, interleaved, time_cuda  # noqa: E402
 
 from tilegym.ops import moe  # noqa: E402
@@ -126,16 +127,6 @@ def copy_bandwidth() -> float:
     dst = torch.empty_like(src)
     st = time_cuda(lambda: dst.copy_(src), warmup=5, iters=20, flush_l2=False)
     return 2 * n / (st.median_us * 1e-6)
-
-
-def graphed(fn):
-    """``fn`` captured in a CUDA graph (after a warm-up call): replay runs it."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def routing(t: int, gen: torch.Generator):

@@ -37,6 +37,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _graph_timing import graphed  # noqa: E402
 from _timing import Stats, flush_mode, format_table, interleaved  # noqa: E402
 
 SHAPE = {"hidden": 2880, "inter": 2880, "experts": 32, "top_k": 4}  # gpt-oss-20b
@@ -125,16 +126,6 @@ def experts_inputs(t: int, shape: dict, device, dtype, gen):
     down, down_bias = rand(e, i, h, scale=i**-0.5), rand(e, h, scale=0.5)
     weights, ids = route(rand(t, e), k)
     return x, gate_up, gate_up_bias, down, down_bias, weights, ids
-
-
-def graphed(fn):
-    """``fn`` captured in a CUDA graph (after a warm-up call): replay runs it."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def table_row(t, mode, active, impl, stats: dict[str, Stats], floor: float, err: float):

@@ -634,13 +634,11 @@ def _launch_persistent(x2, weight, bias, residual2, out2, cfg: TileConfig) -> No
     ct.launch(stream(x2.device), (blocks, 1, 1), kernel, args)
 
 
-def _launch_gemv(
-    x2, weight, bias, residual2, out2, cfg: TileConfig, *, pdl: bool | None = None
-) -> None:
-    """The GEMV kernel; `pdl` (None: `GEMV_PDL`) launches it as a programmatic dependent."""
+def _launch_gemv(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
+    """The GEMV kernel; with `GEMV_PDL` launched as a programmatic dependent."""
     m, _ = x2.shape
     n = weight.shape[0]
-    pdl = GEMV_PDL if pdl is None else pdl
+    pdl = GEMV_PDL
     args = (
         *_io_args(x2, weight, bias, residual2, out2),
         cfg.tm,
