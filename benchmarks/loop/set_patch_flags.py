@@ -24,7 +24,11 @@ LINE_LENGTH = 100
 
 def _entry(source: str, model_type: str) -> ast.Dict:
     """The dict value of ``MODEL_PATCH_KWARGS[model_type]`` in ``source``."""
-    for node in ast.parse(source).body:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise ValueError(f"line {exc.lineno}: not Python: {exc.msg}") from None
+    for node in tree.body:
         target = node.targets[0] if isinstance(node, ast.Assign) else None
         if not (isinstance(target, ast.Name) and target.id == "MODEL_PATCH_KWARGS"):
             continue

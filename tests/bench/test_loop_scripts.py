@@ -43,6 +43,8 @@ def test_unknown_flags_and_model_types_are_errors():
         _module().set_flags(source, "phi3", {"attention": False})
     with pytest.raises(ValueError, match="no MODEL_PATCH_KWARGS entry for 'gpt2'"):
         _module().set_flags(source, "gpt2", {"attn": False})
+    with pytest.raises(ValueError, match="line 2: not Python"):
+        _module().set_flags('MODEL_PATCH_KWARGS = {\n  "qwen3": {\n', "qwen3", {"rope": False})
 
 
 def test_a_tuning_parameter_takes_an_integer_and_joins_the_entry():
