@@ -7,9 +7,11 @@ Every variant starts from the raw projections (a, b, A_log, dt_bias): fla and to
 gates from the module's torch expressions inside the timed call, as the model computes them;
 cuTile fuses them. Times are medians of CUDA-event intervals, variants interleaved after a
 warm-up, with the p10-p90 spread in percent. ``err`` is each variant's relative error against
-the fp32 recurrent reference (outputs; a quick parity check, not a test). ``cutile-fma`` is
+the fp32 recurrent reference (outputs; a quick parity check, not a test; ``-`` above 2048
+tokens, where the token-by-token reference would take minutes). ``cutile-fma`` is
 the prefill with the UT transform in fp32 FMAs instead of split tf32 (``prep_split=False``),
-``cutile-split`` the scan split in a state pass and a parallel output kernel (``split=True``).
+``cutile-split`` the scan split in a state pass and a parallel output kernel (``split=True``),
+``cutile-2pass`` the prep as the UT-inverse kernel then the apply kernel (``prep_two_pass=True``).
 ``--kernels`` adds, per prefill shape, each cuTile form's time by kernel (torch.profiler's
 CUDA time, mean of ``--iters`` calls): where a form's time goes.
 
@@ -129,7 +131,7 @@ def _row(label, fns, ref, warmup, iters, cols, reset=None):
             del fns[name]
             continue
         out = out[0] if isinstance(out, tuple) else out
-        errs[name] = rel_err(out, ref) if ref is not None else float("nan")
+        errs[name] = f"{rel_err(out, ref):.1e}" if ref is not None else "-"
     stats = interleaved(fns, warmup=warmup, iters=iters)
     row = [label]
     base = stats.get("cutile")
@@ -139,7 +141,7 @@ def _row(label, fns, ref, warmup, iters, cols, reset=None):
             row += ["-", "-", "-"]
             continue
         speed = f"{s.median_us / base.median_us:.2f}x" if base else "-"
-        row += [f"{s.median_us:.1f} ±{s.spread_pct:.0f}%", speed, f"{errs[name]:.1e}"]
+        row += [f"{s.median_us:.1f} ±{s.spread_pct:.0f}%", speed, errs[name]]
     return row
 
 
@@ -182,7 +184,7 @@ def main() -> None:
     args = p.parse_args()
     prefill = [tuple(int(n) for n in s.split("x")) for s in args.prefill]
     fla_chunk, fla_rec = _fla()
-    cols = ["cutile", "cutile-fma", "cutile-split", "fla", "torch"]
+    cols = ["cutile", "cutile-fma", "cutile-split", "cutile-2pass", "fla", "torch"]
     header = ["case"] + [f"{c} {h}" for c in cols for h in ("us", "/cutile", "err")]
     rows = []
     for hname in args.heads:
@@ -195,6 +197,7 @@ def main() -> None:
                 "cutile": partial(gd.gated_delta_chunk, *x),
                 "cutile-fma": partial(gd.gated_delta_chunk, *x, prep_split=False),
                 "cutile-split": partial(gd.gated_delta_chunk, *x, split=True),
+                "cutile-2pass": partial(gd.gated_delta_chunk, *x, prep_two_pass=True),
             }
             if args.kernels:
                 by_kernel = {n: f for n, f in fns.items() if n.startswith("cutile")}

@@ -1,10 +1,12 @@
-"""The PTX a cuTile cubin carries, for tests of instruction order (CPU only, no GPU needed).
+"""The PTX a cuTile cubin carries, for tests of instruction order and of register use (CPU only,
+no GPU needed).
 
 `export_kernel(..., output_format="cubin")` writes an ELF whose `.nv_debug_ptx_txt` section holds
 the PTX text, one line per NUL-separated entry. `global_accesses` follows each global load and
 store's address back to the kernel's pointer parameters, so a test can ask which array a load
 reads and whether it comes before an instruction such as `griddepcontrol.wait` (in the PTX's
-layout order, which is program order in the straight-line code before a loop).
+layout order, which is program order in the straight-line code before a loop). `ptxas_usage`
+assembles the PTX with the toolchain's ptxas for its registers, spills and shared memory.
 """
 
 from __future__ import annotations
@@ -107,3 +109,52 @@ def global_accesses(lines: list[str]) -> list[Access]:
             if derived:
                 origin[regs[0]] = origin.get(regs[0], frozenset()) | derived
     return out
+
+
+class Usage(NamedTuple):
+    registers: int
+    spill_stores: int  #: bytes a thread
+    spill_loads: int  #: bytes a thread
+    shared: int  #: bytes of shared memory a block
+
+
+def ptxas_usage(lines: list[str], gpu_name: str = "sm_90a") -> Usage:
+    """Registers, spills and shared memory of the PTX `lines` as the toolchain's own ptxas (the
+    one beside tileiras) assembles them, debug line info and sections left out."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from cuda.tile._compile import _find_compiler_bin
+
+    ptxas = Path(_find_compiler_bin().path).with_name("ptxas")
+    kept = []
+    for line in lines:
+        if line.startswith(".section") and "debug" in line:
+            break
+        if not line.startswith((".loc", ".file")):
+            kept.append(line)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp, "k.ptx")
+        src.write_text("\n".join(kept))
+        done = subprocess.run(
+            [str(ptxas), "--gpu-name", gpu_name, "-v", str(src), "-o", str(src.with_suffix(".o"))],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+    info = done.stderr
+
+    def number(pattern: str) -> int:
+        match = re.search(pattern, info)
+        if match is None:
+            raise ValueError(f"ptxas -v printed no {pattern!r}: {info[-300:]}")
+        return int(match.group(1))
+
+    return Usage(
+        number(r"Used (\d+) registers"),
+        number(r"(\d+) bytes spill stores"),
+        number(r"(\d+) bytes spill loads"),
+        number(r"(\d+) bytes smem"),
+    )

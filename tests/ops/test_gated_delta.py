@@ -134,14 +134,18 @@ def launches(monkeypatch):
 
 @pytest.mark.parametrize("heads", [(16, 16, 128, 128), (16, 32, 128, 128)])
 @pytest.mark.parametrize("split", [False, True])
-def test_aot_signatures_cover_the_launches(launches, heads, split, cpu_gen):
+@pytest.mark.parametrize("two_pass", [False, True])
+def test_aot_signatures_cover_the_launches(launches, heads, split, two_pass, cpu_gen):
     hk, hv, dk, dv = heads
-    sigs = gd.aot_signatures(heads=(heads,), dtypes=(torch.bfloat16,), split=(split,))
+    sigs = gd.aot_signatures(
+        heads=(heads,), dtypes=(torch.bfloat16,), split=(split,), two_pass=(two_pass,)
+    )
     q, k, v, a, b, A_log, dt_bias = _inputs(2, 3, hk, hv, dk, dv, cpu_gen, dtype=torch.bfloat16)
     state = torch.zeros(2, hv, dk, dv)
+    kw = dict(split=split, prep_two_pass=two_pass)
     gd.gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state)
-    gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, split=split)
-    gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, state, split=split)
+    gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, **kw)
+    gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, state, **kw)
     names = []
     for kernel, _, args in launches:
         names.append(kernel._pyfunc.__name__)
@@ -155,8 +159,30 @@ def test_aot_signatures_compile_for_sm90():
 
     if toolchain_problem():
         pytest.skip(toolchain_problem())
-    for kernel, ss in gd.aot_signatures(split=(False, True)).items():
+    for kernel, ss in gd.aot_signatures(split=(False, True), two_pass=(False, True)).items():
         assert compile_kernel(kernel, ss, "sm_90") is None, kernel._pyfunc.__name__
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", [False, True])
+def test_two_pass_prep_runs_on_tensor_cores_without_spills(split):
+    """Why the two-pass prep exists: each half compiles to wgmma with no register spills
+    (the one-kernel prep compiles to mma.sync and spills 7 KB a thread)."""
+    from cubin_ptx import instructions, ptx_lines, ptxas_usage
+
+    from tilegym.kernel_inventory.compile import toolchain_problem
+
+    if toolchain_problem():
+        pytest.skip(toolchain_problem())
+    sigs = gd.aot_signatures(
+        heads=((16, 32, 128, 128),), dtypes=(torch.bfloat16,), split=(split,), two_pass=(True,)
+    )
+    for kernel in (gd.gdn_chunk_ut_kernel, gd.gdn_chunk_apply_kernel):
+        lines = ptx_lines(kernel, sigs[kernel][0])
+        usage = ptxas_usage(lines)
+        name = kernel._pyfunc.__name__
+        assert usage.spill_loads == 0 and usage.spill_stores == 0, (name, usage)
+        assert instructions(lines, "wgmma.mma_async"), name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +242,31 @@ def test_split_scan_matches_reference_and_the_one_kernel_scan(
     one_out, one_final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, split=False)
     assert_close_rel(out, one_out.float(), 1e-2)
     assert_close_rel(final, one_final, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "shape", [(1, 1, 16, 16, 128, 128), (2, 64, 16, 16, 128, 128), (3, 130, 4, 8, 128, 128)]
+)
+@pytest.mark.parametrize("split", [False, True])
+def test_two_pass_prep_matches_reference_and_the_one_kernel_prep(
+    shape, dtype, split, gen, poison_empty
+):
+    """The prep as the UT-inverse kernel then the apply kernel: the recurrent reference's
+    answer, and the one-kernel prep's (the same products on the same values)."""
+    bsz, n_tok, hk, hv, dk, dv = shape
+    q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, dtype, pad=min(5, n_tok - 1))
+    s0 = _state(bsz, hv, dk, dv, gen, "cuda")
+    kw = dict(split=split)
+    out, final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, prep_two_pass=True, **kw)
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    want_out, want_state = gd.recurrent_reference(q, k, v, g, beta, s0)
+    assert_close_rel(out, want_out)
+    assert_close_rel(final, want_state, 2e-3)
+    one_out, one_final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, **kw)
+    assert_close_rel(out, one_out.float(), 1e-2)
+    assert_close_rel(final, one_final, 1e-4)
 
 
 @pytest.mark.gpu

@@ -37,11 +37,19 @@ Kernels:
   each chunk's starting state and ``v'`` (fp32); ``gdn_chunk_output_kernel`` then computes every
   chunk's output at once from them, ``Q K^T`` once per value block instead of once per value
   tile in the sequential loop. Same products on the same values (``chunk_reference(...,
-  split=True)`` is its order); not yet run on a GPU, so not the default.
+  split=True)`` is its order). Not the default: one of its GPU tests failed (float16, 130
+  tokens, no starting state; the failure's message was not recorded).
+- ``prep_two_pass=True`` (``PREP_TWO_PASS``) runs the prep as two kernels with the same products:
+  ``gdn_chunk_ut_kernel`` (gates, cumsum, ``T`` to a C x C fp32 workspace a chunk), then
+  ``gdn_chunk_apply_kernel`` (u, w and the split scan's keys from ``T``). The one-kernel prep
+  holds k, v, the C x C system, ``T`` and their tf32 halves at once: ptxas gives it mma.sync
+  and 7 KB of spill loads a thread; each half alone compiles to wgmma without spills
+  (``test_two_pass_prep_runs_on_tensor_cores_without_spills``). Not yet run on a GPU.
 
-Measured once on an H200 (bf16, fp32 FMA UT transform, before the split form): decode 7.4 us
-at B=1 (torch's recurrent function: 101 us), prefill 4.8 ms for 1 x 2048 tokens x 16 heads
-(torch's chunked function: 2.1 ms): the prefill is not yet fast.
+Measured on an H100 (``benchmarks/ops/bench_gated_delta.py``, bf16, 16 heads of 128): decode
+8.1 us at B=1 (flash-linear-attention's fused recurrent function: 31.1 us); prefill of 1 x 2048
+tokens 889 us, of which the prep kernel takes 695 and the scan 188 (fla: 196 us in all; the
+split scan 86 + 51 us). The prep, not the scan, is where the prefill loses to fla.
 """
 
 from __future__ import annotations
@@ -71,14 +79,20 @@ SCAN_BV = 32
 #: the scan's products on tf32 tensor cores (else fp32).
 SCAN_TF32 = True
 #: the scan split in two (``gdn_chunk_state_kernel`` in order, ``gdn_chunk_output_kernel`` over
-#: every chunk at once) instead of one kernel doing both in order; not yet measured on a GPU.
+#: every chunk at once) instead of one kernel doing both in order: 137 against 188 us at
+#: 1 x 2048 tokens on an H100, off while one of its GPU tests fails.
 SPLIT_SCAN = False
 #: value columns per block of the split scan's output kernel.
 OUTPUT_BV = 64
 #: the UT transform's products as split tf32 on tensor cores (else fp32 FMAs, which tileiras
-#: does not map to tensor cores: 4.8 ms for 2048 tokens x 16 heads on the H200, 2.3x torch's
-#: own chunked function; the split form is not yet measured on a GPU).
+#: does not map to tensor cores: the prep kernel at 1 x 2048 tokens x 16 heads took 695 us split
+#: and 5181 us in FMAs on an H100).
 PREP_SPLIT_TF32 = True
+#: the prep as two kernels, the UT inverse (``gdn_chunk_ut_kernel``, T through a C x C fp32
+#: workspace a chunk) then u and w (``gdn_chunk_apply_kernel``): ptxas compiles the one-kernel
+#: prep's products to mma.sync with 7 KB of spill loads a thread, each half alone to wgmma
+#: without spills. Not yet run on a GPU, so not the default.
+PREP_TWO_PASS = False
 _NEG_BIG = -1.0e30
 #: softplus switches to the identity above this (``F.softplus``'s default threshold).
 SOFTPLUS_THRESHOLD = 20.0
@@ -114,14 +128,18 @@ def _start_state(State0, b, h, j, DK: ConstInt, BV: ConstInt, HAS_STATE: ConstBo
 
 
 @ct.function
+def _beta(braw, b_dtype):
+    """sigmoid of the raw beta projection in fp32, rounded to ``b_dtype`` first (upstream's
+    ``b.sigmoid()`` in the activation dtype)."""
+    return (1.0 / (1.0 + ct.exp(-braw.astype(ct.float32)))).astype(b_dtype).astype(ct.float32)
+
+
+@ct.function
 def _gates(a, braw, alog, dtb, b_dtype):
     """(g, beta) of raw gate projections, in fp32; beta rounded to ``b_dtype`` first."""
     x = a.astype(ct.float32) + dtb
     sp = ct.where(x > SOFTPLUS_THRESHOLD, x, ct.log(1.0 + ct.exp(ct.minimum(x, 30.0))))
-    g = -ct.exp(alog) * sp
-    bf = braw.astype(ct.float32)
-    beta = (1.0 / (1.0 + ct.exp(-bf))).astype(b_dtype).astype(ct.float32)
-    return g, beta
+    return -ct.exp(alog) * sp, _beta(braw, b_dtype)
 
 
 @ct.function
@@ -147,6 +165,69 @@ def _mm_fp32(x, y, SPLIT: ConstBool):
         acc = ct.mma(xh, yl, acc)
         return ct.mma(xh, yh, acc)
     return ct.mma(x, y, acc)
+
+
+@ct.function
+def _chunk_rows(c, C: ConstInt, n_tok):
+    """(rows (C, 1), cols (1, C), valid (C, 1)): a chunk's row and column indices, and which
+    rows are tokens (the last chunk's rows past ``n_tok`` are padding)."""
+    rows = ct.arange(C, dtype=ct.int32).reshape((C, 1))
+    cols = ct.arange(C, dtype=ct.int32).reshape((1, C))
+    return rows, cols, (c * C + rows) < n_tok
+
+
+@ct.function
+def _ut_system(kb, k, gc, rows, cols, SPLIT: ConstBool):
+    """The UT transform's strictly lower system ``beta K K^T * exp(gcum_i - gcum_j)``, i > j."""
+    decay = ct.exp(ct.where(rows > cols, gc - ct.transpose(gc), _NEG_BIG))
+    return _mm_fp32(kb, ct.transpose(k), SPLIT) * decay
+
+
+@ct.function
+def _ut_inverse(am, rows, cols, LOG_C: ConstInt, SPLIT: ConstBool):
+    """``(I + am)^-1`` of a strictly lower ``am`` by doubling: ``T_s`` inverts the s-blocks on
+    the diagonal; ``C_s`` holds am's lower-left s-block inside each 2s-block;
+    ``T_2s = T_s - T_s C_s T_s`` (``ut_inverse_reference``)."""
+    t = ct.where(rows == cols, 1.0, 0.0)
+    s = 1
+    for _ in range(LOG_C):
+        two_s = s * 2
+        blk = ((rows // two_s) == (cols // two_s)) & ((rows // s) > (cols // s))
+        t = t - _mm_fp32(_mm_fp32(t, ct.where(blk, am, 0.0), SPLIT), t, SPLIT)
+        s = two_s
+    return t
+
+
+@ct.function
+def _chunk_gates(K, A, Bg, A_log, dt_bias, b, c, h, GROUP: ConstInt, n_tok, C: ConstInt,
+                 DK: ConstInt):  # fmt: skip
+    """Chunk ``c`` of one (batch, value head): unit keys, beta (C, 1), the decay cumsum gcum
+    (C, 1), rows and columns. Past ``n_tok`` g and beta are 0: no decay, no update
+    (transformers pads with 0)."""
+    k = _unit_rows(K, b, c, h // GROUP, C, DK)
+    alog = ct.load(A_log, (h,), (1,)).astype(ct.float32).reshape((1, 1))
+    dtb = ct.load(dt_bias, (h,), (1,)).astype(ct.float32).reshape((1, 1))
+    a = ct.load(A, (b, c, h), (1, C, 1), padding_mode=PAD_ZERO).reshape((C, 1))
+    braw = ct.load(Bg, (b, c, h), (1, C, 1), padding_mode=PAD_ZERO).reshape((C, 1))
+    g, beta = _gates(a, braw, alog, dtb, Bg.dtype)
+    rows, cols, valid = _chunk_rows(c, C, n_tok)
+    gc = ct.cumsum(ct.where(valid, g, 0.0), axis=0)
+    return k, ct.where(valid, beta, 0.0), gc, rows, cols
+
+
+@ct.function
+def _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C: ConstInt, DV: ConstInt,
+              SPLIT: ConstBool, STORE_KD: ConstBool):  # fmt: skip
+    """``u = T (beta V)`` and ``w = T (beta K exp(gcum))`` to the workspace; with STORE_KD also
+    ``k exp(g_last - gcum)``, the split scan's state-update keys."""
+    v = ct.load(V, (b, c, h, 0), (1, C, 1, DV), padding_mode=PAD_ZERO)
+    u = _mm_fp32(t, v.reshape((C, DV)).astype(ct.float32) * beta, SPLIT)
+    w = _mm_fp32(t, k * beta * ct.exp(gc), SPLIT)
+    ct.store(U, (b, h, c, 0), u.reshape((1, 1, C, DV)))
+    ct.store(W, (b, h, c, 0), w.reshape((1, 1, C, k.shape[1])))
+    if STORE_KD:
+        g_last = ct.sum(ct.where(rows == C - 1, gc, 0.0), axis=0, keepdims=True)  # gc[C - 1]
+        ct.store(KD, (b, h, c, 0), (k * ct.exp(g_last - gc)).reshape((1, 1, C, k.shape[1])))
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,45 +316,74 @@ def gdn_chunk_prep_kernel(
     bh = ct.bid(1)
     b = bh // HV
     h = bh % HV
-    hk = h // GROUP
-    k = _unit_rows(K, b, c, hk, C, DK)
-    alog = ct.load(A_log, (h,), (1,)).astype(ct.float32).reshape((1, 1))
-    dtb = ct.load(dt_bias, (h,), (1,)).astype(ct.float32).reshape((1, 1))
-    a = ct.load(A, (b, c, h), (1, C, 1), padding_mode=PAD_ZERO).reshape((C, 1))
-    braw = ct.load(Bg, (b, c, h), (1, C, 1), padding_mode=PAD_ZERO).reshape((C, 1))
-    g, beta = _gates(a, braw, alog, dtb, Bg.dtype)
-    rows = ct.arange(C, dtype=ct.int32).reshape((C, 1))
-    cols = ct.arange(C, dtype=ct.int32).reshape((1, C))
-    valid = (c * C + rows) < n_tok
-    g = ct.where(valid, g, 0.0)  # past the end: no decay, no update (transformers pads with 0)
-    beta = ct.where(valid, beta, 0.0)
-    gc = ct.cumsum(g, axis=0)  # (C, 1)
-    diff = gc - ct.transpose(gc)  # gcum_i - gcum_j
-    lower = rows > cols
-    decay = ct.exp(ct.where(lower, diff, _NEG_BIG))
-    kb = k * beta
-    kk = _mm_fp32(kb, ct.transpose(k), SPLIT)
-    am = kk * decay  # strictly lower part of the UT system
-    # T = (I + am)^-1 by doubling: T_s inverts the s-blocks on the diagonal; C_s holds am's
-    # lower-left s-block inside each 2s-block; T_2s = T_s - T_s C_s T_s.
-    t = ct.where(rows == cols, 1.0, 0.0)
-    s = 1
-    for _ in range(LOG_C):
-        two_s = s * 2
-        blk = ((rows // two_s) == (cols // two_s)) & ((rows // s) > (cols // s))
-        cs = ct.where(blk, am, 0.0)
-        t = t - _mm_fp32(_mm_fp32(t, cs, SPLIT), t, SPLIT)
-        s = two_s
-    v = ct.load(V, (b, c, h, 0), (1, C, 1, DV), padding_mode=PAD_ZERO)
-    vb = v.reshape((C, DV)).astype(ct.float32) * beta
-    u = _mm_fp32(t, vb, SPLIT)
-    w = _mm_fp32(t, kb * ct.exp(gc), SPLIT)
-    ct.store(U, (b, h, c, 0), u.reshape((1, 1, C, DV)))
-    ct.store(W, (b, h, c, 0), w.reshape((1, 1, C, DK)))
+    k, beta, gc, rows, cols = _chunk_gates(K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK)
+    t = _ut_inverse(_ut_system(k * beta, k, gc, rows, cols, SPLIT), rows, cols, LOG_C, SPLIT)
     ct.store(G, (b, h, c), gc.reshape((1, 1, C)))
-    if STORE_KD:
-        g_last = ct.sum(ct.where(rows == C - 1, gc, 0.0), axis=0, keepdims=True)  # gc[C - 1]
-        ct.store(KD, (b, h, c, 0), (k * ct.exp(g_last - gc)).reshape((1, 1, C, DK)))
+    _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C, DV, SPLIT, STORE_KD)
+
+
+@ct.kernel
+def gdn_chunk_ut_kernel(
+    K,
+    A,
+    Bg,
+    A_log,
+    dt_bias,
+    T,
+    G,
+    n_tok: int,
+    HV: ConstInt,
+    GROUP: ConstInt,
+    DK: ConstInt,
+    C: ConstInt,
+    LOG_C: ConstInt,
+    SPLIT: ConstBool,
+):
+    """The two-pass prep's first half, one (chunk, batch x head): gates, decay cumsum and the
+    UT transform's inverse ``T`` (C x C, fp32) to the workspace, gcum to ``G``."""
+    c = ct.bid(0)
+    bh = ct.bid(1)
+    b = bh // HV
+    h = bh % HV
+    k, beta, gc, rows, cols = _chunk_gates(K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK)
+    t = _ut_inverse(_ut_system(k * beta, k, gc, rows, cols, SPLIT), rows, cols, LOG_C, SPLIT)
+    ct.store(T, (b, h, c, 0), t.reshape((1, 1, C, C)))
+    ct.store(G, (b, h, c), gc.reshape((1, 1, C)))
+
+
+@ct.kernel
+def gdn_chunk_apply_kernel(
+    K,
+    V,
+    Bg,
+    T,
+    G,
+    W,
+    U,
+    KD,
+    n_tok: int,
+    HV: ConstInt,
+    GROUP: ConstInt,
+    DK: ConstInt,
+    DV: ConstInt,
+    C: ConstInt,
+    SPLIT: ConstBool,
+    STORE_KD: ConstBool,
+):
+    """The two-pass prep's second half, one (chunk, batch x head): u, w (and with STORE_KD the
+    split scan's keys) from the first half's ``T`` and gcum; the same products as the one-kernel
+    prep's (``_apply_ut``)."""
+    c = ct.bid(0)
+    bh = ct.bid(1)
+    b = bh // HV
+    h = bh % HV
+    k = _unit_rows(K, b, c, h // GROUP, C, DK)
+    braw = ct.load(Bg, (b, c, h), (1, C, 1), padding_mode=PAD_ZERO).reshape((C, 1))
+    rows, _, valid = _chunk_rows(c, C, n_tok)
+    beta = ct.where(valid, _beta(braw, Bg.dtype), 0.0)
+    gc = ct.load(G, (b, h, c), (1, 1, C)).reshape((C, 1))
+    t = ct.load(T, (b, h, c, 0), (1, 1, C, C)).reshape((C, C))
+    _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C, DV, SPLIT, STORE_KD)
 
 
 @ct.kernel
@@ -465,6 +575,7 @@ def gated_delta_chunk(
     bv: int = SCAN_BV,
     tf32: bool = SCAN_TF32,
     prep_split: bool = PREP_SPLIT_TF32,
+    prep_two_pass: bool = PREP_TWO_PASS,
     state_dtype: torch.dtype = torch.float32,
     split: bool = SPLIT_SCAN,
     out_bv: int = OUTPUT_BV,
@@ -491,9 +602,16 @@ def gated_delta_chunk(
     kd = torch.empty((bsz, hv, t_pad, dk), **f32) if split else w  # w: a placeholder
     alog, dtb = A_log.contiguous(), dt_bias.contiguous()
     log_c = CHUNK.bit_length() - 1
-    prep = (k, v, a, b, alog, dtb, w, u, g, kd, n_tok, hv, hv // hk, dk, dv, CHUNK, log_c)
-    prep = (*prep, bool(prep_split), bool(split))
-    ct.launch(stream(), (n_chunks, bsz * hv, 1), gdn_chunk_prep_kernel, prep)
+    chunks = (n_chunks, bsz * hv, 1)
+    if prep_two_pass:
+        tmat = torch.empty((bsz, hv, t_pad, CHUNK), **f32)
+        ut = (k, a, b, alog, dtb, tmat, g, n_tok, hv, hv // hk, dk, CHUNK, log_c, bool(prep_split))
+        ct.launch(stream(), chunks, gdn_chunk_ut_kernel, ut)
+        apply = (k, v, b, tmat, g, w, u, kd, n_tok, hv, hv // hk, dk, dv, CHUNK)
+        ct.launch(stream(), chunks, gdn_chunk_apply_kernel, (*apply, bool(prep_split), bool(split)))
+    else:
+        prep = (k, v, a, b, alog, dtb, w, u, g, kd, n_tok, hv, hv // hk, dk, dv, CHUNK, log_c)
+        ct.launch(stream(), chunks, gdn_chunk_prep_kernel, (*prep, bool(prep_split), bool(split)))
     bv = min(bv, dv)
     has = initial_state is not None
     s0 = initial_state if has else final
@@ -623,10 +741,11 @@ def aot_signatures(
     dtypes=AOT_DTYPES,
     state_dtypes=(torch.float32,),
     split=(SPLIT_SCAN,),
+    two_pass=(PREP_TWO_PASS,),
 ) -> dict:
     """Signatures of the kernels the wrappers launch by default, per (Hk, Hv, Dk, Dv):
-    Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32); ``split``:
-    the scan forms to declare (the default's, or both)."""
+    Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32); ``split``
+    and ``two_pass``: the scan and prep forms to declare (the default's, or both)."""
     out: dict = {}
     f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
     log_c = CHUNK.bit_length() - 1
@@ -659,9 +778,18 @@ def aot_signatures(
                 sig = signature(*arrays, hv, group, dk, obv, CHUNK, SCAN_TF32)
                 out.setdefault(gdn_chunk_output_kernel, []).append(sig)
             for form in split:
-                arrays = (a4, a4, a3, a3, a1, a1, w4, w4, w3, w4, i32)
-                sig = signature(*arrays, hv, group, dk, dv, CHUNK, log_c, PREP_SPLIT_TF32, form)
-                out.setdefault(gdn_chunk_prep_kernel, []).append(sig)
+                if False in two_pass:
+                    arrays = (a4, a4, a3, a3, a1, a1, w4, w4, w3, w4, i32)
+                    consts = (hv, group, dk, dv, CHUNK, log_c, PREP_SPLIT_TF32, form)
+                    out.setdefault(gdn_chunk_prep_kernel, []).append(signature(*arrays, *consts))
+                if True in two_pass:
+                    arrays = (a4, a4, a3, w4, w3, w4, w4, w4, i32)
+                    consts = (hv, group, dk, dv, CHUNK, PREP_SPLIT_TF32, form)
+                    out.setdefault(gdn_chunk_apply_kernel, []).append(signature(*arrays, *consts))
+            if True in two_pass:
+                arrays = (a4, a3, a3, a1, a1, w4, w3, i32)
+                consts = (hv, group, dk, CHUNK, log_c, PREP_SPLIT_TF32)
+                out.setdefault(gdn_chunk_ut_kernel, []).append(signature(*arrays, *consts))
     return out
 
 
