@@ -120,7 +120,8 @@ class Usage(NamedTuple):
 
 def ptxas_usage(lines: list[str], gpu_name: str = "sm_90a") -> Usage:
     """Registers, spills and shared memory of the PTX `lines` as the toolchain's own ptxas (the
-    one beside tileiras) assembles them, debug line info and sections left out."""
+    one beside tileiras) assembles them, debug line info, debug sections and the embedded tile
+    IR source left out."""
     import subprocess
     import tempfile
     from pathlib import Path
@@ -130,7 +131,9 @@ def ptxas_usage(lines: list[str], gpu_name: str = "sm_90a") -> Usage:
     ptxas = Path(_find_compiler_bin().path).with_name("ptxas")
     kept = []
     for line in lines:
-        if line.startswith(".section") and "debug" in line:
+        if line.startswith(".nv_intermediate_source_section") or (
+            line.startswith(".section") and "debug" in line
+        ):
             break
         if not line.startswith((".loc", ".file")):
             kept.append(line)

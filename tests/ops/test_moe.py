@@ -20,6 +20,7 @@ import torch
 from cuda.tile.compilation import ArrayConstraint, ScalarConstraint
 
 from tilegym.ops import moe
+from tilegym.ops._common import aligned_array_sig, signature
 from tilegym.ops.moe import MoeConfig
 from tilegym.ops.testing import assert_close_rel, rel_err
 
@@ -396,6 +397,27 @@ def test_aot_signature_match_rejects_other_launches():
     assert not _matches(sig, None, (i32, i32, i32.view(2, 2), 8, 128, 32))
 
 
+@pytest.mark.parametrize("rows", [0, 3, 6])
+def test_route_rows_must_be_a_power_of_two(rows):
+    with pytest.raises(ValueError, match="power of two"):
+        moe.moe_route(torch.zeros((4, 4)), 2, True, tile_rows=rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("e,k", [(512, 10), (128, 8), (32, 4)])
+def test_packed_route_compiles_for_sm90(e, k):
+    """The packed-key router (int64 keys, bitcasts) compiles for Hopper at the families' router
+    widths, with the shipped rows a program and with one."""
+    from tilegym.kernel_inventory.compile import compile_kernel, toolchain_problem
+
+    if toolchain_problem():
+        pytest.skip(toolchain_problem())
+    tm, ep, kp = moe.route_tiles(e, k)
+    arrays = (aligned_array_sig(ct.bfloat16, 2),) * 2 + (aligned_array_sig(ct.int32, 2),)
+    sigs = [signature(*arrays, rows, ep, k, kp, True, True) for rows in {tm, 1}]
+    assert compile_kernel(moe.tilegym_moe_route_kernel, sigs, "sm_90") is None
+
+
 @pytest.mark.slow
 def test_aot_signatures_compile_for_sm90():
     """Every kernel of the module compiles on the CPU for Hopper with its declared signatures."""
@@ -535,6 +557,25 @@ def test_route_matches_reference(t, e, k, dtype, gen, poison_empty):
         near = probs.topk(min(k + 1, e), dim=-1).values
         gaps = (near[:, :-1] - near[:, 1:]) / near[:, :-1]
         assert bool((gaps.min(1).values < 1e-5).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("t", [1, 3, 37])
+@pytest.mark.parametrize("e,k", [(512, 10), (128, 8), (60, 1), (8, 8)])
+@pytest.mark.parametrize("packed,tile_rows", [(True, None), (False, 1), (True, 1), (True, 4)])
+def test_route_variants_match_the_shipped_route(t, e, k, dtype, packed, tile_rows, gen):
+    """The packed-key rounds and other rows a program choose what the shipped kernel chooses
+    (the same first index on ties), with the same weights; ties made on purpose in row 0."""
+    logits = (torch.randn((t, e), generator=gen, device="cuda") * 3).to(dtype)
+    logits[0, : min(e, 4)] = logits[0].max()  # a tie at the top: the first column wins
+    for normalize in (True, False):
+        want_w, want_ids = moe.moe_route(logits, k, normalize, packed=False)
+        weights, ids = moe.moe_route(logits, k, normalize, tile_rows=tile_rows, packed=packed)
+        _route_check(logits, k, normalize, weights, ids)
+        assert torch.equal(ids, want_ids)
+        tol = {torch.bfloat16: 8e-3, torch.float32: 1e-6}[dtype]  # row sums in another order
+        torch.testing.assert_close(weights, want_w, rtol=tol, atol=1e-7)
 
 
 @pytest.mark.gpu

@@ -70,6 +70,10 @@ SLOT_TILE = 1024
 SCAN_ELEMS = 4096
 #: routing-weight tile of the router kernel: about this many fp32 probabilities per program
 ROUTE_ELEMS = 2048
+#: the router's top-k rounds take one maximum a round over int64 keys (a probability's bits
+#: above its column's complement: the largest probability, then the first column) instead of
+#: a max and an argmax. Not yet run on a GPU, so not the default (``bench_moe_route.py``).
+ROUTE_PACKED = False
 #: how `moe_dispatch` groups the slots (`MoeConfig.dispatch`)
 DISPATCHES = ("sorted", "per_slot", "direct")
 #: the dispatches that give every slot its own block (slot s is block s)
@@ -99,12 +103,15 @@ def tilegym_moe_route_kernel(
     TOP_K: ConstInt,
     KP: ConstInt,
     NORMALIZE: ConstBool,
+    PACKED: ConstBool,
 ):
     """Top-k of softmax(Logits[T, E]) for TM tokens: Weights/Ids [T, TOP_K].
 
     EP (a power of two >= E) columns are loaded with -inf past E (probability 0); each of the
     TOP_K rounds takes the row maximum, its first index, and masks that column with -1 (below
-    every probability). KP is TOP_K rounded up to a power of two (the stored tile).
+    every probability). KP is TOP_K rounded up to a power of two (the stored tile). PACKED:
+    each round is one maximum over int64 keys ``bits(p) << 32 | (EP - 1 - column)`` (a
+    probability's bits order like the probability, p >= 0), the taken key set to -1.
     """
     bt = ct.bid(0)
     x = ct.astype(ct.load(Logits, (bt, 0), (TM, EP), padding_mode=_NEG_INF), ct.float32)
@@ -114,14 +121,27 @@ def tilegym_moe_route_kernel(
     slot = ct.broadcast_to(ct.reshape(ct.arange(KP, dtype=ct.int32), (1, KP)), (TM, KP))
     vals = ct.full((TM, KP), 0.0, dtype=ct.float32)
     idx = ct.full((TM, KP), 0, dtype=ct.int32)
-    gone = ct.full((TM, EP), -1.0, dtype=ct.float32)
-    for j in range(TOP_K):
-        best = ct.max(p, axis=1, keepdims=True)
-        arg = ct.astype(ct.argmax(p, axis=1, keepdims=True), ct.int32)
-        here = slot == j
-        vals = ct.where(here, ct.broadcast_to(best, (TM, KP)), vals)
-        idx = ct.where(here, ct.broadcast_to(arg, (TM, KP)), idx)
-        p = ct.where(cols == ct.broadcast_to(arg, (TM, EP)), gone, p)
+    if PACKED:
+        high = ct.bitwise_lshift(ct.astype(ct.bitcast(p, ct.int32), ct.int64), 32)
+        key = ct.bitwise_or(high, ct.astype(EP - 1 - cols, ct.int64))
+        taken = ct.full((TM, EP), -1, dtype=ct.int64)
+        for j in range(TOP_K):
+            top = ct.max(key, axis=1, keepdims=True)
+            best = ct.bitcast(ct.astype(ct.bitwise_rshift(top, 32), ct.int32), ct.float32)
+            arg = EP - 1 - ct.astype(ct.bitwise_and(top, (1 << 32) - 1), ct.int32)
+            here = slot == j
+            vals = ct.where(here, ct.broadcast_to(best, (TM, KP)), vals)
+            idx = ct.where(here, ct.broadcast_to(arg, (TM, KP)), idx)
+            key = ct.where(key == ct.broadcast_to(top, (TM, EP)), taken, key)
+    else:
+        gone = ct.full((TM, EP), -1.0, dtype=ct.float32)
+        for j in range(TOP_K):
+            best = ct.max(p, axis=1, keepdims=True)
+            arg = ct.astype(ct.argmax(p, axis=1, keepdims=True), ct.int32)
+            here = slot == j
+            vals = ct.where(here, ct.broadcast_to(best, (TM, KP)), vals)
+            idx = ct.where(here, ct.broadcast_to(arg, (TM, KP)), idx)
+            p = ct.where(cols == ct.broadcast_to(arg, (TM, EP)), gone, p)
     if NORMALIZE:
         vals = vals / ct.sum(vals, axis=1, keepdims=True)
     ct.store(Weights, (bt, 0), ct.astype(vals, Weights.dtype))
@@ -147,9 +167,18 @@ def _check_route(router_logits: torch.Tensor, top_k: int) -> None:
 
 
 def moe_route(
-    router_logits: torch.Tensor, top_k: int, normalize: bool
+    router_logits: torch.Tensor,
+    top_k: int,
+    normalize: bool,
+    *,
+    tile_rows: int | None = None,
+    packed: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [T, top_k] in the logits dtype, expert ids [T, top_k] int32), best first."""
+    """(weights [T, top_k] in the logits dtype, expert ids [T, top_k] int32), best first.
+    ``tile_rows`` (tokens a program, a power of two) and ``packed`` override ``route_tiles``'s
+    rows and ``ROUTE_PACKED`` (benchmarks and tests)."""
+    if tile_rows is not None and (tile_rows < 1 or tile_rows & (tile_rows - 1)):
+        raise ValueError(f"tile_rows={tile_rows} must be a power of two")
     _check_route(router_logits, top_k)
     t, e = router_logits.shape
     logits = router_logits if router_logits.stride(-1) == 1 else router_logits.contiguous()
@@ -158,7 +187,9 @@ def moe_route(
     ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
     if t:
         tm, ep, kp = route_tiles(e, top_k)
-        args = (logits, weights, ids, tm, ep, top_k, kp, bool(normalize))
+        tm = tm if tile_rows is None else tile_rows
+        pack = ROUTE_PACKED if packed is None else packed
+        args = (logits, weights, ids, tm, ep, top_k, kp, bool(normalize), bool(pack))
         ct.launch(stream(dev), (math.ceil(t / tm), 1, 1), tilegym_moe_route_kernel, args)
     return weights, ids
 
@@ -847,7 +878,7 @@ def aot_signatures(
     for dt in (*dtypes, torch.float32):
         logits = aligned_array_sig(_CT[dt], 2)
         for norm in (True, False):
-            consts = (tm, ep_route, top_k, kp, norm)
+            consts = (tm, ep_route, top_k, kp, norm, ROUTE_PACKED)
             add(tilegym_moe_route_kernel, logits, logits, aligned_array_sig(ct.int32, 2), *consts)
     for cfg in cfgs:
         if cfg.dispatch == "per_slot":
