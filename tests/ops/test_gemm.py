@@ -225,6 +225,7 @@ def test_gemv_pdl_waits_for_the_kernel_writing_x(op, cfg, gen, monkeypatch):
         w = _rand((n, k), gen, dt, 1 / math.sqrt(k))
         b = _rand((n,), gen, dt) if op == "linear" else None
         r = _rand((1, n), gen, dt) if op == "residual" else None
+        gemm.linear(src, w, b, config=cfg)  # W's first read, without PDL (`_pdl_ready`)
         x = torch.full_like(src, float("nan"))
         out = torch.full((1, n), float("nan"), device="cuda", dtype=dt)
         write_late(src, x)
@@ -458,6 +459,52 @@ def test_split_factors_aim_at_one_or_two_waves():
     assert gemm_configs.split_factors(512, 2048, 16, 256) == [4]  # 32 tiles, 8 K tiles
     assert gemm_configs.split_factors(151936, 1024, 128, 128) == []
     assert gemm_configs.split_factors(64, 128, 16, 128) == []  # one K tile: nothing to split
+
+
+def test_gemv_pdl_only_for_a_weight_read_before_at_its_version(monkeypatch):
+    """With `GEMV_PDL` on, a weight's first GEMV (a lazily built weight's builder may be the
+    kernel right before) and its first after an in-place write launch without PDL; later
+    reads with it. Off, never. A dead weight's record goes with it."""
+    import gc
+
+    from tilegym.ops import gemm
+
+    pdl = []
+
+    def launch(_stream, _grid, _kernel, _args, programmatic_dependent_launch=False):
+        pdl.append(programmatic_dependent_launch)
+
+    monkeypatch.setattr(gemm.ct, "launch", launch)
+    monkeypatch.setattr(gemm, "stream", lambda *a: None)
+    monkeypatch.setattr(gemm, "GEMV_PDL", True)
+    cfg = TileConfig(1, 4, 1024, gemv=True)
+    x, out = torch.randn(1, 64), torch.empty(1, 32)
+    w = torch.randn(32, 64)
+
+    def gemv(weight):
+        gemm._launch_gemv(x, weight, None, None, out, cfg)
+
+    for _ in range(3):
+        gemv(w)
+    w.mul_(2)  # written in place: the next read waits first
+    gemv(w)
+    gemv(w)
+    fresh = torch.randn(32, 64)  # a newly built weight
+    gemv(fresh)
+    gemv(fresh)
+    assert pdl == [False, True, True, False, True, False, True]
+    key = id(fresh)
+    del fresh
+    gc.collect()
+    assert key not in gemm._GEMV_READ
+    with torch.inference_mode():  # no version counter: never early
+        built = torch.randn(32, 64)
+        gemv(built)
+        gemv(built)
+    assert pdl[-2:] == [False, False]
+    monkeypatch.setattr(gemm, "GEMV_PDL", False)
+    gemv(w)
+    assert pdl[-1] is False
 
 
 @pytest.mark.slow

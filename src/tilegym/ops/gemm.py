@@ -11,7 +11,8 @@ Tile shapes come from `gemm_configs` (an H200-measured table). A one-row GEMM (d
 1) mostly takes the GEMV kernel (`TileConfig.gemv`): plain 16-byte loads and fp32 multiply-adds,
 without the TMA + mma pipeline whose fixed latency dominates a few-microsecond stream of W.
 With `GEMV_PDL` it is launched as a programmatic dependent of the previous kernel: each block
-loads its first W tile (no kernel writes weights) before waiting for that kernel's writes.
+loads its first W tile before waiting for that kernel's writes, for a weight no kernel can have
+just written (`_pdl_ready`).
 Other decode GEMMs mostly swap the mma's operands (`TileConfig.swap`, `_mma_step`).
 Split-K (`TileConfig.split`)
 gives each split a contiguous share of the K tiles and has it store its fp32 partial tile into
@@ -26,6 +27,7 @@ partials on the H200.
 from __future__ import annotations
 
 import math
+import weakref
 
 import cuda.tile as ct
 import torch
@@ -50,12 +52,11 @@ GEMV_ACC_ELEMS = 4096
 #: True: the GEMV kernel is launched as a programmatic dependent of the previous kernel in the
 #: stream and loads its first W tile before waiting for it (`_gemv_first`). On an H100, in a
 #: graph of 28 x (RMSNorm, copy, GEMV + residual) (`benchmarks/ops/bench_gemv_pdl.py`) it took
-#: the 1024x3072 layer from 9.98 to 8.99 us and the 1024x2048 one from 8.19 to 8.05 us (within
-#: the spread). Off because a caller whose previous kernel writes W would race with that early
-#: load: a patched instance builds its packed and scaled weights at patch time, but a
-#: class-level patch builds them lazily on first use (`FusedWeights.get` / `.scaled`), right
-#: before the GEMV that reads them, and so may any direct caller. Turning it on needs that
-#: contract stated and kept, and an end-to-end measurement.
+#: the 1024x3072 layer from 9.89 to 8.88 us and the 1024x2048 one from 8.07 to 7.99 us (within
+#: the spread). The early W load is only taken for a weight an earlier GEMV read at its current
+#: version (`_pdl_ready`): a lazily built weight (a class-level patch's `FusedWeights.get` /
+#: `.scaled`, built by the kernel right before its first GEMV) and a weight written in place
+#: since its last read launch without PDL once. Off until measured end to end.
 GEMV_PDL = False
 
 #: SPLIT_MODE of the GEMM kernels: no split, split with last-CTA sum, split writing partials only
@@ -634,11 +635,32 @@ def _launch_persistent(x2, weight, bias, residual2, out2, cfg: TileConfig) -> No
     ct.launch(stream(x2.device), (blocks, 1, 1), kernel, args)
 
 
+#: id(weight) -> the weight's version counter when a GEMV last read it
+_GEMV_READ: dict[int, int] = {}
+
+
+def _pdl_ready(weight: torch.Tensor) -> bool:
+    """Whether no kernel can be writing ``weight`` right before this GEMV: an earlier GEMV read
+    this tensor at its current version. The first read of a tensor (a lazily built weight's
+    builder may be the kernel just before) and the first after an in-place write (torch moves
+    the version) are not; a kernel writing a weight behind torch's back is outside the rule.
+    An inference tensor has no version counter, so it is never ready."""
+    if weight.is_inference():
+        return False
+    key, version = id(weight), weight._version
+    seen = _GEMV_READ.get(key)
+    if seen is None:
+        weakref.finalize(weight, _GEMV_READ.pop, key, None)
+    _GEMV_READ[key] = version
+    return seen == version
+
+
 def _launch_gemv(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
-    """The GEMV kernel; with `GEMV_PDL` launched as a programmatic dependent."""
+    """The GEMV kernel; with `GEMV_PDL` launched as a programmatic dependent where the weight
+    is safe to load early (`_pdl_ready`)."""
     m, _ = x2.shape
     n = weight.shape[0]
-    pdl = GEMV_PDL
+    pdl = GEMV_PDL and _pdl_ready(weight)
     args = (
         *_io_args(x2, weight, bias, residual2, out2),
         cfg.tm,
