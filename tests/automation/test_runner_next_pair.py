@@ -51,7 +51,7 @@ def ask(folder: Path, capsys, *, budget=900, elapsed=300.0, extra=()) -> dict[st
     return dict(line.split("=", 1) for line in out.splitlines())
 
 
-def test_a_noisy_first_pair_asks_for_a_second_with_twice_the_runs_base_first(
+def test_a_noisy_first_pair_asks_for_a_second_with_growth_times_the_runs_base_first(
     tmp_path, prepared, capsys
 ):
     write_pair(tmp_path, 1, prepared.base, prepared.head)
@@ -60,11 +60,11 @@ def test_a_noisy_first_pair_asks_for_a_second_with_twice_the_runs_base_first(
         "false",
         "1",
         "2",
-        "20",
+        "80",  # 10 runs a side, times sequential.GROWTH (8); it fits in the 600 s left
         "base",
     )
     assert got["why"].startswith("after 1 pair(s): r = 1.000 (95% CI ")
-    assert got["why"].endswith("not decisive; next pair 20 runs a side")
+    assert got["why"].endswith("not decisive; next pair 80 runs a side")
     lines = (tmp_path / "gh").read_text().splitlines()
     assert lines == [f"{k}={v}" for k, v in got.items()]
 

@@ -389,9 +389,9 @@ def test_runner_benchmarks_worktrees_and_reruns_with_twice_the_samples(repo, mak
 
 
 def test_sequential_sampling_adds_pairs_until_it_stops(repo, make_metrics, capsys):
-    """The default: no rerun round, but more base/head pairs (alternating order, twice the runs
-    each time, trimmed to the budget) until the pooled ratio's CI is decisive or the budget or
-    the pair limit ends it; the decision says how many pairs and why it stopped."""
+    """The default: no rerun round, but more base/head pairs (alternating order, GROWTH times
+    the runs each time, trimmed to the budget) until the pooled ratio's CI is decisive or the
+    budget or the pair limit ends it; the decision says how many pairs and why it stopped."""
     r = repo
     _with_bench(r, make_metrics(cutile=(40.0, 60.0, 50.0)))
     main_sha = r.git.rev_parse("main")

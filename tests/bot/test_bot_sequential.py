@@ -36,19 +36,20 @@ def test_a_clear_slowdown_stops_after_one_pair():
     assert step.stop and step.stopped == sq.SLOWER
 
 
-def test_an_undecided_interval_asks_for_a_pair_with_twice_the_runs():
+def test_an_undecided_interval_asks_for_a_pair_with_growth_times_the_runs():
     est = ratio_of_means([1.40, 1.55, 1.45, 1.60, 1.35], [1.45, 1.50, 1.60, 1.40, 1.55])
     assert est.ci95[0] < 0.98 < est.ci95[1]
-    step = _step(est)
-    assert not step.stop and step.runs == 10
-    step = _step(est, pairs=2, last_runs=10, elapsed_s=460.0)  # 20 runs: 280 s of 440 left
+    assert sq.GROWTH == 8
+    step = _step(est)  # 40 runs: 360 s of 680 left
+    assert not step.stop and step.runs == 40
+    step = _step(est, pairs=2, last_runs=40, elapsed_s=580.0)  # 320 left: 320 runs, ..., 20
     assert not step.stop and step.runs == 20
 
 
 def test_the_next_pair_is_trimmed_to_the_budget_then_refused():
     est = RatioEstimate(0.99, (0.95, 1.03))
-    # 900 - 500 = 400 s left: 20 runs (280 s) fit
-    assert _step(est, pairs=2, last_runs=10, elapsed_s=500.0).runs == 20
+    # 900 - 500 = 400 s left: 80 runs (520 s) do not fit, 40 (360 s) do
+    assert _step(est, pairs=2, last_runs=10, elapsed_s=500.0).runs == 40
     # 900 - 640 = 260 s left: 20 runs do not, 10 (240 s) do
     assert _step(est, pairs=2, last_runs=10, elapsed_s=640.0).runs == 10
     # 900 - 700 = 200 s left: not even the first pair's 5 runs (220 s)
