@@ -152,3 +152,23 @@ def private_buffers() -> Iterator[None]:
 def buffers_private() -> bool:
     """True inside ``private_buffers()``."""
     return getattr(_PRIVATE, "on", False)
+
+
+@ct.function
+def keep_in_slot(vals, idx, slot, j, best, arg):
+    """Top-k bookkeeping: row-wise ``best`` and ``arg`` (each (TM, 1)) into slot ``j`` of the
+    (TM, KP) value and index tiles (``slot`` is each column's slot number)."""
+    here = slot == j
+    vals = ct.where(here, ct.broadcast_to(best, vals.shape), vals)
+    idx = ct.where(here, ct.broadcast_to(arg, idx.shape), idx)
+    return vals, idx
+
+
+@ct.function
+def take_max(scores, cols, slot, j, vals, idx, gone):
+    """One top-k round: each row's maximum and its first column into slot ``j``; that column's
+    score becomes ``gone`` (below every score). Returns (scores, vals, idx)."""
+    best = ct.max(scores, axis=1, keepdims=True)
+    arg = ct.astype(ct.argmax(scores, axis=1, keepdims=True), ct.int32)
+    vals, idx = keep_in_slot(vals, idx, slot, j, best, arg)
+    return ct.where(cols == ct.broadcast_to(arg, scores.shape), gone, scores), vals, idx

@@ -50,9 +50,11 @@ from cuda.tile.compilation import ScalarConstraint
 from tilegym.ops._common import (
     PAD_ZERO,
     aligned_array_sig,
+    keep_in_slot,
     next_pow2,
     signature,
     stream,
+    take_max,
     with_hints,
 )
 
@@ -129,19 +131,12 @@ def tilegym_moe_route_kernel(
             top = ct.max(key, axis=1, keepdims=True)
             best = ct.bitcast(ct.astype(ct.bitwise_rshift(top, 32), ct.int32), ct.float32)
             arg = EP - 1 - ct.astype(ct.bitwise_and(top, (1 << 32) - 1), ct.int32)
-            here = slot == j
-            vals = ct.where(here, ct.broadcast_to(best, (TM, KP)), vals)
-            idx = ct.where(here, ct.broadcast_to(arg, (TM, KP)), idx)
+            vals, idx = keep_in_slot(vals, idx, slot, j, best, arg)
             key = ct.where(key == ct.broadcast_to(top, (TM, EP)), taken, key)
     else:
         gone = ct.full((TM, EP), -1.0, dtype=ct.float32)
         for j in range(TOP_K):
-            best = ct.max(p, axis=1, keepdims=True)
-            arg = ct.astype(ct.argmax(p, axis=1, keepdims=True), ct.int32)
-            here = slot == j
-            vals = ct.where(here, ct.broadcast_to(best, (TM, KP)), vals)
-            idx = ct.where(here, ct.broadcast_to(arg, (TM, KP)), idx)
-            p = ct.where(cols == ct.broadcast_to(arg, (TM, EP)), gone, p)
+            p, vals, idx = take_max(p, cols, slot, j, vals, idx, gone)
     if NORMALIZE:
         vals = vals / ct.sum(vals, axis=1, keepdims=True)
     ct.store(Weights, (bt, 0), ct.astype(vals, Weights.dtype))

@@ -36,6 +36,7 @@ from tilegym.ops._common import (
     signature,
     sm_count,
     stream,
+    take_max,
 )
 
 ConstInt = ct.Constant[int]
@@ -112,12 +113,7 @@ def router_logits_route_kernel(
         vals = ct.broadcast_to(top, (TM, KP))
         idx = ct.full((TM, KP), 0, dtype=ct.int32)
         for j in range(TOP_K):
-            best = ct.max(x, axis=1, keepdims=True)
-            arg = ct.astype(ct.argmax(x, axis=1, keepdims=True), ct.int32)
-            here = slot == j
-            vals = ct.where(here, ct.broadcast_to(best, (TM, KP)), vals)
-            idx = ct.where(here, ct.broadcast_to(arg, (TM, KP)), idx)
-            x = ct.where(cols == ct.broadcast_to(arg, (TM, EP)), -math.inf, x)
+            x, vals, idx = take_max(x, cols, slot, j, vals, idx, -math.inf)
         weights = ct.exp(vals - top) / denom * scaling
         ct.store(Weights, index=(bt, 0), tile=weights)
         ct.store(Ids, index=(bt, 0), tile=idx)
