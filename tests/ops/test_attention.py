@@ -704,7 +704,7 @@ def test_aot_signatures_cover_the_new_head_dims():
         width = 128 if d == 96 else d
         for kernel, index in (
             (prefill_attention_kernel, 8),
-            (decode_attention_kernel, 12),
+            (decode_attention_kernel, 13),
             (decode_reduce_kernel, 3),
         ):
             for sig in sigs[kernel]:

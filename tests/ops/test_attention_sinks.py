@@ -130,8 +130,8 @@ def test_the_cpu_ops_prefill_and_decode_agree_with_the_reference():
 
 @pytest.mark.slow
 def test_aot_signatures_compile_for_sm90():
-    """Every kernel has signatures; the prefill (window + padding), a partial-output decode
-    and the sink reduction compile on the CPU."""
+    """Every kernel has signatures; the prefill (window + padding), a partial-output decode,
+    a sink-epilogue decode and the sink reduction compile on the CPU."""
     from cuda.tile.compilation import export_kernel
 
     from tilegym.ops import attention as att
@@ -143,13 +143,17 @@ def test_aot_signatures_compile_for_sm90():
         att.decode_attention_kernel,
         sk.decode_sinks_reduce_kernel,
     }
-    # every decode variant written as parts: the sink reduction reads every split
-    assert all(
-        sig.parameters[-1].value == att.EPI_PARTS for sig in sigs[att.decode_attention_kernel]
+    # a decode variant either takes the sink itself or leaves partials to the sink reduction
+    want = {att.EPI_PARTS, att.EPI_SINK} if sk.SINK_EPILOGUE else {att.EPI_PARTS}
+    assert {sig.parameters[-1].value for sig in sigs[att.decode_attention_kernel]} == want
+    both = sk.decode_sinks_signatures(64, 64, 8, epilogue=(False, True))
+    sink_sig = next(
+        s for s in both[att.decode_attention_kernel] if s.parameters[-1].value == att.EPI_SINK
     )
     picks = [
         (sk.prefill_attention_sinks_kernel, sigs[sk.prefill_attention_sinks_kernel][-1]),
         (att.decode_attention_kernel, sigs[att.decode_attention_kernel][0]),
+        (att.decode_attention_kernel, sink_sig),
         (sk.decode_sinks_reduce_kernel, sigs[sk.decode_sinks_reduce_kernel][0]),
     ]
     for kernel, sig in picks:
@@ -205,35 +209,54 @@ def test_prefill_matches_fp32_reference(b, sq, skv, window, pads, sinks_on, gen)
     assert_close_rel(got, reference_attention_sinks(q, k, v, mask, sinks, 0.125))
 
 
+DECODE_CASES = [  # (b, skv, window, pads, by_position)
+    (1, 1, None, None, False),
+    (3, 37, None, (0, 11, 36), False),
+    (2, 130, 128, (0, 5), True),  # a ring buffer of 128 slots, position past the last
+    (4, 777, None, None, False),
+    (1, 4097, None, None, True),  # long cache: the split plan, combined with the sink
+    (8, 3000, 128, (0, 7, 100), False),
+]
+
+
+def test_sink_decode_takes_the_sink_in_one_split_and_reduces_split_plans():
+    """A one-split plan's output epilogue takes the sink (one launch); a split plan keeps its
+    partials for the sink reduction; the GPU cases below run both (H100/H200 SM counts)."""
+    from tilegym.ops import attention as att
+    from tilegym.ops.attention_sinks import sinks_config
+
+    hq, hkv, d = GPT_OSS_HEADS
+    for cfg in att.decode_kernel_configs(d, hq // hkv):
+        want = att.EPI_SINK if cfg[6] == att.EPI_OUT else att.EPI_PARTS
+        assert sinks_config(cfg, epilogue=True) == (*cfg[:6], want)
+        assert sinks_config(cfg, epilogue=False) == (*cfg[:6], att.EPI_PARTS)
+    for sms in (132, 144):
+        one = {
+            att.plan_decode(b * hkv, skv, d, sms, window=window).splits == 1
+            for b, skv, window, _, _ in DECODE_CASES
+        }
+        assert one == {True, False}, sms
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("sink_epilogue", [False, True])
 @pytest.mark.parametrize("sinks_on", [True, False])
-@pytest.mark.parametrize(
-    ("b", "skv", "window", "pads", "by_position"),
-    [
-        (1, 1, None, None, False),
-        (3, 37, None, (0, 11, 36), False),
-        (2, 130, 128, (0, 5), True),  # a ring buffer of 128 slots, position past the last
-        (4, 777, None, None, False),
-        (1, 4097, None, None, True),  # long cache: the split plan, combined with the sink
-        (8, 3000, 128, (0, 7, 100), False),
-    ],
-)
-def test_decode_matches_fp32_reference(b, skv, window, pads, by_position, sinks_on, gen):
+@pytest.mark.parametrize(("b", "skv", "window", "pads", "by_position"), DECODE_CASES)
+def test_decode_matches_fp32_reference(
+    b, skv, window, pads, by_position, sinks_on, sink_epilogue, gen
+):
     from tilegym.ops.attention_sinks import decode_attention_sinks
 
     q, k, v, sinks = _inputs(b, 1, skv, gen, sinks_on)
     valid = None if pads is None else _left_padded(b, skv, pads)
     out = torch.full((b, 1, q.shape[1], q.shape[3]), float("nan"), dtype=q.dtype, device="cuda")
+    kw = dict(key_valid=valid, out=out, sink_epilogue=sink_epilogue)
     if by_position:
         pos = torch.tensor([skv + 3], dtype=torch.int32, device="cuda")
-        got = decode_attention_sinks(
-            q, k, v, sinks, scale=0.125, position=pos, window=None, key_valid=valid, out=out
-        )
+        got = decode_attention_sinks(q, k, v, sinks, scale=0.125, position=pos, window=None, **kw)
         mask = reference_mask(b, 1, skv, q_start=skv - 1, key_valid=valid, device="cuda")
     else:
-        got = decode_attention_sinks(
-            q, k, v, sinks, scale=0.125, window=window, key_valid=valid, out=out
-        )
+        got = decode_attention_sinks(q, k, v, sinks, scale=0.125, window=window, **kw)
         mask = reference_mask(b, 1, skv, window=window, key_valid=valid, device="cuda")
     assert torch.isfinite(got).all()
     assert_close_rel(got, reference_attention_sinks(q, k, v, mask, sinks, 0.125))
@@ -249,6 +272,7 @@ def test_sinks_change_the_output(gen):
     a = prefill_attention_sinks(q, k, v, sinks, scale=0.125)
     b = prefill_attention_sinks(q, k, v, off, scale=0.125)
     assert (a.float() - b.float()).abs().max() > 1e-2
-    a = decode_attention_sinks(q[:, :, -1:], k, v, sinks, scale=0.125)
-    b = decode_attention_sinks(q[:, :, -1:], k, v, off, scale=0.125)
-    assert (a.float() - b.float()).abs().max() > 1e-2
+    for epilogue in (False, True):
+        a = decode_attention_sinks(q[:, :, -1:], k, v, sinks, scale=0.125, sink_epilogue=epilogue)
+        b = decode_attention_sinks(q[:, :, -1:], k, v, off, scale=0.125, sink_epilogue=epilogue)
+        assert (a.float() - b.float()).abs().max() > 1e-2

@@ -70,17 +70,19 @@ def test_attention_cases_skip_windows_no_longer_than_the_cache(att):
 
 
 def test_attention_row_fits_its_header_and_reads_the_window_only(att):
-    st = _stats(eager=30.0, sdpa=12.0, flash=8.0, tile=10.0)
+    st = _stats(eager=30.0, sdpa=12.0, flash=8.0, tile=10.0, other=6.0)
     row, rec = att.table_row((8, 4096, 128, True), st, 3e-3)
     assert len(row) == len(att.HEADER)
     col = {h: row[i] for i, h in enumerate(att.HEADER)}
+    assert col["other us"] == 6.0 and rec["other_us"] == 6.0
     assert col["vs eager"] == "3.00x" and col["vs sdpa"] == "1.20x" and col["window"] == 128
     assert col["flash us"] == 8.0 and col["vs flash"] == "0.80x" and rec["flash_us"] == 8.0
     # 128 keys of 8 heads x 64, keys and values, bf16, batch 8: 2 * 8 * 8 * 128 * 64 * 2 bytes
     assert col["tile GB/s"] == pytest.approx(2 * 8 * 8 * 128 * 64 * 2 / 10.0 / 1e3)
     assert rec["tile_us"] == 10.0 and rec["sinks"] is True and rec["err"] == 3e-3
-    off = {k: v for k, v in st.items() if k != "flash"}  # sinks off: SDPA is the flash call
+    off = {k: v for k, v in st.items() if k not in ("flash", "other")}  # SDPA is flash's call
     row, _ = att.table_row((1, 256, None, False), off, 0.5)
+    assert row[att.HEADER.index("other us")] == row[att.HEADER.index("tile us")]
     assert row[-1].endswith("FAIL") and row[2] == "full" and row[3] == "off"
     assert row[att.HEADER.index("vs flash")] == row[att.HEADER.index("vs sdpa")] == "1.20x"
 

@@ -196,6 +196,21 @@ def _dummy_mask(device: torch.device) -> torch.Tensor:
     return t
 
 
+_dummy_sink_arrays: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _dummy_sinks(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Placeholder sinks of the decode kernel (read by ``EPI_SINK`` only); per call inside
+    ``private_buffers()``."""
+    if buffers_private():
+        return torch.empty((1,), dtype=dtype, device=device)
+    t = _dummy_sink_arrays.get((device, dtype))
+    if t is None:
+        t = torch.zeros((1,), dtype=dtype, device=device)
+        _dummy_sink_arrays[(device, dtype)] = t
+    return t
+
+
 def _check_head_dim(head_dim: int) -> None:
     if head_dim not in KERNEL_HEAD_DIMS:
         raise AttentionInputError(
@@ -316,6 +331,9 @@ EPI_OUT = 0
 """Decode epilogue: one split, normalize and write the output."""
 EPI_PARTS = 1
 """Decode epilogue: write the split's partial output and log-sum-exp for the reduction kernel."""
+EPI_SINK = 2
+"""Decode epilogue: one split, the head's sink logit (``Sinks``) joins the softmax denominator,
+then write the output (``tilegym.ops.attention_sinks``: no partials, no reduction kernel)."""
 DECODE_ROWS_GP = 64
 """Query rows of the ``rows`` form (the group's heads, zero-padded to one 64-row MMA tile)."""
 
@@ -407,6 +425,7 @@ def decode_attention_kernel(
     Out,
     KeyValid,
     KvLens,
+    Sinks,
     qk_scale: float,
     kv_end: int,
     window: int,
@@ -423,7 +442,9 @@ def decode_attention_kernel(
     """One (batch*kv head, split) block: all query heads of the group against one key range.
 
     ``ROWS`` picks the MMA orientation (``_decode_rows`` / ``_decode_cols``), ``EPI`` what the
-    block writes (``EPI_OUT``: the output; ``EPI_PARTS``: partials for ``decode_reduce_kernel``).
+    block writes (``EPI_OUT``: the output; ``EPI_PARTS``: partials for ``decode_reduce_kernel``;
+    ``EPI_SINK``: the output with the sinks ``[Hq]`` in the denominator; only that one reads
+    ``Sinks``).
     """
     hkv = K.shape[1]
     bh = ct.bid(0)
@@ -448,7 +469,12 @@ def decode_attention_kernel(
     else:
         o, lse = _decode_cols(*args, HAS_PAD, LENS != LENS_NONE)
 
-    if EPI == EPI_OUT:
+    if EPI == EPI_SINK:
+        # o * 2^lse / (2^lse + 2^sink): no visible key (lse = -inf, o = 0) gives 0
+        heads = hk * Qg.shape[2] + ct.arange(GP, dtype=ct.int32)  # padding rows: not stored
+        sink = ct.astype(ct.gather(Sinks, heads), ct.float32).reshape((GP, 1)) * LOG2E
+        o = o / (1.0 + ct.exp2(sink - lse))
+    if EPI != EPI_PARTS:
         ct.store(Out, index=(b, hk, 0, 0), tile=o.reshape((1, 1, GP, D)).astype(Out.dtype))
     else:
         ct.store(OPart, index=(b, hk, 0, s, 0), tile=o.reshape((1, 1, GP, 1, D)))
@@ -806,6 +832,7 @@ def _launch_decode(q, qg, k, v, out, kv_arg, kv_lens, kv_end, window, scale, pla
             out_g,
             mask_arg,
             lens_arg,
+            _dummy_sinks(q.device, q.dtype),
             scale * LOG2E,
             kv_end,
             int(window or 0),
@@ -996,6 +1023,7 @@ def decode_signatures(head_dim: int, group: int, dtype=ct.bfloat16):
         array_constraint(dtype, 4),
     ]
     masks = [array_constraint(ct.int8, 2), array_constraint(ct.int32, 1)]
+    masks.append(array_constraint(dtype, 1))  # the sinks (a placeholder here)
     scalars = [ScalarConstraint(ct.float32), i32, i32, i32]
     _check_head_dim(head_dim)
     dec = [

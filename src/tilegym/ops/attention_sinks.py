@@ -9,10 +9,14 @@ they are for every other family):
   online softmax's starting state (running max ``sink``, running sum ``exp(sink - sink) = 1``,
   accumulator 0): the sink is a key with a zero value, seen before the first key tile. Rows
   with no visible key give 0 (the sink takes all the weight), as upstream's padded rows do.
-- decode: the shared split-KV ``decode_attention_kernel`` always writes its partial outputs
-  and log-sum-exps (``EPI_PARTS``, one split included), and ``decode_sinks_reduce_kernel``
-  combines them with the sink term in the denominator. No host read: a static cache's decode
-  step (``position`` on the device) is captured as it is for the shared decode.
+- decode: the shared split-KV ``decode_attention_kernel`` writes partial outputs and
+  log-sum-exps (``EPI_PARTS``, one split included) and ``decode_sinks_reduce_kernel`` combines
+  them with the sink term in the denominator. With ``SINK_EPILOGUE`` a one-split plan (short
+  caches, windows, large batches) instead puts the sink in the kernel's output epilogue
+  (``EPI_SINK``): one launch, as without sinks. (Partials for every plan cost a second launch
+  and the partials' round trip: 12.8 against 6.9 us without sinks at batch 8 and 128-key
+  windows on an H200.) No host read: a static cache's decode step (``position`` on the device)
+  is captured as it is for the shared decode.
 
 Masking, layouts and head dims are ``tilegym.ops.attention``'s. The sinks are ``[Hq]`` in the
 activations' dtype (the module's parameter), read once per block and widened to fp32.
@@ -33,6 +37,9 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 LOG2E = _att.LOG2E
 _ZERO = ct.PaddingMode.ZERO
+#: a one-split decode takes the sink in its epilogue (``EPI_SINK``) instead of partials and the
+#: sink reduction; compiled on the CPU, not yet run on a GPU, so off.
+SINK_EPILOGUE = False
 
 
 @ct.kernel(occupancy=1)
@@ -209,10 +216,14 @@ def prefill_attention_sinks(
     return out
 
 
-def parts_config(cfg: tuple) -> tuple:
-    """A decode kernel config ``(GP, TILE_N, SLIDING, HAS_PAD, LENS, ROWS, EPI)`` that writes
-    partial outputs (the sink reduction needs every split's log-sum-exp, one split too)."""
-    return (*cfg[:6], _att.EPI_PARTS)
+def sinks_config(cfg: tuple, epilogue: bool = SINK_EPILOGUE) -> tuple:
+    """The shared decode kernel's config ``(GP, TILE_N, SLIDING, HAS_PAD, LENS, ROWS, EPI)``
+    with sinks: with ``epilogue`` a one-split plan's output epilogue takes the sink
+    (``EPI_SINK``); otherwise, and for a split plan, partial outputs for
+    ``decode_sinks_reduce_kernel``."""
+    one = cfg[6] == _att.EPI_OUT
+    epi = _att.EPI_SINK if one and epilogue else _att.EPI_PARTS
+    return (*cfg[:6], epi)
 
 
 def decode_attention_sinks(
@@ -227,9 +238,11 @@ def decode_attention_sinks(
     window: int | None = None,
     key_valid: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    sink_epilogue: bool = SINK_EPILOGUE,
 ) -> torch.Tensor:
     """``tilegym.ops.attention.decode_attention`` (keys ``[0, kv_end)`` or ``[0, position[0]]``)
-    with per-head sinks ``[Hq]``; returns ``[B, 1, Hq, D]``."""
+    with per-head sinks ``[Hq]``; returns ``[B, 1, Hq, D]``. ``sink_epilogue``: see
+    ``SINK_EPILOGUE``."""
     b, hq, hkv = _att._check_common(q, k, v)
     if q.shape[2] != 1:
         raise _att.AttentionInputError(f"decode takes one query token, got {q.shape[2]}")
@@ -255,12 +268,17 @@ def decode_attention_sinks(
         b * hkv, span, d, group, sm, window, kv_arg is not None, lens, *(None,) * 7
     )
     splits = plan.splits
+    cfg = sinks_config(cfg, sink_epilogue)
     if out is None:
         out = torch.empty((b, 1, hq, d), dtype=q.dtype, device=q.device)
-    n_o = b * hq * splits * d
-    parts = torch.empty((n_o + b * hq * splits,), dtype=torch.float32, device=q.device)
-    o_part = parts[:n_o].view(b, hkv, group, splits, d)
-    lse_part = parts[n_o:].view(b, hkv, group, splits)
+    sinks_arg = _sinks_arg(sinks, hq, q.dtype)
+    if cfg[6] == _att.EPI_SINK:
+        o_part, lse_part = _att._placeholders(q.device)
+    else:
+        n_o = b * hq * splits * d
+        parts = torch.empty((n_o + b * hq * splits,), dtype=torch.float32, device=q.device)
+        o_part = parts[:n_o].view(b, hkv, group, splits, d)
+        lse_part = parts[n_o:].view(b, hkv, group, splits)
     launch_stream = stream()
     args = (
         qg,
@@ -271,20 +289,23 @@ def decode_attention_sinks(
         out.view(b, hkv, group, d),
         kv_arg if kv_arg is not None else _att._dummy_mask(q.device),
         lens_arg if lens_arg is not None else _att._dummy_lens_for(q.device),
+        sinks_arg,
         scale * LOG2E,
         kv_end,
         int(window or 0),
         plan.tiles_per_split,
         _att.head_tile(d),
-        *parts_config(cfg),
+        *cfg,
     )
     kernel = with_occupancy(_att.decode_attention_kernel, plan.occupancy, None)
     ct.launch(launch_stream, (b * hkv, splits, 1), kernel, args)
+    if cfg[6] == _att.EPI_SINK:
+        return out
     pdl = plan.scheme == "pdl"
     args = (
         o_part.view(b * hq, splits, d),
         lse_part.view(b * hq, splits),
-        _sinks_arg(sinks, hq, q.dtype),
+        sinks_arg,
         out.view(b * hq, d),
         hq,
         _att.head_tile(d),
@@ -344,16 +365,20 @@ def prefill_sinks_signatures(head_dim: int, num_q_heads: int, group: int, dtype=
     return sigs
 
 
-def decode_sinks_signatures(head_dim: int, num_q_heads: int, group: int, dtype=ct.bfloat16):
-    """The shared decode kernel's partial-output variants this module launches (each decode
-    config of ``decode_kernel_configs``, written as parts, with and without the window) and the
-    sink reduction at every split count the plan takes."""
+def decode_sinks_signatures(
+    head_dim: int, num_q_heads: int, group: int, dtype=ct.bfloat16, epilogue=(SINK_EPILOGUE,)
+):
+    """The shared decode kernel's variants this module launches (each decode config of
+    ``decode_kernel_configs`` as ``sinks_config`` makes it, with and without the window, for
+    each ``epilogue`` setting) and the sink reduction at every split count the plan takes."""
     from cuda.tile.compilation import ScalarConstraint
 
     arr, i32 = _att.array_constraint, ScalarConstraint(ct.int32)
     head = [arr(dtype, 4)] * 3 + [arr(ct.float32, 5), arr(ct.float32, 4), arr(dtype, 4)]
-    rest = [arr(ct.int8, 2), arr(ct.int32, 1), ScalarConstraint(ct.float32), i32, i32, i32]
-    cfgs = {parts_config(c) for c in _att.decode_kernel_configs(head_dim, group)}
+    rest = [arr(ct.int8, 2), arr(ct.int32, 1), arr(dtype, 1), ScalarConstraint(ct.float32)]
+    rest += [i32, i32, i32]
+    configs = _att.decode_kernel_configs(head_dim, group)
+    cfgs = {sinks_config(c, e) for c in configs for e in epilogue}
     cfgs |= {(*c[:2], True, *c[3:]) for c in cfgs if c[4] == _att.LENS_NONE and c[3]}
     dec = [_att._sig(head + rest + [_att.head_tile(head_dim), *c]) for c in sorted(cfgs)]
     red = [
