@@ -100,6 +100,19 @@ def test_ut_inverse_is_the_inverse_for_near_singular_chunks(cpu_gen):
     t = gd.ut_inverse_reference(am)
     want = torch.linalg.inv(torch.eye(n, dtype=torch.float64) + am.double())
     assert rel_err(t, want) < 1e-5
+    for block in (2, 8, 16, 32):  # the diagonal blocks first (ut_block): the same inverse
+        assert rel_err(gd.ut_inverse_reference(am, block), want) < 1e-5
+
+
+def test_blocked_ut_inverse_is_the_inverse_in_fp64(cpu_gen):
+    """The doubling started from the diagonal blocks' inverses is exact arithmetic, not an
+    approximation: in fp64 it is the inverse to rounding, at every block size."""
+    n = 64
+    am = torch.randn(2, n, n, generator=cpu_gen, dtype=torch.float64).tril(-1) * 0.3
+    eye = torch.eye(n, dtype=torch.float64).expand(2, -1, -1)
+    for block in (0, 2, 4, 8, 16, 32):
+        t = gd.ut_inverse_reference(am, block)
+        torch.testing.assert_close(t @ (eye + am), eye, rtol=0, atol=1e-9)
 
 
 def test_reference_catches_a_wrong_decay(cpu_gen):
@@ -267,6 +280,36 @@ def test_two_pass_prep_matches_reference_and_the_one_kernel_prep(
     one_out, one_final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, **kw)
     assert_close_rel(out, one_out.float(), 1e-2)
     assert_close_rel(final, one_final, 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ut_block", [8, 16])
+@pytest.mark.parametrize("two_pass", [False, True])
+@pytest.mark.parametrize("shape", [(1, 65, 16, 16, 128, 128), (3, 130, 4, 8, 128, 128)])
+def test_blocked_ut_inverse_matches_reference_and_the_full_doubling(
+    shape, two_pass, ut_block, gen, poison_empty
+):
+    """The UT inverse's first levels on the diagonal blocks (fp32, batched) give the recurrent
+    reference's answer and the full-width doubling's, in both prep forms."""
+    bsz, n_tok, hk, hv, dk, dv = shape
+    q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, torch.bfloat16, pad=3)
+    s0 = _state(bsz, hv, dk, dv, gen, "cuda")
+    kw = dict(prep_two_pass=two_pass)
+    out, final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, ut_block=ut_block, **kw)
+    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
+    want_out, want_state = gd.recurrent_reference(q, k, v, g, beta, s0)
+    assert_close_rel(out, want_out)
+    assert_close_rel(final, want_state, 2e-3)
+    full_out, full_final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, **kw)
+    assert_close_rel(out, full_out.float(), 1e-2)
+    assert_close_rel(final, full_final, 1e-4)
+
+
+def test_ut_block_must_be_a_power_of_two_below_the_chunk():
+    for bad in (1, 3, 12, gd.CHUNK, 128):
+        with pytest.raises(ValueError, match="ut_block"):
+            gd._log_block(bad)
+    assert [gd._log_block(n) for n in (0, 2, 16, 32)] == [0, 1, 4, 5]
 
 
 @pytest.mark.gpu

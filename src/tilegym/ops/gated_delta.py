@@ -45,6 +45,10 @@ Kernels:
   holds k, v, the C x C system, ``T`` and their tf32 halves at once: ptxas gives it mma.sync
   and 7 KB of spill loads a thread; each half alone compiles to wgmma without spills
   (``test_two_pass_prep_runs_on_tensor_cores_without_spills``). Not yet run on a GPU.
+- ``ut_block=B`` (``UT_BLOCK``) runs the UT inverse's first ``log2 B`` doubling levels on the
+  chunk's ``B x B`` diagonal blocks alone, batched ``(C/B, B, B)`` in fp32 (what
+  flash-linear-attention's 16 x 16 blocks do by substitution), then the last levels on C x C
+  as before: at B = 16, two split-tf32 C x C levels instead of six. Not yet run on a GPU.
 
 Measured on an H100 (``benchmarks/ops/bench_gated_delta.py``, bf16, 16 heads of 128): decode
 8.1 us at B=1 (flash-linear-attention's fused recurrent function: 31.1 us); prefill of 1 x 2048
@@ -93,6 +97,10 @@ PREP_SPLIT_TF32 = True
 #: prep's products to mma.sync with 7 KB of spill loads a thread, each half alone to wgmma
 #: without spills. Not yet run on a GPU, so not the default.
 PREP_TWO_PASS = False
+#: the UT inverse's first levels on the chunk's diagonal blocks of this many rows, batched
+#: ``(C/B) x B x B`` products in fp32 FMAs (a C x C split-tf32 product a level otherwise), the
+#: remaining levels as before on C x C; 0: every level on C x C. Not yet run on a GPU.
+UT_BLOCK = 0
 _NEG_BIG = -1.0e30
 #: softplus switches to the identity above this (``F.softplus``'s default threshold).
 SOFTPLUS_THRESHOLD = 20.0
@@ -184,13 +192,40 @@ def _ut_system(kb, k, gc, rows, cols, SPLIT: ConstBool):
 
 
 @ct.function
-def _ut_inverse(am, rows, cols, LOG_C: ConstInt, SPLIT: ConstBool):
+def _diag_block_inverses(am, C: ConstInt, LOG_B: ConstInt):
+    """``(I + A_ii)^-1`` of am's ``C/B`` diagonal ``B x B`` blocks (``B = 2^LOG_B``) by the same
+    doubling, batched ``(C/B, B, B)`` in fp32, returned as the C x C block diagonal."""
+    B = 1 << LOG_B
+    nb = C // B
+    same = ct.arange(nb, dtype=ct.int32).reshape((nb, 1, 1, 1)) == ct.arange(
+        nb, dtype=ct.int32
+    ).reshape((1, 1, nb, 1))
+    d = ct.sum(ct.where(same, am.reshape((nb, B, nb, B)), 0.0), axis=2)  # (nb, B, B)
+    rb = ct.arange(B, dtype=ct.int32).reshape((1, B, 1))
+    cb = ct.arange(B, dtype=ct.int32).reshape((1, 1, B))
+    t = ct.where(rb == cb, 1.0, 0.0) + ct.zeros((nb, B, B), dtype=ct.float32)
+    s = 1
+    for _ in range(LOG_B):
+        two_s = s * 2
+        blk = ((rb // two_s) == (cb // two_s)) & ((rb // s) > (cb // s))
+        zero = ct.zeros((nb, B, B), dtype=ct.float32)
+        t = t - ct.mma(ct.mma(t, ct.where(blk, d, 0.0), zero), t, zero)
+        s = two_s
+    return ct.where(same, t.reshape((nb, B, 1, B)), 0.0).reshape((C, C))
+
+
+@ct.function
+def _ut_inverse(am, rows, cols, LOG_C: ConstInt, SPLIT: ConstBool, LOG_B: ConstInt):
     """``(I + am)^-1`` of a strictly lower ``am`` by doubling: ``T_s`` inverts the s-blocks on
     the diagonal; ``C_s`` holds am's lower-left s-block inside each 2s-block;
-    ``T_2s = T_s - T_s C_s T_s`` (``ut_inverse_reference``)."""
-    t = ct.where(rows == cols, 1.0, 0.0)
-    s = 1
-    for _ in range(LOG_C):
+    ``T_2s = T_s - T_s C_s T_s`` (``ut_inverse_reference``). With ``LOG_B`` the levels below
+    ``2^LOG_B`` run on the diagonal blocks alone (``_diag_block_inverses``)."""
+    if LOG_B > 0:
+        t = _diag_block_inverses(am, am.shape[0], LOG_B)
+    else:
+        t = ct.where(rows == cols, 1.0, 0.0)
+    s = 1 << LOG_B
+    for _ in range(LOG_C - LOG_B):
         two_s = s * 2
         blk = ((rows // two_s) == (cols // two_s)) & ((rows // s) > (cols // s))
         t = t - _mm_fp32(_mm_fp32(t, ct.where(blk, am, 0.0), SPLIT), t, SPLIT)
@@ -308,6 +343,7 @@ def gdn_chunk_prep_kernel(
     LOG_C: ConstInt,
     SPLIT: ConstBool,
     STORE_KD: ConstBool,
+    LOG_B: ConstInt,
 ):
     """One (chunk, batch x head): gates, decay cumsum, UT transform; u, w, gcum to the workspace
     (with STORE_KD also ``k exp(g_last - gcum)``, the state update's keys, for the split scan).
@@ -317,7 +353,8 @@ def gdn_chunk_prep_kernel(
     b = bh // HV
     h = bh % HV
     k, beta, gc, rows, cols = _chunk_gates(K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK)
-    t = _ut_inverse(_ut_system(k * beta, k, gc, rows, cols, SPLIT), rows, cols, LOG_C, SPLIT)
+    am = _ut_system(k * beta, k, gc, rows, cols, SPLIT)
+    t = _ut_inverse(am, rows, cols, LOG_C, SPLIT, LOG_B)
     ct.store(G, (b, h, c), gc.reshape((1, 1, C)))
     _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C, DV, SPLIT, STORE_KD)
 
@@ -338,6 +375,7 @@ def gdn_chunk_ut_kernel(
     C: ConstInt,
     LOG_C: ConstInt,
     SPLIT: ConstBool,
+    LOG_B: ConstInt,
 ):
     """The two-pass prep's first half, one (chunk, batch x head): gates, decay cumsum and the
     UT transform's inverse ``T`` (C x C, fp32) to the workspace, gcum to ``G``."""
@@ -346,7 +384,8 @@ def gdn_chunk_ut_kernel(
     b = bh // HV
     h = bh % HV
     k, beta, gc, rows, cols = _chunk_gates(K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK)
-    t = _ut_inverse(_ut_system(k * beta, k, gc, rows, cols, SPLIT), rows, cols, LOG_C, SPLIT)
+    am = _ut_system(k * beta, k, gc, rows, cols, SPLIT)
+    t = _ut_inverse(am, rows, cols, LOG_C, SPLIT, LOG_B)
     ct.store(T, (b, h, c, 0), t.reshape((1, 1, C, C)))
     ct.store(G, (b, h, c), gc.reshape((1, 1, C)))
 
@@ -562,6 +601,15 @@ def gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state, *, bv: int = DEC
     return out
 
 
+def _log_block(ut_block: int) -> int:
+    """log2 of the UT inverse's diagonal block (0: none), checked against the chunk."""
+    if ut_block == 0:
+        return 0
+    if ut_block < 2 or ut_block >= CHUNK or ut_block & (ut_block - 1):
+        raise ValueError(f"ut_block {ut_block}: 0 or a power of two in [2, {CHUNK // 2}]")
+    return ut_block.bit_length() - 1
+
+
 def gated_delta_chunk(
     q,
     k,
@@ -576,6 +624,7 @@ def gated_delta_chunk(
     tf32: bool = SCAN_TF32,
     prep_split: bool = PREP_SPLIT_TF32,
     prep_two_pass: bool = PREP_TWO_PASS,
+    ut_block: int = UT_BLOCK,
     state_dtype: torch.dtype = torch.float32,
     split: bool = SPLIT_SCAN,
     out_bv: int = OUTPUT_BV,
@@ -602,16 +651,19 @@ def gated_delta_chunk(
     kd = torch.empty((bsz, hv, t_pad, dk), **f32) if split else w  # w: a placeholder
     alog, dtb = A_log.contiguous(), dt_bias.contiguous()
     log_c = CHUNK.bit_length() - 1
+    log_b = _log_block(ut_block)
     chunks = (n_chunks, bsz * hv, 1)
     if prep_two_pass:
         tmat = torch.empty((bsz, hv, t_pad, CHUNK), **f32)
         ut = (k, a, b, alog, dtb, tmat, g, n_tok, hv, hv // hk, dk, CHUNK, log_c, bool(prep_split))
+        ut = (*ut, log_b)
         ct.launch(stream(), chunks, gdn_chunk_ut_kernel, ut)
         apply = (k, v, b, tmat, g, w, u, kd, n_tok, hv, hv // hk, dk, dv, CHUNK)
         ct.launch(stream(), chunks, gdn_chunk_apply_kernel, (*apply, bool(prep_split), bool(split)))
     else:
         prep = (k, v, a, b, alog, dtb, w, u, g, kd, n_tok, hv, hv // hk, dk, dv, CHUNK, log_c)
-        ct.launch(stream(), chunks, gdn_chunk_prep_kernel, (*prep, bool(prep_split), bool(split)))
+        prep = (*prep, bool(prep_split), bool(split), log_b)
+        ct.launch(stream(), chunks, gdn_chunk_prep_kernel, prep)
     bv = min(bv, dv)
     has = initial_state is not None
     s0 = initial_state if has else final
@@ -673,13 +725,23 @@ def recurrent_reference(q, k, v, g, beta, initial_state=None):
     return out.transpose(1, 2), s
 
 
-def ut_inverse_reference(am):
-    """``(I + am)^-1`` for strictly lower ``am [..., C, C]`` by the kernel's block doubling."""
+def ut_inverse_reference(am, block: int = 0):
+    """``(I + am)^-1`` for strictly lower ``am [..., C, C]`` by the kernel's block doubling;
+    with ``block`` the levels below it on the diagonal ``block x block`` blocks alone, batched,
+    as ``_diag_block_inverses`` does."""
     n = am.shape[-1]
     idx = torch.arange(n, device=am.device)
     r, c = idx[:, None], idx[None, :]
-    t = torch.eye(n, device=am.device).expand_as(am).clone()
+    t = torch.eye(n, device=am.device, dtype=am.dtype).expand_as(am).clone()
     s = 1
+    if block:
+        nb = n // block
+        diag = torch.stack([am[..., i : i + block, i : i + block] for i in range(0, n, block)], -3)
+        inv = ut_inverse_reference(diag)  # [..., nb, B, B]
+        t = torch.zeros_like(am)
+        for i in range(nb):
+            t[..., i * block : (i + 1) * block, i * block : (i + 1) * block] = inv[..., i, :, :]
+        s = block
     while s < n:
         blk = ((r // (2 * s)) == (c // (2 * s))) & ((r // s) > (c // s))
         t = t - t @ (am * blk) @ t
@@ -742,6 +804,7 @@ def aot_signatures(
     state_dtypes=(torch.float32,),
     split=(SPLIT_SCAN,),
     two_pass=(PREP_TWO_PASS,),
+    ut_block=UT_BLOCK,
 ) -> dict:
     """Signatures of the kernels the wrappers launch by default, per (Hk, Hv, Dk, Dv):
     Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32); ``split``
@@ -749,6 +812,7 @@ def aot_signatures(
     out: dict = {}
     f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
     log_c = CHUNK.bit_length() - 1
+    log_b = _log_block(ut_block)
     w5 = array_sig(torch.float32, 5)
     for dt in dtypes:
         a4, a3, a1 = array_sig(dt, 4), array_sig(dt, 3), array_sig(dt, 1)
@@ -780,7 +844,7 @@ def aot_signatures(
             for form in split:
                 if False in two_pass:
                     arrays = (a4, a4, a3, a3, a1, a1, w4, w4, w3, w4, i32)
-                    consts = (hv, group, dk, dv, CHUNK, log_c, PREP_SPLIT_TF32, form)
+                    consts = (hv, group, dk, dv, CHUNK, log_c, PREP_SPLIT_TF32, form, log_b)
                     out.setdefault(gdn_chunk_prep_kernel, []).append(signature(*arrays, *consts))
                 if True in two_pass:
                     arrays = (a4, a4, a3, w4, w3, w4, w4, w4, i32)
@@ -788,7 +852,7 @@ def aot_signatures(
                     out.setdefault(gdn_chunk_apply_kernel, []).append(signature(*arrays, *consts))
             if True in two_pass:
                 arrays = (a4, a3, a3, a1, a1, w4, w3, i32)
-                consts = (hv, group, dk, CHUNK, log_c, PREP_SPLIT_TF32)
+                consts = (hv, group, dk, CHUNK, log_c, PREP_SPLIT_TF32, log_b)
                 out.setdefault(gdn_chunk_ut_kernel, []).append(signature(*arrays, *consts))
     return out
 
