@@ -1,0 +1,55 @@
+"""``benchmarks/ops/gpu_check_switches.sh`` stays true: each shard's pytest selection collects
+GPU tests (a typo would run none and pass), and every switch its table names exists in its
+module and is off (a switch turned on leaves the script's table for the shipped code)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks/ops/gpu_check_switches.sh"
+
+
+def _shards() -> list[tuple[str, list[str]]]:
+    out = []
+    for line in SCRIPT.read_text().splitlines():
+        if line.startswith("shard "):
+            name, *args = shlex.split(line)[1:]
+            out.append((name, args))
+    return out
+
+
+def _switches() -> list[tuple[str, str]]:
+    """(module, attribute) of each ``module.SWITCH`` in the header's table."""
+    header = [line for line in SCRIPT.read_text().splitlines() if line.startswith("#   ")]
+    return re.findall(r"#   (\w+)\.([A-Z_]+)", "\n".join(header))
+
+
+def test_the_script_has_shards_and_switches():
+    assert len(_shards()) == 4
+    assert len(_switches()) == 6
+
+
+@pytest.mark.parametrize(("name", "args"), _shards(), ids=[n for n, _ in _shards()])
+def test_each_shard_collects_gpu_tests(name, args):
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    result = subprocess.run(
+        [*cmd, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    collected = [line for line in result.stdout.splitlines() if "::" in line]
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert collected, f"shard {name} selects no test"
+
+
+@pytest.mark.parametrize(("module", "attr"), _switches())
+def test_each_switch_named_is_a_module_constant_still_off(module, attr):
+    mod = importlib.import_module(f"tilegym.ops.{module}")
+    assert hasattr(mod, attr), f"tilegym.ops.{module} has no {attr}"
+    assert not getattr(mod, attr), f"{module}.{attr} is on: take it out of {SCRIPT.name}"
