@@ -218,20 +218,31 @@ def _cuda_inputs(shape, gen, dtype, pad):
     return _inputs(*shape, gen, device="cuda", dtype=dtype, pad=pad)
 
 
+def _check_chunk(shape, dtype, gen, with_state=True, variant=None, shipped=None, state_tol=1e-4):
+    """The chunked kernels with ``variant`` keyword arguments against the fp32 recurrent
+    reference; with ``shipped`` also against that form (the same products on the same values:
+    outputs to 1e-2, final states to ``state_tol``)."""
+    bsz, n_tok, hk, hv, dk, dv = shape
+    x = _cuda_inputs(shape, gen, dtype, pad=min(5, n_tok - 1))
+    s0 = _state(bsz, hv, dk, dv, gen, "cuda") if with_state else None
+    out, final = gd.gated_delta_chunk(*x, s0, **{**(shipped or {}), **(variant or {})})
+    g, beta = gd.gates_reference(*x[3:])
+    want_out, want_state = gd.recurrent_reference(*x[:3], g, beta, s0)
+    assert out.dtype == dtype and final.dtype == torch.float32
+    assert_close_rel(out, want_out)
+    assert_close_rel(final, want_state, 2e-3)
+    if shipped is not None:
+        one_out, one_final = gd.gated_delta_chunk(*x, s0, **shipped)
+        assert_close_rel(out, one_out.float(), 1e-2)
+        assert_close_rel(final, one_final, state_tol)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", GPU_SHAPES)
 @pytest.mark.parametrize("with_state", [False, True])
 def test_chunk_kernel_matches_reference(shape, dtype, with_state, gen, poison_empty):
-    bsz, n_tok, hk, hv, dk, dv = shape
-    q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, dtype, pad=min(5, n_tok - 1))
-    s0 = _state(bsz, hv, dk, dv, gen, "cuda") if with_state else None
-    out, final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0)
-    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
-    want_out, want_state = gd.recurrent_reference(q, k, v, g, beta, s0)
-    assert out.dtype == dtype and final.dtype == torch.float32
-    assert_close_rel(out, want_out)
-    assert_close_rel(final, want_state, 2e-3)
+    _check_chunk(shape, dtype, gen, with_state)
 
 
 @pytest.mark.gpu
@@ -243,18 +254,8 @@ def test_split_scan_matches_reference_and_the_one_kernel_scan(
 ):
     """The state pass + parallel output kernel: the recurrent reference's answer, and the
     one-kernel scan's up to the products' order (the same tf32 products of the same values)."""
-    bsz, n_tok, hk, hv, dk, dv = shape
-    q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, dtype, pad=min(5, n_tok - 1))
-    s0 = _state(bsz, hv, dk, dv, gen, "cuda") if with_state else None
-    out, final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, split=True)
-    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
-    want_out, want_state = gd.recurrent_reference(q, k, v, g, beta, s0)
-    assert out.dtype == dtype and final.dtype == torch.float32
-    assert_close_rel(out, want_out)
-    assert_close_rel(final, want_state, 2e-3)
-    one_out, one_final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, split=False)
-    assert_close_rel(out, one_out.float(), 1e-2)
-    assert_close_rel(final, one_final, 1e-5)
+    variant, shipped = dict(split=True), dict(split=False)
+    _check_chunk(shape, dtype, gen, with_state, variant, shipped, state_tol=1e-5)
 
 
 @pytest.mark.gpu
@@ -268,18 +269,8 @@ def test_two_pass_prep_matches_reference_and_the_one_kernel_prep(
 ):
     """The prep as the UT-inverse kernel then the apply kernel: the recurrent reference's
     answer, and the one-kernel prep's (the same products on the same values)."""
-    bsz, n_tok, hk, hv, dk, dv = shape
-    q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, dtype, pad=min(5, n_tok - 1))
-    s0 = _state(bsz, hv, dk, dv, gen, "cuda")
-    kw = dict(split=split)
-    out, final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, prep_two_pass=True, **kw)
-    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
-    want_out, want_state = gd.recurrent_reference(q, k, v, g, beta, s0)
-    assert_close_rel(out, want_out)
-    assert_close_rel(final, want_state, 2e-3)
-    one_out, one_final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, **kw)
-    assert_close_rel(out, one_out.float(), 1e-2)
-    assert_close_rel(final, one_final, 1e-4)
+    variant, shipped = dict(prep_two_pass=True), dict(split=split, prep_two_pass=False)
+    _check_chunk(shape, dtype, gen, True, variant, shipped)
 
 
 @pytest.mark.gpu
@@ -291,18 +282,8 @@ def test_blocked_ut_inverse_matches_reference_and_the_full_doubling(
 ):
     """The UT inverse's first levels on the diagonal blocks (fp32, batched) give the recurrent
     reference's answer and the full-width doubling's, in both prep forms."""
-    bsz, n_tok, hk, hv, dk, dv = shape
-    q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, torch.bfloat16, pad=3)
-    s0 = _state(bsz, hv, dk, dv, gen, "cuda")
-    kw = dict(prep_two_pass=two_pass)
-    out, final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, ut_block=ut_block, **kw)
-    g, beta = gd.gates_reference(a, b, A_log, dt_bias)
-    want_out, want_state = gd.recurrent_reference(q, k, v, g, beta, s0)
-    assert_close_rel(out, want_out)
-    assert_close_rel(final, want_state, 2e-3)
-    full_out, full_final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, **kw)
-    assert_close_rel(out, full_out.float(), 1e-2)
-    assert_close_rel(final, full_final, 1e-4)
+    variant, shipped = dict(ut_block=ut_block), dict(prep_two_pass=two_pass, ut_block=0)
+    _check_chunk(shape, torch.bfloat16, gen, True, variant, shipped)
 
 
 def test_ut_block_must_be_a_power_of_two_below_the_chunk():
