@@ -251,6 +251,16 @@ def _chunk_gates(K, A, Bg, A_log, dt_bias, b, c, h, GROUP: ConstInt, n_tok, C: C
 
 
 @ct.function
+def _chunk_inverse(K, A, Bg, A_log, dt_bias, b, c, h, GROUP: ConstInt, n_tok, C: ConstInt,
+                   DK: ConstInt, LOG_C: ConstInt, SPLIT: ConstBool, LOG_B: ConstInt):  # fmt: skip
+    """Both prep forms' first part for chunk ``c`` of one (batch, value head): unit keys, beta,
+    gcum, rows, and the UT transform's inverse ``T``."""
+    k, beta, gc, rows, cols = _chunk_gates(K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK)
+    am = _ut_system(k * beta, k, gc, rows, cols, SPLIT)
+    return k, beta, gc, rows, _ut_inverse(am, rows, cols, LOG_C, SPLIT, LOG_B)
+
+
+@ct.function
 def _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C: ConstInt, DV: ConstInt,
               SPLIT: ConstBool, STORE_KD: ConstBool):  # fmt: skip
     """``u = T (beta V)`` and ``w = T (beta K exp(gcum))`` to the workspace; with STORE_KD also
@@ -352,9 +362,9 @@ def gdn_chunk_prep_kernel(
     bh = ct.bid(1)
     b = bh // HV
     h = bh % HV
-    k, beta, gc, rows, cols = _chunk_gates(K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK)
-    am = _ut_system(k * beta, k, gc, rows, cols, SPLIT)
-    t = _ut_inverse(am, rows, cols, LOG_C, SPLIT, LOG_B)
+    k, beta, gc, rows, t = _chunk_inverse(
+        K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK, LOG_C, SPLIT, LOG_B
+    )
     ct.store(G, (b, h, c), gc.reshape((1, 1, C)))
     _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C, DV, SPLIT, STORE_KD)
 
@@ -383,9 +393,9 @@ def gdn_chunk_ut_kernel(
     bh = ct.bid(1)
     b = bh // HV
     h = bh % HV
-    k, beta, gc, rows, cols = _chunk_gates(K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK)
-    am = _ut_system(k * beta, k, gc, rows, cols, SPLIT)
-    t = _ut_inverse(am, rows, cols, LOG_C, SPLIT, LOG_B)
+    _, _, gc, _, t = _chunk_inverse(
+        K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK, LOG_C, SPLIT, LOG_B
+    )
     ct.store(T, (b, h, c, 0), t.reshape((1, 1, C, C)))
     ct.store(G, (b, h, c), gc.reshape((1, 1, C)))
 
