@@ -11,9 +11,8 @@ the fp32 recurrent reference (outputs; a quick parity check, not a test; ``-`` a
 tokens, where the token-by-token reference would take minutes). ``cutile-fma`` is
 the prefill with the UT transform in fp32 FMAs instead of split tf32 (``prep_split=False``),
 ``cutile-split`` the scan split in a state pass and a parallel output kernel (``split=True``),
-``cutile-2pass`` the prep as the UT-inverse kernel then the apply kernel (``prep_two_pass=True``),
-``cutile-ub16`` the UT inverse's first four levels on the 16 x 16 diagonal blocks
-(``ut_block=16``).
+``cutile-1pass`` the prep as one kernel (``prep_two_pass=False``), ``cutile-ub0`` the UT
+inverse's every doubling level on the whole chunk (``ut_block=0``).
 ``--kernels`` adds, per prefill shape, each cuTile form's time by kernel (torch.profiler's
 CUDA time, mean of ``--iters`` calls): where a form's time goes.
 
@@ -186,7 +185,7 @@ def main() -> None:
     args = p.parse_args()
     prefill = [tuple(int(n) for n in s.split("x")) for s in args.prefill]
     fla_chunk, fla_rec = _fla()
-    cols = ["cutile", "cutile-fma", "cutile-split", "cutile-2pass", "cutile-ub16", "fla", "torch"]
+    cols = ["cutile", "cutile-fma", "cutile-split", "cutile-1pass", "cutile-ub0", "fla", "torch"]
     header = ["case"] + [f"{c} {h}" for c in cols for h in ("us", "/cutile", "err")]
     rows = []
     for hname in args.heads:
@@ -199,8 +198,8 @@ def main() -> None:
                 "cutile": partial(gd.gated_delta_chunk, *x),
                 "cutile-fma": partial(gd.gated_delta_chunk, *x, prep_split=False),
                 "cutile-split": partial(gd.gated_delta_chunk, *x, split=True),
-                "cutile-2pass": partial(gd.gated_delta_chunk, *x, prep_two_pass=True),
-                "cutile-ub16": partial(gd.gated_delta_chunk, *x, ut_block=16),
+                "cutile-1pass": partial(gd.gated_delta_chunk, *x, prep_two_pass=False),
+                "cutile-ub0": partial(gd.gated_delta_chunk, *x, ut_block=0),
             }
             if args.kernels:
                 by_kernel = {n: f for n, f in fns.items() if n.startswith("cutile")}

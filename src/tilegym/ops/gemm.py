@@ -56,8 +56,9 @@ GEMV_ACC_ELEMS = 4096
 #: the spread). The early W load is only taken for a weight an earlier GEMV read at its current
 #: version (`_pdl_ready`): a lazily built weight (a class-level patch's `FusedWeights.get` /
 #: `.scaled`, built by the kernel right before its first GEMV) and a weight written in place
-#: since its last read launch without PDL once. Off until measured end to end.
-GEMV_PDL = False
+#: since its last read launch without PDL once. End to end (static generate, 1 x 2048 -> 128,
+#: H100) the GPU time a token went from 6.462 to 6.440 ms (olmo3) and 1.468 to 1.445 (qwen3).
+GEMV_PDL = True
 
 #: SPLIT_MODE of the GEMM kernels: no split, split with last-CTA sum, split writing partials only
 NO_SPLIT, SPLIT_CTA, SPLIT_PARTIAL = 0, 1, 2
