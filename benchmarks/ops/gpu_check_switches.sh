@@ -19,7 +19,7 @@ TT="${TEST_TIMEOUT:-240}"
 # shellcheck source=benchmarks/ops/_gpu_check_lib.sh
 source "$(dirname "$0")/_gpu_check_lib.sh"
 
-shard gated_delta tests/ops/test_gated_delta.py -m gpu -k "split_scan"
+shard gated_delta tests/ops/test_gated_delta.py -m gpu -k "split_scan or scan_widths"
 finish_step1
 
 table() {  # output name, then the table script and its arguments

@@ -286,6 +286,46 @@ def test_blocked_ut_inverse_matches_reference_and_the_full_doubling(
     _check_chunk(shape, torch.bfloat16, gen, True, variant, shipped)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "shape", [(1, 65, 16, 16, 128, 128), (3, 130, 4, 8, 128, 128), (1, 333, 2, 4, 64, 128)]
+)
+@pytest.mark.parametrize(
+    ("split", "bv", "out_bv"),
+    [
+        (False, 16, 64),
+        (False, 64, 64),
+        (True, 16, 32),
+        (True, 16, 64),
+        (True, 64, 64),
+        (True, 32, 128),
+    ],
+)
+def test_scan_widths_match_reference(shape, dtype, split, bv, out_bv, gen, poison_empty):
+    """The scan forms at the value-block widths ``bench_gated_delta_scan.py`` times give the
+    recurrent reference's answer."""
+    _check_chunk(shape, dtype, gen, True, dict(split=split, bv=bv, out_bv=out_bv))
+
+
+def test_scan_at_16_value_columns_runs_on_tensor_cores_without_spills(monkeypatch):
+    """Why the narrower scan is worth timing: at the shipped 32 value columns ptxas spills the
+    one-kernel scan (1.1 KB a thread on cuda-tile 1.7); at 16 nothing spills and a head has
+    twice the programs."""
+    from cubin_ptx import instructions, ptx_lines, ptxas_usage
+
+    from tilegym.kernel_inventory.compile import toolchain_problem
+
+    if toolchain_problem():
+        pytest.skip(toolchain_problem())
+    monkeypatch.setattr(gd, "SCAN_BV", 16)  # the width aot_signatures declares the scan at
+    sigs = gd.aot_signatures(heads=((16, 16, 128, 128),), dtypes=(torch.bfloat16,), split=(False,))
+    lines = ptx_lines(gd.gdn_chunk_scan_kernel, sigs[gd.gdn_chunk_scan_kernel][0])
+    usage = ptxas_usage(lines)
+    assert usage.spill_loads == 0 and usage.spill_stores == 0, usage
+    assert instructions(lines, "wgmma.mma_async")
+
+
 def test_ut_block_must_be_a_power_of_two_below_the_chunk():
     for bad in (1, 3, 12, gd.CHUNK, 128):
         with pytest.raises(ValueError, match="ut_block"):

@@ -81,7 +81,9 @@ ConstBool = ct.Constant[bool]
 
 CHUNK = 64
 L2_EPS = 1e-6
-#: value columns per block of the decode kernel and of the chunk scan.
+#: value columns per block of the decode kernel and of the chunk scan. At 32 ptxas spills the
+#: one-kernel scan (1.1 KB a thread); at 16 it does not and a head has twice the programs, not
+#: yet timed (``bench_gated_delta_scan.py``).
 DECODE_BV = 32
 SCAN_BV = 32
 #: the scan's products on tf32 tensor cores (else fp32).
