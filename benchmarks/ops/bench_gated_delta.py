@@ -12,7 +12,8 @@ tokens, where the token-by-token reference would take minutes). ``cutile-fma`` i
 the prefill with the UT transform in fp32 FMAs instead of split tf32 (``prep_split=False``),
 ``cutile-split`` the scan split in a state pass and a parallel output kernel (``split=True``),
 ``cutile-1pass`` the prep as one kernel (``prep_two_pass=False``), ``cutile-ub0`` the UT
-inverse's every doubling level on the whole chunk (``ut_block=0``).
+inverse's every doubling level on the whole chunk (``ut_block=0``), ``cutile-apply32`` the
+two-pass prep's u and w as one tf32 product each (``apply_tf32=True``).
 ``--kernels`` adds, per prefill shape, each cuTile form's time by kernel (torch.profiler's
 CUDA time, mean of ``--iters`` calls): where a form's time goes.
 
@@ -185,7 +186,16 @@ def main() -> None:
     args = p.parse_args()
     prefill = [tuple(int(n) for n in s.split("x")) for s in args.prefill]
     fla_chunk, fla_rec = _fla()
-    cols = ["cutile", "cutile-fma", "cutile-split", "cutile-1pass", "cutile-ub0", "fla", "torch"]
+    cols = [
+        "cutile",
+        "cutile-fma",
+        "cutile-split",
+        "cutile-1pass",
+        "cutile-ub0",
+        "cutile-apply32",
+        "fla",
+        "torch",
+    ]
     header = ["case"] + [f"{c} {h}" for c in cols for h in ("us", "/cutile", "err")]
     rows = []
     for hname in args.heads:
@@ -200,6 +210,9 @@ def main() -> None:
                 "cutile-split": partial(gd.gated_delta_chunk, *x, split=True),
                 "cutile-1pass": partial(gd.gated_delta_chunk, *x, prep_two_pass=False),
                 "cutile-ub0": partial(gd.gated_delta_chunk, *x, ut_block=0),
+                "cutile-apply32": partial(
+                    gd.gated_delta_chunk, *x, prep_two_pass=True, apply_tf32=True
+                ),
             }
             if args.kernels:
                 by_kernel = {n: f for n, f in fns.items() if n.startswith("cutile")}

@@ -52,6 +52,9 @@ Kernels:
   flash-linear-attention's 16 x 16 blocks do by substitution), then the last levels on C x C
   as before: at B = 16, two split-tf32 C x C levels instead of six. The default (16): the
   two-pass UT kernel 69 us against 84 on an H100, the one-kernel prep 577 against 691.
+- ``apply_tf32=True`` (``PREP_APPLY_TF32``, two-pass prep only) computes u and w as one tf32
+  product each, the accuracy of the scan's products, instead of split tf32's three (fp32
+  accuracy). flash-linear-attention computes them in bf16. Not yet run on a GPU.
 
 Measured on an H100 (``benchmarks/ops/bench_gated_delta.py``, bf16, 16 heads of 128): decode
 8.0 us at B=1 (flash-linear-attention's fused recurrent function: 31.7 us); prefill of 1 x 2048
@@ -108,6 +111,9 @@ PREP_TWO_PASS = True
 #: remaining levels as before on C x C; 0: every level on C x C. The two-pass UT kernel takes
 #: 69 us at 16 against 84 at 0 (1 x 2048 tokens, H100).
 UT_BLOCK = 16
+#: the two-pass prep's u and w as one tf32 product each (the scan's accuracy; fla's are bf16)
+#: instead of split tf32 (three products each). Not yet run on a GPU, so off.
+PREP_APPLY_TF32 = False
 _NEG_BIG = -1.0e30
 #: softplus switches to the identity above this (``F.softplus``'s default threshold).
 SOFTPLUS_THRESHOLD = 20.0
@@ -269,12 +275,19 @@ def _chunk_inverse(K, A, Bg, A_log, dt_bias, b, c, h, GROUP: ConstInt, n_tok, C:
 
 @ct.function
 def _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C: ConstInt, DV: ConstInt,
-              SPLIT: ConstBool, STORE_KD: ConstBool):  # fmt: skip
+              SPLIT: ConstBool, STORE_KD: ConstBool, PLAIN: ConstBool):  # fmt: skip
     """``u = T (beta V)`` and ``w = T (beta K exp(gcum))`` to the workspace; with STORE_KD also
-    ``k exp(g_last - gcum)``, the split scan's state-update keys."""
+    ``k exp(g_last - gcum)``, the split scan's state-update keys. PLAIN: each product one tf32
+    product (the scan's accuracy) instead of ``_mm_fp32``'s."""
     v = ct.load(V, (b, c, h, 0), (1, C, 1, DV), padding_mode=PAD_ZERO)
-    u = _mm_fp32(t, v.reshape((C, DV)).astype(ct.float32) * beta, SPLIT)
-    w = _mm_fp32(t, k * beta * ct.exp(gc), SPLIT)
+    vb = v.reshape((C, DV)).astype(ct.float32) * beta
+    kb = k * beta * ct.exp(gc)
+    if PLAIN:
+        u = _mm(t, vb, True)
+        w = _mm(t, kb, True)
+    else:
+        u = _mm_fp32(t, vb, SPLIT)
+        w = _mm_fp32(t, kb, SPLIT)
     ct.store(U, (b, h, c, 0), u.reshape((1, 1, C, DV)))
     ct.store(W, (b, h, c, 0), w.reshape((1, 1, C, k.shape[1])))
     if STORE_KD:
@@ -373,7 +386,7 @@ def gdn_chunk_prep_kernel(
         K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK, LOG_C, SPLIT, LOG_B
     )
     ct.store(G, (b, h, c), gc.reshape((1, 1, C)))
-    _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C, DV, SPLIT, STORE_KD)
+    _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C, DV, SPLIT, STORE_KD, False)
 
 
 @ct.kernel
@@ -425,10 +438,11 @@ def gdn_chunk_apply_kernel(
     C: ConstInt,
     SPLIT: ConstBool,
     STORE_KD: ConstBool,
+    PLAIN: ConstBool,
 ):
     """The two-pass prep's second half, one (chunk, batch x head): u, w (and with STORE_KD the
     split scan's keys) from the first half's ``T`` and gcum; the same products as the one-kernel
-    prep's (``_apply_ut``)."""
+    prep's (``_apply_ut``), or with PLAIN one tf32 product each."""
     c = ct.bid(0)
     bh = ct.bid(1)
     b = bh // HV
@@ -439,7 +453,7 @@ def gdn_chunk_apply_kernel(
     beta = ct.where(valid, _beta(braw, Bg.dtype), 0.0)
     gc = ct.load(G, (b, h, c), (1, 1, C)).reshape((C, 1))
     t = ct.load(T, (b, h, c, 0), (1, 1, C, C)).reshape((C, C))
-    _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C, DV, SPLIT, STORE_KD)
+    _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C, DV, SPLIT, STORE_KD, PLAIN)
 
 
 @ct.kernel
@@ -645,11 +659,14 @@ def gated_delta_chunk(
     state_dtype: torch.dtype = torch.float32,
     split: bool = SPLIT_SCAN,
     out_bv: int = OUTPUT_BV,
+    apply_tf32: bool = PREP_APPLY_TF32,
 ):
     """Chunked (64) gated delta rule: ``(out [B, T, Hv, Dv] in v's dtype, final state
     [B, Hv, Dk, Dv] in state_dtype)``, starting from ``initial_state`` (zeros if None).
     ``split``: the scan as the state pass and the parallel output kernel (``out_bv`` value
     columns a block), through an fp32 workspace of every chunk's starting state."""
+    if apply_tf32 and not prep_two_pass:
+        raise ValueError("apply_tf32 is a form of the two-pass prep: set prep_two_pass=True")
     bsz, n_tok, hk, dk, hv, dv = _check(q, k, v, a, b, A_log, dt_bias, initial_state)
     dev = v.device
     out = torch.empty((bsz, n_tok, hv, dv), dtype=v.dtype, device=dev)
@@ -676,7 +693,8 @@ def gated_delta_chunk(
         ut = (*ut, log_b)
         ct.launch(stream(), chunks, gdn_chunk_ut_kernel, ut)
         apply = (k, v, b, tmat, g, w, u, kd, n_tok, hv, hv // hk, dk, dv, CHUNK)
-        ct.launch(stream(), chunks, gdn_chunk_apply_kernel, (*apply, bool(prep_split), bool(split)))
+        consts = (bool(prep_split), bool(split), bool(apply_tf32))
+        ct.launch(stream(), chunks, gdn_chunk_apply_kernel, (*apply, *consts))
     else:
         prep = (k, v, a, b, alog, dtb, w, u, g, kd, n_tok, hv, hv // hk, dk, dv, CHUNK, log_c)
         prep = (*prep, bool(prep_split), bool(split), log_b)
@@ -822,6 +840,7 @@ def aot_signatures(
     split=(SPLIT_SCAN,),
     two_pass=(PREP_TWO_PASS,),
     ut_block=UT_BLOCK,
+    apply_tf32=(PREP_APPLY_TF32,),
 ) -> dict:
     """Signatures of the kernels the wrappers launch by default, per (Hk, Hv, Dk, Dv):
     Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32); ``split``
@@ -863,9 +882,9 @@ def aot_signatures(
                     arrays = (a4, a4, a3, a3, a1, a1, w4, w4, w3, w4, i32)
                     consts = (hv, group, dk, dv, CHUNK, log_c, PREP_SPLIT_TF32, form, log_b)
                     out.setdefault(gdn_chunk_prep_kernel, []).append(signature(*arrays, *consts))
-                if True in two_pass:
+                for plain in apply_tf32 if True in two_pass else ():
                     arrays = (a4, a4, a3, w4, w3, w4, w4, w4, i32)
-                    consts = (hv, group, dk, dv, CHUNK, PREP_SPLIT_TF32, form)
+                    consts = (hv, group, dk, dv, CHUNK, PREP_SPLIT_TF32, form, plain)
                     out.setdefault(gdn_chunk_apply_kernel, []).append(signature(*arrays, *consts))
             if True in two_pass:
                 arrays = (a4, a3, a3, a1, a1, w4, w3, i32)
