@@ -224,6 +224,10 @@ GPU_SHAPES = [  # (B, T, Hk, Hv, Dk, Dv)
 ]
 
 
+#: shapes of the variant tests: one chunk and a token, three chunks with padding, Dk 64
+VARIANT_SHAPES = [(1, 65, 16, 16, 128, 128), (3, 130, 4, 8, 128, 128), (1, 333, 2, 4, 64, 128)]
+
+
 def _cuda_inputs(shape, gen, dtype, pad):
     return _inputs(*shape, gen, device="cuda", dtype=dtype, pad=pad)
 
@@ -291,9 +295,7 @@ def test_apply_tf32_is_a_form_of_the_two_pass_prep(cpu_gen):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(
-    "shape", [(1, 65, 16, 16, 128, 128), (3, 130, 4, 8, 128, 128), (1, 333, 2, 4, 64, 128)]
-)
+@pytest.mark.parametrize("shape", VARIANT_SHAPES)
 @pytest.mark.parametrize("split", [False, True])
 def test_apply_tf32_matches_reference_and_the_split_tf32_apply(
     shape, dtype, split, gen, poison_empty
@@ -320,9 +322,7 @@ def test_blocked_ut_inverse_matches_reference_and_the_full_doubling(
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(
-    "shape", [(1, 65, 16, 16, 128, 128), (3, 130, 4, 8, 128, 128), (1, 333, 2, 4, 64, 128)]
-)
+@pytest.mark.parametrize("shape", VARIANT_SHAPES)
 @pytest.mark.parametrize(
     ("split", "bv", "out_bv"),
     [
