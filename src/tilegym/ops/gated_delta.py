@@ -37,9 +37,10 @@ Kernels:
   each chunk's starting state and ``v'`` (fp32); ``gdn_chunk_output_kernel`` then computes every
   chunk's output at once from them, ``Q K^T`` once per value block instead of once per value
   tile in the sequential loop. Same products on the same values (``chunk_reference(...,
-  split=True)`` is its order). Not the default: one of its GPU tests failed once (float16, 130
-  tokens, no starting state; the message was not recorded) and all 32 passed on the next run,
-  an H100's; a failure that comes and goes is not explained, so it stays off.
+  split=True)`` is its order). Not the default: two of its GPU tests failed in two runs fed by
+  the one-kernel prep (float16 at 130 tokens, bf16 at 1 token, no starting state; messages
+  cut off by timeouts), and all 32 passed fed by the two-pass prep, on an H100. A failure that
+  comes and goes is not explained, so it stays off.
 - ``prep_two_pass=True`` (``PREP_TWO_PASS``) runs the prep as two kernels with the same products:
   ``gdn_chunk_ut_kernel`` (gates, cumsum, ``T`` to a C x C fp32 workspace a chunk), then
   ``gdn_chunk_apply_kernel`` (u, w and the split scan's keys from ``T``). The one-kernel prep
