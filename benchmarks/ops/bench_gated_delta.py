@@ -8,12 +8,11 @@ gates from the module's torch expressions inside the timed call, as the model co
 cuTile fuses them. Times are medians of CUDA-event intervals, variants interleaved after a
 warm-up, with the p10-p90 spread in percent. ``err`` is each variant's relative error against
 the fp32 recurrent reference (outputs; a quick parity check, not a test; ``-`` above 2048
-tokens, where the token-by-token reference would take minutes). ``cutile-fma`` is
-the prefill with the UT transform in fp32 FMAs instead of split tf32 (``prep_split=False``),
-``cutile-split`` the scan split in a state pass and a parallel output kernel (``split=True``),
-``cutile-1pass`` the prep as one kernel (``prep_two_pass=False``), ``cutile-ub0`` the UT
-inverse's every doubling level on the whole chunk (``ut_block=0``), ``cutile-apply32`` the
-two-pass prep's u and w as one tf32 product each (``apply_tf32=True``).
+tokens, where the token-by-token reference would take minutes). The other cuTile columns are
+the forms still off by default: ``cutile-split`` the scan split in a state pass and a parallel
+output kernel (``split=True``), ``cutile-apply32`` the two-pass prep's u and w as one tf32
+product each (``apply_tf32=True``), ``cutile-ut32`` the UT kernel's products likewise
+(``ut_tf32=True``), ``cutile-all`` all three at once.
 ``--kernels`` adds, per prefill shape, each cuTile form's time by kernel (torch.profiler's
 CUDA time, mean of ``--iters`` calls): where a form's time goes.
 
@@ -188,11 +187,10 @@ def main() -> None:
     fla_chunk, fla_rec = _fla()
     cols = [
         "cutile",
-        "cutile-fma",
         "cutile-split",
-        "cutile-1pass",
-        "cutile-ub0",
         "cutile-apply32",
+        "cutile-ut32",
+        "cutile-all",
         "fla",
         "torch",
     ]
@@ -206,12 +204,11 @@ def main() -> None:
             ref = gd.recurrent_reference(*x[:3], g, beta)[0] if n_tok <= 2048 else None
             fns = {
                 "cutile": partial(gd.gated_delta_chunk, *x),
-                "cutile-fma": partial(gd.gated_delta_chunk, *x, prep_split=False),
                 "cutile-split": partial(gd.gated_delta_chunk, *x, split=True),
-                "cutile-1pass": partial(gd.gated_delta_chunk, *x, prep_two_pass=False),
-                "cutile-ub0": partial(gd.gated_delta_chunk, *x, ut_block=0),
-                "cutile-apply32": partial(
-                    gd.gated_delta_chunk, *x, prep_two_pass=True, apply_tf32=True
+                "cutile-apply32": partial(gd.gated_delta_chunk, *x, apply_tf32=True),
+                "cutile-ut32": partial(gd.gated_delta_chunk, *x, ut_tf32=True),
+                "cutile-all": partial(
+                    gd.gated_delta_chunk, *x, split=True, apply_tf32=True, ut_tf32=True
                 ),
             }
             if args.kernels:

@@ -147,8 +147,13 @@ def launches(monkeypatch):
 
 @pytest.mark.parametrize("heads", [(16, 16, 128, 128), (16, 32, 128, 128)])
 @pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize(("two_pass", "apply_tf32"), [(False, False), (True, False), (True, True)])
-def test_aot_signatures_cover_the_launches(launches, heads, split, two_pass, apply_tf32, cpu_gen):
+@pytest.mark.parametrize(
+    ("two_pass", "apply_tf32", "ut_tf32"),
+    [(False, False, False), (True, False, False), (True, True, False), (True, False, True)],
+)
+def test_aot_signatures_cover_the_launches(
+    launches, heads, split, two_pass, apply_tf32, ut_tf32, cpu_gen
+):
     hk, hv, dk, dv = heads
     sigs = gd.aot_signatures(
         heads=(heads,),
@@ -156,10 +161,11 @@ def test_aot_signatures_cover_the_launches(launches, heads, split, two_pass, app
         split=(split,),
         two_pass=(two_pass,),
         apply_tf32=(apply_tf32,),
+        ut_tf32=(ut_tf32,),
     )
     q, k, v, a, b, A_log, dt_bias = _inputs(2, 3, hk, hv, dk, dv, cpu_gen, dtype=torch.bfloat16)
     state = torch.zeros(2, hv, dk, dv)
-    kw = dict(split=split, prep_two_pass=two_pass, apply_tf32=apply_tf32)
+    kw = dict(split=split, prep_two_pass=two_pass, apply_tf32=apply_tf32, ut_tf32=ut_tf32)
     gd.gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state)
     gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, **kw)
     gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, state, **kw)
@@ -176,15 +182,17 @@ def test_aot_signatures_compile_for_sm90():
 
     if toolchain_problem():
         pytest.skip(toolchain_problem())
-    every = dict(split=(False, True), two_pass=(False, True), apply_tf32=(False, True))
+    every = dict(
+        split=(False, True), two_pass=(False, True), apply_tf32=(False, True), ut_tf32=(False, True)
+    )
     for kernel, ss in gd.aot_signatures(**every).items():
         assert compile_kernel(kernel, ss, "sm_90") is None, kernel._pyfunc.__name__
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize("apply_tf32", [False, True])
-def test_two_pass_prep_runs_on_tensor_cores_without_spills(split, apply_tf32):
+@pytest.mark.parametrize("tf32", [False, True])
+def test_two_pass_prep_runs_on_tensor_cores_without_spills(split, tf32):
     """Why the two-pass prep exists: each half compiles to wgmma with no register spills
     (the one-kernel prep compiles to mma.sync and spills 7 KB a thread)."""
     from cubin_ptx import instructions, ptx_lines, ptxas_usage
@@ -198,7 +206,8 @@ def test_two_pass_prep_runs_on_tensor_cores_without_spills(split, apply_tf32):
         dtypes=(torch.bfloat16,),
         split=(split,),
         two_pass=(True,),
-        apply_tf32=(apply_tf32,),
+        apply_tf32=(tf32,),
+        ut_tf32=(tf32,),
     )
     for kernel in (gd.gdn_chunk_ut_kernel, gd.gdn_chunk_apply_kernel):
         lines = ptx_lines(kernel, sigs[kernel][0])
@@ -287,10 +296,11 @@ def test_two_pass_prep_matches_reference_and_the_one_kernel_prep(
     _check_chunk(shape, dtype, gen, True, variant, shipped)
 
 
-def test_apply_tf32_is_a_form_of_the_two_pass_prep(cpu_gen):
+@pytest.mark.parametrize("switch", ["apply_tf32", "ut_tf32"])
+def test_tf32_preps_are_forms_of_the_two_pass_prep(switch, cpu_gen):
     x = _inputs(1, 3, 2, 2, 64, 64, cpu_gen, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="prep_two_pass"):
-        gd.gated_delta_chunk(*x, prep_two_pass=False, apply_tf32=True)
+    with pytest.raises(ValueError, match=f"{switch} is a form .* prep_two_pass"):
+        gd.gated_delta_chunk(*x, prep_two_pass=False, **{switch: True})
 
 
 @pytest.mark.gpu
@@ -304,6 +314,21 @@ def test_apply_tf32_matches_reference_and_the_split_tf32_apply(
     apply's up to tf32 rounding (the final state to the reference's own tolerance)."""
     variant = dict(apply_tf32=True)
     shipped = dict(split=split, prep_two_pass=True, apply_tf32=False)
+    _check_chunk(shape, dtype, gen, True, variant, shipped, state_tol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", VARIANT_SHAPES)
+@pytest.mark.parametrize("apply_tf32", [False, True])
+def test_ut_tf32_matches_reference_and_the_split_tf32_inverse(
+    shape, dtype, apply_tf32, gen, poison_empty
+):
+    """The UT system and doubling levels as one tf32 product each (alone and with the tf32
+    apply): the recurrent reference's answer, and the fp32-accurate inverse's up to tf32
+    rounding."""
+    variant = dict(ut_tf32=True, apply_tf32=apply_tf32)
+    shipped = dict(prep_two_pass=True, ut_tf32=False, apply_tf32=False)
     _check_chunk(shape, dtype, gen, True, variant, shipped, state_tol=2e-3)
 
 

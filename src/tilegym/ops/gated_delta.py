@@ -56,6 +56,11 @@ Kernels:
 - ``apply_tf32=True`` (``PREP_APPLY_TF32``, two-pass prep only) computes u and w as one tf32
   product each, the accuracy of the scan's products, instead of split tf32's three (fp32
   accuracy). flash-linear-attention computes them in bf16. Not yet run on a GPU.
+- ``ut_tf32=True`` (``PREP_UT_TF32``, two-pass prep only) does the same for the UT kernel: the
+  system ``beta K K^T`` and the C x C doubling levels one tf32 product each (the ``UT_BLOCK``
+  diagonal blocks stay fp32). An fp32 emulation with those operands rounded to tf32 moves
+  neither the output's nor the final state's error from the recurrence (bf16 and fp16, up to
+  1000 tokens). Not yet run on a GPU.
 
 Measured on an H100 (``benchmarks/ops/bench_gated_delta.py``, bf16, 16 heads of 128): decode
 8.0 us at B=1 (flash-linear-attention's fused recurrent function: 31.7 us); prefill of 1 x 2048
@@ -115,6 +120,10 @@ UT_BLOCK = 16
 #: the two-pass prep's u and w as one tf32 product each (the scan's accuracy; fla's are bf16)
 #: instead of split tf32 (three products each). Not yet run on a GPU, so off.
 PREP_APPLY_TF32 = False
+#: the two-pass UT kernel's system ``beta K K^T`` and its C x C doubling levels as one tf32
+#: product each instead of split tf32's three (the diagonal blocks stay fp32). Not yet run on
+#: a GPU, so off.
+PREP_UT_TF32 = False
 _NEG_BIG = -1.0e30
 #: softplus switches to the identity above this (``F.softplus``'s default threshold).
 SOFTPLUS_THRESHOLD = 20.0
@@ -190,6 +199,14 @@ def _mm_fp32(x, y, SPLIT: ConstBool):
 
 
 @ct.function
+def _mm_ut(x, y, SPLIT: ConstBool, PLAIN: ConstBool):
+    """The UT transform's products: one tf32 product with PLAIN, else ``_mm_fp32``'s."""
+    if PLAIN:
+        return _mm(x, y, True)
+    return _mm_fp32(x, y, SPLIT)
+
+
+@ct.function
 def _chunk_rows(c, C: ConstInt, n_tok):
     """(rows (C, 1), cols (1, C), valid (C, 1)): a chunk's row and column indices, and which
     rows are tokens (the last chunk's rows past ``n_tok`` are padding)."""
@@ -199,10 +216,10 @@ def _chunk_rows(c, C: ConstInt, n_tok):
 
 
 @ct.function
-def _ut_system(kb, k, gc, rows, cols, SPLIT: ConstBool):
+def _ut_system(kb, k, gc, rows, cols, SPLIT: ConstBool, PLAIN: ConstBool):
     """The UT transform's strictly lower system ``beta K K^T * exp(gcum_i - gcum_j)``, i > j."""
     decay = ct.exp(ct.where(rows > cols, gc - ct.transpose(gc), _NEG_BIG))
-    return _mm_fp32(kb, ct.transpose(k), SPLIT) * decay
+    return _mm_ut(kb, ct.transpose(k), SPLIT, PLAIN) * decay
 
 
 @ct.function
@@ -229,11 +246,13 @@ def _diag_block_inverses(am, C: ConstInt, LOG_B: ConstInt):
 
 
 @ct.function
-def _ut_inverse(am, rows, cols, LOG_C: ConstInt, SPLIT: ConstBool, LOG_B: ConstInt):
+def _ut_inverse(am, rows, cols, LOG_C: ConstInt, SPLIT: ConstBool, LOG_B: ConstInt,
+                PLAIN: ConstBool):  # fmt: skip
     """``(I + am)^-1`` of a strictly lower ``am`` by doubling: ``T_s`` inverts the s-blocks on
     the diagonal; ``C_s`` holds am's lower-left s-block inside each 2s-block;
     ``T_2s = T_s - T_s C_s T_s`` (``ut_inverse_reference``). With ``LOG_B`` the levels below
-    ``2^LOG_B`` run on the diagonal blocks alone (``_diag_block_inverses``)."""
+    ``2^LOG_B`` run on the diagonal blocks alone (``_diag_block_inverses``); PLAIN: the C x C
+    levels' products as one tf32 product each."""
     if LOG_B > 0:
         t = _diag_block_inverses(am, am.shape[0], LOG_B)
     else:
@@ -242,7 +261,7 @@ def _ut_inverse(am, rows, cols, LOG_C: ConstInt, SPLIT: ConstBool, LOG_B: ConstI
     for _ in range(LOG_C - LOG_B):
         two_s = s * 2
         blk = ((rows // two_s) == (cols // two_s)) & ((rows // s) > (cols // s))
-        t = t - _mm_fp32(_mm_fp32(t, ct.where(blk, am, 0.0), SPLIT), t, SPLIT)
+        t = t - _mm_ut(_mm_ut(t, ct.where(blk, am, 0.0), SPLIT, PLAIN), t, SPLIT, PLAIN)
         s = two_s
     return t
 
@@ -266,12 +285,13 @@ def _chunk_gates(K, A, Bg, A_log, dt_bias, b, c, h, GROUP: ConstInt, n_tok, C: C
 
 @ct.function
 def _chunk_inverse(K, A, Bg, A_log, dt_bias, b, c, h, GROUP: ConstInt, n_tok, C: ConstInt,
-                   DK: ConstInt, LOG_C: ConstInt, SPLIT: ConstBool, LOG_B: ConstInt):  # fmt: skip
+                   DK: ConstInt, LOG_C: ConstInt, SPLIT: ConstBool, LOG_B: ConstInt,
+                   PLAIN: ConstBool):  # fmt: skip
     """Both prep forms' first part for chunk ``c`` of one (batch, value head): unit keys, beta,
-    gcum, rows, and the UT transform's inverse ``T``."""
+    gcum, rows, and the UT transform's inverse ``T`` (PLAIN: its products one tf32 each)."""
     k, beta, gc, rows, cols = _chunk_gates(K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK)
-    am = _ut_system(k * beta, k, gc, rows, cols, SPLIT)
-    return k, beta, gc, rows, _ut_inverse(am, rows, cols, LOG_C, SPLIT, LOG_B)
+    am = _ut_system(k * beta, k, gc, rows, cols, SPLIT, PLAIN)
+    return k, beta, gc, rows, _ut_inverse(am, rows, cols, LOG_C, SPLIT, LOG_B, PLAIN)
 
 
 @ct.function
@@ -384,7 +404,7 @@ def gdn_chunk_prep_kernel(
     b = bh // HV
     h = bh % HV
     k, beta, gc, rows, t = _chunk_inverse(
-        K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK, LOG_C, SPLIT, LOG_B
+        K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK, LOG_C, SPLIT, LOG_B, False
     )
     ct.store(G, (b, h, c), gc.reshape((1, 1, C)))
     _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C, DV, SPLIT, STORE_KD, False)
@@ -407,15 +427,17 @@ def gdn_chunk_ut_kernel(
     LOG_C: ConstInt,
     SPLIT: ConstBool,
     LOG_B: ConstInt,
+    PLAIN: ConstBool,
 ):
     """The two-pass prep's first half, one (chunk, batch x head): gates, decay cumsum and the
-    UT transform's inverse ``T`` (C x C, fp32) to the workspace, gcum to ``G``."""
+    UT transform's inverse ``T`` (C x C, fp32) to the workspace, gcum to ``G``; with PLAIN its
+    products one tf32 product each."""
     c = ct.bid(0)
     bh = ct.bid(1)
     b = bh // HV
     h = bh % HV
     _, _, gc, _, t = _chunk_inverse(
-        K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK, LOG_C, SPLIT, LOG_B
+        K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK, LOG_C, SPLIT, LOG_B, PLAIN
     )
     ct.store(T, (b, h, c, 0), t.reshape((1, 1, C, C)))
     ct.store(G, (b, h, c), gc.reshape((1, 1, C)))
@@ -661,13 +683,15 @@ def gated_delta_chunk(
     split: bool = SPLIT_SCAN,
     out_bv: int = OUTPUT_BV,
     apply_tf32: bool = PREP_APPLY_TF32,
+    ut_tf32: bool = PREP_UT_TF32,
 ):
     """Chunked (64) gated delta rule: ``(out [B, T, Hv, Dv] in v's dtype, final state
     [B, Hv, Dk, Dv] in state_dtype)``, starting from ``initial_state`` (zeros if None).
     ``split``: the scan as the state pass and the parallel output kernel (``out_bv`` value
     columns a block), through an fp32 workspace of every chunk's starting state."""
-    if apply_tf32 and not prep_two_pass:
-        raise ValueError("apply_tf32 is a form of the two-pass prep: set prep_two_pass=True")
+    for name, on in (("apply_tf32", apply_tf32), ("ut_tf32", ut_tf32)):
+        if on and not prep_two_pass:
+            raise ValueError(f"{name} is a form of the two-pass prep: set prep_two_pass=True")
     bsz, n_tok, hk, dk, hv, dv = _check(q, k, v, a, b, A_log, dt_bias, initial_state)
     dev = v.device
     out = torch.empty((bsz, n_tok, hv, dv), dtype=v.dtype, device=dev)
@@ -691,7 +715,7 @@ def gated_delta_chunk(
     if prep_two_pass:
         tmat = torch.empty((bsz, hv, t_pad, CHUNK), **f32)
         ut = (k, a, b, alog, dtb, tmat, g, n_tok, hv, hv // hk, dk, CHUNK, log_c, bool(prep_split))
-        ut = (*ut, log_b)
+        ut = (*ut, log_b, bool(ut_tf32))
         ct.launch(stream(), chunks, gdn_chunk_ut_kernel, ut)
         apply = (k, v, b, tmat, g, w, u, kd, n_tok, hv, hv // hk, dk, dv, CHUNK)
         consts = (bool(prep_split), bool(split), bool(apply_tf32))
@@ -842,6 +866,7 @@ def aot_signatures(
     two_pass=(PREP_TWO_PASS,),
     ut_block=UT_BLOCK,
     apply_tf32=(PREP_APPLY_TF32,),
+    ut_tf32=(PREP_UT_TF32,),
 ) -> dict:
     """Signatures of the kernels the wrappers launch by default, per (Hk, Hv, Dk, Dv):
     Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32); ``split``
@@ -887,9 +912,9 @@ def aot_signatures(
                     arrays = (a4, a4, a3, w4, w3, w4, w4, w4, i32)
                     consts = (hv, group, dk, dv, CHUNK, PREP_SPLIT_TF32, form, plain)
                     out.setdefault(gdn_chunk_apply_kernel, []).append(signature(*arrays, *consts))
-            if True in two_pass:
+            for plain in ut_tf32 if True in two_pass else ():
                 arrays = (a4, a3, a3, a1, a1, w4, w3, i32)
-                consts = (hv, group, dk, CHUNK, log_c, PREP_SPLIT_TF32, log_b)
+                consts = (hv, group, dk, CHUNK, log_c, PREP_SPLIT_TF32, log_b, plain)
                 out.setdefault(gdn_chunk_ut_kernel, []).append(signature(*arrays, *consts))
     return out
 
