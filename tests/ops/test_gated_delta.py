@@ -304,13 +304,6 @@ def test_two_pass_prep_matches_reference_and_the_one_kernel_prep(
     _check_chunk(shape, dtype, gen, True, variant, shipped)
 
 
-@pytest.mark.parametrize("switch", ["apply_tf32", "ut_tf32"])
-def test_tf32_preps_are_forms_of_the_two_pass_prep(switch, cpu_gen):
-    x = _inputs(1, 3, 2, 2, 64, 64, cpu_gen, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=f"{switch} is a form .* prep_two_pass"):
-        gd.gated_delta_chunk(*x, prep_two_pass=False, **{switch: True})
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", VARIANT_SHAPES)
