@@ -8,12 +8,10 @@ gates from the module's torch expressions inside the timed call, as the model co
 cuTile fuses them. Times are medians of CUDA-event intervals, variants interleaved after a
 warm-up, with the p10-p90 spread in percent. ``err`` is each variant's relative error against
 the fp32 recurrent reference (outputs; a quick parity check, not a test; ``-`` above 2048
-tokens, where the token-by-token reference would take minutes). The other cuTile columns are
-the forms still off by default: ``cutile-split`` the scan split in a state pass and a parallel
-output kernel (``split=True``), ``cutile-apply32`` the two-pass prep's u and w as one tf32
-product each (``apply_tf32=True``), ``cutile-ut32`` the UT kernel's products likewise
-(``ut_tf32=True``), ``cutile-fp16`` the workspaces that feed only tf32 products in fp16
-(``workspace_fp16=True``), ``cutile-all`` all four at once.
+tokens, where the token-by-token reference would take minutes). ``cutile-split`` is the form
+still off by default, the scan split in a state pass and a parallel output kernel
+(``split=True``); ``cutile-fp32prep`` the UT and apply kernels' products at fp32 accuracy
+(split tf32, ``ut_tf32=False, apply_tf32=False``), what the tf32 forms replaced.
 ``--kernels`` adds, per prefill shape, each cuTile form's time by kernel (torch.profiler's
 CUDA time, mean of ``--iters`` calls): where a form's time goes.
 
@@ -42,8 +40,6 @@ from tilegym.ops.testing import rel_err  # noqa: E402
 HEADS = {"0.8b": (16, 16, 128, 128), "16/32": (16, 32, 128, 128)}
 PREFILL = [(1, 512), (1, 2048), (1, 8192), (4, 4096)]
 DECODE = [1, 8, 64]
-#: every prefill form still off by default, at once (``cutile-all``)
-ALL_OFF_FORMS = dict(split=True, apply_tf32=True, ut_tf32=True, workspace_fp16=True)
 
 
 def _fla():
@@ -191,10 +187,7 @@ def main() -> None:
     cols = [
         "cutile",
         "cutile-split",
-        "cutile-apply32",
-        "cutile-ut32",
-        "cutile-fp16",
-        "cutile-all",
+        "cutile-fp32prep",
         "fla",
         "torch",
     ]
@@ -209,10 +202,9 @@ def main() -> None:
             fns = {
                 "cutile": partial(gd.gated_delta_chunk, *x),
                 "cutile-split": partial(gd.gated_delta_chunk, *x, split=True),
-                "cutile-apply32": partial(gd.gated_delta_chunk, *x, apply_tf32=True),
-                "cutile-ut32": partial(gd.gated_delta_chunk, *x, ut_tf32=True),
-                "cutile-fp16": partial(gd.gated_delta_chunk, *x, workspace_fp16=True),
-                "cutile-all": partial(gd.gated_delta_chunk, *x, **ALL_OFF_FORMS),
+                "cutile-fp32prep": partial(
+                    gd.gated_delta_chunk, *x, ut_tf32=False, apply_tf32=False
+                ),
             }
             if args.kernels:
                 by_kernel = {n: f for n, f in fns.items() if n.startswith("cutile")}

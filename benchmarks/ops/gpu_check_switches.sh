@@ -6,7 +6,6 @@
 #   switch                               tests (shard)   table
 #   gated_delta.SPLIT_SCAN               gated_delta     bench_gated_delta.py: cutile-split;
 #                                                        bench_gated_delta_scan.py (widths)
-#   gated_delta.WORKSPACE_FP16           gated_delta     bench_gated_delta.py: cutile-fp16
 #
 # A switch goes on when its shard passes and its table is faster beyond the spread; the bar
 # for each is in docs/DESIGN.md. Usage (repo root, on a GPU host with the cuTile toolchain;
@@ -20,7 +19,7 @@ TT="${TEST_TIMEOUT:-240}"
 # shellcheck source=benchmarks/ops/_gpu_check_lib.sh
 source "$(dirname "$0")/_gpu_check_lib.sh"
 
-shard gated_delta tests/ops/test_gated_delta.py -m gpu -k "split_scan or scan_widths or fp16_workspaces"
+shard gated_delta tests/ops/test_gated_delta.py -m gpu -k "split_scan or scan_widths"
 finish_step1
 
 table() {  # output name, then the table script and its arguments

@@ -148,18 +148,11 @@ def launches(monkeypatch):
 @pytest.mark.parametrize("heads", [(16, 16, 128, 128), (16, 32, 128, 128)])
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize(
-    ("two_pass", "apply_tf32", "ut_tf32", "fp16"),
-    [
-        (False, False, False, False),
-        (True, False, False, False),
-        (True, True, False, False),
-        (True, False, True, False),
-        (False, False, False, True),
-        (True, True, True, True),
-    ],
+    ("two_pass", "apply_tf32", "ut_tf32"),
+    [(False, False, False), (True, False, False), (True, True, False), (True, True, True)],
 )
 def test_aot_signatures_cover_the_launches(
-    launches, heads, split, two_pass, apply_tf32, ut_tf32, fp16, cpu_gen
+    launches, heads, split, two_pass, apply_tf32, ut_tf32, cpu_gen
 ):
     hk, hv, dk, dv = heads
     sigs = gd.aot_signatures(
@@ -169,12 +162,10 @@ def test_aot_signatures_cover_the_launches(
         two_pass=(two_pass,),
         apply_tf32=(apply_tf32,),
         ut_tf32=(ut_tf32,),
-        workspace_fp16=(fp16,),
     )
     q, k, v, a, b, A_log, dt_bias = _inputs(2, 3, hk, hv, dk, dv, cpu_gen, dtype=torch.bfloat16)
     state = torch.zeros(2, hv, dk, dv)
     kw = dict(split=split, prep_two_pass=two_pass, apply_tf32=apply_tf32, ut_tf32=ut_tf32)
-    kw["workspace_fp16"] = fp16
     gd.gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state)
     gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, **kw)
     gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, state, **kw)
@@ -192,7 +183,7 @@ def test_aot_signatures_compile_for_sm90():
     if toolchain_problem():
         pytest.skip(toolchain_problem())
     both = (False, True)
-    every = dict(split=both, two_pass=both, apply_tf32=both, ut_tf32=both, workspace_fp16=both)
+    every = dict(split=both, two_pass=both, apply_tf32=both, ut_tf32=both)
     for kernel, ss in gd.aot_signatures(**every).items():
         assert compile_kernel(kernel, ss, "sm_90") is None, kernel._pyfunc.__name__
 
@@ -330,19 +321,6 @@ def test_ut_tf32_matches_reference_and_the_split_tf32_inverse(
     rounding."""
     variant = dict(ut_tf32=True, apply_tf32=apply_tf32)
     shipped = dict(prep_two_pass=True, ut_tf32=False, apply_tf32=False)
-    _check_chunk(shape, dtype, gen, True, variant, shipped, state_tol=2e-3)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", VARIANT_SHAPES)
-@pytest.mark.parametrize("split", [False, True])
-def test_fp16_workspaces_match_reference_and_the_fp32_workspaces(
-    shape, dtype, split, gen, poison_empty
-):
-    """w, the split keys, the chunk states and v' stored in fp16 (the significand the tf32
-    products keep): the recurrent reference's answer, and the fp32 workspaces' up to rounding."""
-    variant, shipped = dict(workspace_fp16=True), dict(split=split, workspace_fp16=False)
     _check_chunk(shape, dtype, gen, True, variant, shipped, state_tol=2e-3)
 
 

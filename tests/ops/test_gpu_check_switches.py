@@ -34,7 +34,7 @@ def _switches() -> list[tuple[str, str]]:
 
 def test_the_script_has_shards_and_switches():
     assert len(_shards()) == 1
-    assert len(_switches()) == 2
+    assert len(_switches()) == 1
 
 
 @pytest.mark.parametrize(("name", "args"), _shards(), ids=[n for n, _ in _shards()])

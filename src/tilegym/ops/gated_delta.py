@@ -62,13 +62,6 @@ Kernels:
   diagonal blocks stay fp32). An fp32 emulation with those operands rounded to tf32 moves
   neither the output's nor the final state's error from the recurrence (bf16 and fp16, up to
   1000 tokens). The default since it ran on an H100: the UT kernel 45 against 69 us.
-- ``workspace_fp16=True`` (``WORKSPACE_FP16``) stores the workspaces read only as tf32 operands
-  (w, the split scan's keys, its chunk states and v') in fp16: the 10-bit significand the
-  products keep, half the bytes (about 80 MB less traffic at 1 x 2048 tokens x 16 heads, split).
-  u and the running state stay fp32 (u is subtracted at full precision). fp16's range is the
-  risk: values under 6e-5 lose precision (decayed keys, at an absolute error under 1e-7) and
-  none of these reach 65504 (unit keys, a delta-rule state). The same emulation moves neither
-  error. Off: slower on an H100 (the fp16 loads cost more than the bytes save).
 
 Measured on an H100 (``benchmarks/ops/bench_gated_delta.py``, bf16, 16 heads of 128): decode
 8.0 us at B=1 (flash-linear-attention's fused recurrent function: 31.7 us); prefill of 1 x 2048
@@ -134,11 +127,6 @@ PREP_APPLY_TF32 = True
 #: product each instead of split tf32's three (the diagonal blocks stay fp32): the UT kernel
 #: 45 against 69 us (same shape, H100), the same error from the recurrence.
 PREP_UT_TF32 = True
-#: the workspaces that only feed tf32 products (w and the split scan's keys, chunk states and
-#: v') in fp16 instead of fp32: the same 10-bit significand the products round them to, half
-#: the bytes. Off: measured slower (the one-kernel scan 199 against 190 us, the split output
-#: kernel 54 against 51; 1 x 2048 tokens x 16 heads, H100).
-WORKSPACE_FP16 = False
 _NEG_BIG = -1.0e30
 #: softplus switches to the identity above this (``F.softplus``'s default threshold).
 SOFTPLUS_THRESHOLD = 20.0
@@ -325,11 +313,10 @@ def _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C: ConstInt, DV: Const
         u = _mm_fp32(t, vb, SPLIT)
         w = _mm_fp32(t, kb, SPLIT)
     ct.store(U, (b, h, c, 0), u.reshape((1, 1, C, DV)))
-    ct.store(W, (b, h, c, 0), w.reshape((1, 1, C, k.shape[1])).astype(W.dtype))
+    ct.store(W, (b, h, c, 0), w.reshape((1, 1, C, k.shape[1])))
     if STORE_KD:
         g_last = ct.sum(ct.where(rows == C - 1, gc, 0.0), axis=0, keepdims=True)  # gc[C - 1]
-        kd = (k * ct.exp(g_last - gc)).reshape((1, 1, C, k.shape[1]))
-        ct.store(KD, (b, h, c, 0), kd.astype(KD.dtype))
+        ct.store(KD, (b, h, c, 0), (k * ct.exp(g_last - gc)).reshape((1, 1, C, k.shape[1])))
 
 
 # --------------------------------------------------------------------------------------------
@@ -531,7 +518,7 @@ def gdn_chunk_scan_kernel(
         k = _unit_rows(K, b, c, hk, C, DK)
         gc = ct.load(G, (b, h, c), (1, 1, C)).reshape((C, 1))
         g_last = ct.load(G, (b, h, c * C + C - 1), (1, 1, 1)).reshape((1, 1))
-        w = ct.load(W, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK)).astype(ct.float32)
+        w = ct.load(W, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK))
         u = ct.load(U, (b, h, c, j), (1, 1, C, BV)).reshape((C, BV))
         vn = u - _mm(w, s, TF32)
         decay = ct.exp(ct.where(causal, gc - ct.transpose(gc), _NEG_BIG))
@@ -571,12 +558,12 @@ def gdn_chunk_state_kernel(
     s = _start_state(State0, b, h, j, DK, BV, HAS_STATE)
     n_chunks = ct.cdiv(n_tok, C)
     for c in range(n_chunks):
-        ct.store(States, (b, h, c, 0, j), s.reshape((1, 1, 1, DK, BV)).astype(States.dtype))
-        w = ct.load(W, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK)).astype(ct.float32)
+        ct.store(States, (b, h, c, 0, j), s.reshape((1, 1, 1, DK, BV)))
+        w = ct.load(W, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK))
         u = ct.load(U, (b, h, c, j), (1, 1, C, BV)).reshape((C, BV))
         vn = u - _mm(w, s, TF32)
-        ct.store(VN, (b, h, c, j), vn.reshape((1, 1, C, BV)).astype(VN.dtype))
-        kd = ct.load(KD, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK)).astype(ct.float32)
+        ct.store(VN, (b, h, c, j), vn.reshape((1, 1, C, BV)))
+        kd = ct.load(KD, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK))
         g_last = ct.load(G, (b, h, c * C + C - 1), (1, 1, 1)).reshape((1, 1))
         s = s * ct.exp(g_last) + _mm(ct.transpose(kd), vn, TF32)
     ct.store(StateOut, (b, h, 0, j), s.reshape((1, 1, DK, BV)).astype(StateOut.dtype))
@@ -611,7 +598,6 @@ def gdn_chunk_output_kernel(
     gc = ct.load(G, (b, h, c), (1, 1, C)).reshape((C, 1))
     st = ct.load(States, (b, h, c, 0, j), (1, 1, 1, DK, BV)).reshape((DK, BV))
     vn = ct.load(VN, (b, h, c, j), (1, 1, C, BV)).reshape((C, BV))
-    st, vn = st.astype(ct.float32), vn.astype(ct.float32)
     rows = ct.arange(C, dtype=ct.int32).reshape((C, 1))
     cols = ct.arange(C, dtype=ct.int32).reshape((1, C))
     decay = ct.exp(ct.where(rows >= cols, gc - ct.transpose(gc), _NEG_BIG))
@@ -701,14 +687,13 @@ def gated_delta_chunk(
     out_bv: int = OUTPUT_BV,
     apply_tf32: bool = PREP_APPLY_TF32,
     ut_tf32: bool = PREP_UT_TF32,
-    workspace_fp16: bool = WORKSPACE_FP16,
 ):
     """Chunked (64) gated delta rule: ``(out [B, T, Hv, Dv] in v's dtype, final state
     [B, Hv, Dk, Dv] in state_dtype)``, starting from ``initial_state`` (zeros if None).
     ``split``: the scan as the state pass and the parallel output kernel (``out_bv`` value
-    columns a block), through a workspace of every chunk's starting state (fp32, or fp16 with
-    ``workspace_fp16``, as w, the split keys and v'). ``apply_tf32`` and ``ut_tf32`` are forms
-    of the two-pass prep; the one-kernel prep (``prep_two_pass=False``) keeps split tf32."""
+    columns a block), through an fp32 workspace of every chunk's starting state.
+    ``apply_tf32`` and ``ut_tf32`` are forms of the two-pass prep; the one-kernel prep
+    (``prep_two_pass=False``) keeps split tf32."""
     bsz, n_tok, hk, dk, hv, dv = _check(q, k, v, a, b, A_log, dt_bias, initial_state)
     dev = v.device
     out = torch.empty((bsz, n_tok, hv, dv), dtype=v.dtype, device=dev)
@@ -721,11 +706,10 @@ def gated_delta_chunk(
         return out, final
     t_pad = n_chunks * CHUNK
     f32 = dict(dtype=torch.float32, device=dev)
-    ws = dict(dtype=torch.float16 if workspace_fp16 else torch.float32, device=dev)
-    w = torch.empty((bsz, hv, t_pad, dk), **ws)
+    w = torch.empty((bsz, hv, t_pad, dk), **f32)
     u = torch.empty((bsz, hv, t_pad, dv), **f32)
     g = torch.empty((bsz, hv, t_pad), **f32)
-    kd = torch.empty((bsz, hv, t_pad, dk), **ws) if split else w  # w: a placeholder
+    kd = torch.empty((bsz, hv, t_pad, dk), **f32) if split else w  # w: a placeholder
     alog, dtb = A_log.contiguous(), dt_bias.contiguous()
     log_c = CHUNK.bit_length() - 1
     log_b = _log_block(ut_block)
@@ -750,8 +734,8 @@ def gated_delta_chunk(
         consts = (hv, hv // hk, dk, bv, CHUNK, has, bool(tf32))
         ct.launch(stream(), (dv // bv, bsz * hv, 1), gdn_chunk_scan_kernel, (*scan, *consts))
         return out, final
-    states = torch.empty((bsz, hv, n_chunks, dk, dv), **ws)
-    vn = torch.empty((bsz, hv, t_pad, dv), **ws)
+    states = torch.empty((bsz, hv, n_chunks, dk, dv), **f32)
+    vn = torch.empty((bsz, hv, t_pad, dv), **f32)
     args = (w, u, kd, g, s0, states, vn, final, n_tok, hv, dk, bv, CHUNK, has, bool(tf32))
     ct.launch(stream(), (dv // bv, bsz * hv, 1), gdn_chunk_state_kernel, args)
     out_bv = min(out_bv, dv)
@@ -876,12 +860,6 @@ def _chunk_output(out, sl, pad, qc, kc, gc, s, vn, causal):
 # --------------------------------------------------------------------------------------------
 
 
-def _workspace_sigs(half: bool):
-    """The 4-d and 5-d signatures of the workspaces ``workspace_fp16`` makes fp16."""
-    dt = torch.float16 if half else torch.float32
-    return array_sig(dt, 4), array_sig(dt, 5)
-
-
 def aot_signatures(
     heads=((16, 16, 128, 128), (16, 32, 128, 128)),
     dtypes=AOT_DTYPES,
@@ -891,24 +869,18 @@ def aot_signatures(
     ut_block=UT_BLOCK,
     apply_tf32=(PREP_APPLY_TF32,),
     ut_tf32=(PREP_UT_TF32,),
-    workspace_fp16=(WORKSPACE_FP16,),
 ) -> dict:
     """Signatures of the kernels the wrappers launch by default, per (Hk, Hv, Dk, Dv):
-    Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32); ``split``,
-    ``two_pass`` and the other switches: the forms to declare (the default's, or both)."""
+    Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32); ``split``
+    and ``two_pass``: the scan and prep forms to declare (the default's, or both)."""
     out: dict = {}
-
-    def add(kernel, sig):  # fp32-only kernels get the same signature for every dtype
-        sigs = out.setdefault(kernel, [])
-        if sig not in sigs:
-            sigs.append(sig)
-
     f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
     log_c = CHUNK.bit_length() - 1
     log_b = _log_block(ut_block)
-    w4, w3 = array_sig(torch.float32, 4), array_sig(torch.float32, 3)
+    w5 = array_sig(torch.float32, 5)
     for dt in dtypes:
         a4, a3, a1 = array_sig(dt, 4), array_sig(dt, 3), array_sig(dt, 1)
+        w4, w3 = array_sig(torch.float32, 4), array_sig(torch.float32, 3)
         for hk, hv, dk, dv in heads:
             group = hv // hk
             bv = min(SCAN_BV, dv)
@@ -916,39 +888,36 @@ def aot_signatures(
                 s4 = array_sig(sd, 4)
                 dbv = min(DECODE_BV, dv)
                 sig = signature(a4, a4, a4, a3, a3, a1, a1, s4, a4, f32, hv, group, dk, dbv)
-                add(gdn_recurrent_kernel, sig)
-                for half, has in ((h, s) for h in workspace_fp16 for s in (False, True)):
-                    x4, x5 = _workspace_sigs(half)
+                out.setdefault(gdn_recurrent_kernel, []).append(sig)
+                for has in (False, True):
                     if False in split:
-                        arrays = (a4, a4, x4, w4, w3, s4, a4, s4, i32, f32)
+                        arrays = (a4, a4, w4, w4, w3, s4, a4, s4, i32, f32)
                         sig = signature(*arrays, hv, group, dk, bv, CHUNK, has, SCAN_TF32)
-                        add(gdn_chunk_scan_kernel, sig)
-                    if True in split:
-                        arrays = (x4, w4, x4, w3, s4, x5, x4, s4, i32)
-                        add(
-                            gdn_chunk_state_kernel,
-                            signature(*arrays, hv, dk, bv, CHUNK, has, SCAN_TF32),
-                        )
-            for half in workspace_fp16:
-                x4, x5 = _workspace_sigs(half)
-                if True in split:
-                    obv = min(OUTPUT_BV, dv)
-                    arrays = (a4, a4, w3, x5, x4, a4, f32)
-                    sig = signature(*arrays, hv, group, dk, obv, CHUNK, SCAN_TF32)
-                    add(gdn_chunk_output_kernel, sig)
-                for form in split:
-                    if False in two_pass:
-                        arrays = (a4, a4, a3, a3, a1, a1, x4, w4, w3, x4, i32)
-                        consts = (hv, group, dk, dv, CHUNK, log_c, PREP_SPLIT_TF32, form, log_b)
-                        add(gdn_chunk_prep_kernel, signature(*arrays, *consts))
-                    for plain in apply_tf32 if True in two_pass else ():
-                        arrays = (a4, a4, a3, w4, w3, x4, w4, x4, i32)
-                        consts = (hv, group, dk, dv, CHUNK, PREP_SPLIT_TF32, form, plain)
-                        add(gdn_chunk_apply_kernel, signature(*arrays, *consts))
+                        out.setdefault(gdn_chunk_scan_kernel, []).append(sig)
+                    if True in split:  # fp32 arrays only: one signature for every dtype
+                        arrays = (w4, w4, w4, w3, s4, w5, w4, s4, i32)
+                        sig = signature(*arrays, hv, dk, bv, CHUNK, has, SCAN_TF32)
+                        state_sigs = out.setdefault(gdn_chunk_state_kernel, [])
+                        if sig not in state_sigs:
+                            state_sigs.append(sig)
+            if True in split:
+                obv = min(OUTPUT_BV, dv)
+                arrays = (a4, a4, w3, w5, w4, a4, f32)
+                sig = signature(*arrays, hv, group, dk, obv, CHUNK, SCAN_TF32)
+                out.setdefault(gdn_chunk_output_kernel, []).append(sig)
+            for form in split:
+                if False in two_pass:
+                    arrays = (a4, a4, a3, a3, a1, a1, w4, w4, w3, w4, i32)
+                    consts = (hv, group, dk, dv, CHUNK, log_c, PREP_SPLIT_TF32, form, log_b)
+                    out.setdefault(gdn_chunk_prep_kernel, []).append(signature(*arrays, *consts))
+                for plain in apply_tf32 if True in two_pass else ():
+                    arrays = (a4, a4, a3, w4, w3, w4, w4, w4, i32)
+                    consts = (hv, group, dk, dv, CHUNK, PREP_SPLIT_TF32, form, plain)
+                    out.setdefault(gdn_chunk_apply_kernel, []).append(signature(*arrays, *consts))
             for plain in ut_tf32 if True in two_pass else ():
                 arrays = (a4, a3, a3, a1, a1, w4, w3, i32)
                 consts = (hv, group, dk, CHUNK, log_c, PREP_SPLIT_TF32, log_b, plain)
-                add(gdn_chunk_ut_kernel, signature(*arrays, *consts))
+                out.setdefault(gdn_chunk_ut_kernel, []).append(signature(*arrays, *consts))
     return out
 
 
