@@ -3,9 +3,10 @@
 # each switch's kernels (against their fp32 references and against the shipped form) in
 # parallel shards, then the tables that time each switch against what ships.
 #
-#   switch                               tests (shard)   table
-#   gated_delta.SPLIT_SCAN               gated_delta     bench_gated_delta.py: cutile-split;
-#                                                        bench_gated_delta_scan.py (widths)
+#   switch                  tests (shards)            table
+#   gated_delta.SPLIT_SCAN  split_scan, scan_widths   bench_gated_delta.py: cutile-split;
+#                                                     bench_gated_delta_scan.py (widths);
+#                                                     diag_split_scan.py (its errors by case)
 #
 # A switch goes on when its shard passes and its table is faster beyond the spread; the bar
 # for each is in docs/DESIGN.md. Usage (repo root, on a GPU host with the cuTile toolchain;
@@ -13,13 +14,16 @@
 #   OUT=/some/dir bash benchmarks/ops/gpu_check_switches.sh
 # Env: TEST_TIMEOUT (240 s per test process), BENCH_TIMEOUT (150 s per table).
 # Outputs in $OUT (default ./gpu_check_out): switches_env.txt, switches_summary.txt,
-# switches_tests_*.txt, switches_gated_delta{,_scan}.txt, cutile-cache.tar.gz.
+# switches_tests_*.txt, switches_gated_delta{,_scan}.txt, switches_split_scan_errors.txt,
+# cutile-cache.tar.gz.
 FAMILY=switches
 TT="${TEST_TIMEOUT:-240}"
 # shellcheck source=benchmarks/ops/_gpu_check_lib.sh
 source "$(dirname "$0")/_gpu_check_lib.sh"
 
-shard gated_delta tests/ops/test_gated_delta.py -m gpu -k "split_scan or scan_widths"
+# two shards, so that each finishes inside TEST_TIMEOUT and prints its failures
+shard split_scan tests/ops/test_gated_delta.py -m gpu -k "split_scan"
+shard scan_widths tests/ops/test_gated_delta.py -m gpu -k "scan_widths"
 finish_step1
 
 table() {  # output name, then the table script and its arguments
@@ -33,6 +37,7 @@ table() {  # output name, then the table script and its arguments
 table gated_delta benchmarks/ops/bench_gated_delta.py --heads 0.8b --prefill 1x2048 --decode 1 \
     --no-conv-norm --kernels
 table gated_delta_scan benchmarks/ops/bench_gated_delta_scan.py --kernels
+table split_scan_errors benchmarks/ops/diag_split_scan.py --reps 2
 tar -czf "$OUT/cutile-cache.tar.gz" -C build cutile-cache 2>/dev/null
 echo "total $(($(date +%s) - start)) s, status $status" | tee -a "$OUT/${FAMILY}_summary.txt"
 exit $status

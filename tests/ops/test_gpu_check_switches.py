@@ -33,8 +33,19 @@ def _switches() -> list[tuple[str, str]]:
 
 
 def test_the_script_has_shards_and_switches():
-    assert len(_shards()) == 1
+    assert len(_shards()) == 2
     assert len(_switches()) == 1
+
+
+def test_the_split_scan_diagnostic_starts_on_a_cpu_host():
+    """Its imports (the GPU tests' shapes and inputs) and arguments hold without a GPU."""
+    script = ROOT / "benchmarks/ops/diag_split_scan.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--help"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--reps" in result.stdout
 
 
 @pytest.mark.parametrize(("name", "args"), _shards(), ids=[n for n, _ in _shards()])
