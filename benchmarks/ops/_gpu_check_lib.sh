@@ -17,7 +17,12 @@ status=0
 pids=()
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$OUT/${FAMILY}_env.txt"
 "$PY" -c "import torch, transformers, cuda.tile as ct; print(torch.__version__, transformers.__version__, ct.__version__)" 2>&1 | tee -a "$OUT/${FAMILY}_env.txt"
-git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/${FAMILY}_env.txt"
+# the caller's COMMIT names the tree where it is set: a GPU host's own .git, if any, may be stale
+if [ -n "${COMMIT:-}" ]; then
+    echo "commit $COMMIT (COMMIT)"
+else
+    git log -1 --format='commit %h %s (git log here)' 2>/dev/null
+fi | tee -a "$OUT/${FAMILY}_env.txt"
 start=$(date +%s)
 
 shard() {  # name, then pytest arguments: one test process in the background

@@ -11,8 +11,9 @@
 # A switch goes on when its shard passes and its table is faster beyond the spread; the bar
 # for each is in docs/DESIGN.md. Usage (repo root, on a GPU host with the cuTile toolchain;
 # fla optional, on PYTHONPATH, for the gated delta table's fla column):
-#   OUT=/some/dir bash benchmarks/ops/gpu_check_switches.sh
-# Env: TEST_TIMEOUT (240 s per test process), BENCH_TIMEOUT (150 s per table).
+#   COMMIT=<this tree's commit> OUT=/some/dir bash benchmarks/ops/gpu_check_switches.sh
+# Env: COMMIT (printed as the code's commit: the GPU host has no .git of this tree),
+# TEST_TIMEOUT (240 s per test process), BENCH_TIMEOUT (150 s per table).
 # Outputs in $OUT (default ./gpu_check_out): switches_env.txt, switches_summary.txt,
 # switches_tests_*.txt, switches_gated_delta{,_scan}.txt, switches_split_scan_errors.txt,
 # cutile-cache.tar.gz.
