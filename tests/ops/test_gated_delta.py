@@ -232,6 +232,10 @@ GPU_SHAPES = [  # (B, T, Hk, Hv, Dk, Dv)
 ]
 
 
+#: the prep's products at fp32 accuracy (split tf32), for the tests that compare two forms of
+#: the same products: the tf32 forms would add their own rounding to the difference
+FP32_PREP = dict(ut_tf32=False, apply_tf32=False)
+
 #: shapes of the variant tests: one chunk and a token, three chunks with padding, Dk 64
 VARIANT_SHAPES = [(1, 65, 16, 16, 128, 128), (3, 130, 4, 8, 128, 128), (1, 333, 2, 4, 64, 128)]
 
@@ -290,8 +294,10 @@ def test_two_pass_prep_matches_reference_and_the_one_kernel_prep(
     shape, dtype, split, gen, poison_empty
 ):
     """The prep as the UT-inverse kernel then the apply kernel: the recurrent reference's
-    answer, and the one-kernel prep's (the same products on the same values)."""
-    variant, shipped = dict(prep_two_pass=True), dict(split=split, prep_two_pass=False)
+    answer, and the one-kernel prep's (the same products on the same values: both at fp32
+    accuracy, the tf32 forms off)."""
+    variant = dict(prep_two_pass=True)
+    shipped = dict(split=split, prep_two_pass=False, **FP32_PREP)
     _check_chunk(shape, dtype, gen, True, variant, shipped)
 
 
@@ -305,7 +311,7 @@ def test_apply_tf32_matches_reference_and_the_split_tf32_apply(
     """u and w as one tf32 product each: the recurrent reference's answer, and the fp32-accurate
     apply's up to tf32 rounding (the final state to the reference's own tolerance)."""
     variant = dict(apply_tf32=True)
-    shipped = dict(split=split, prep_two_pass=True, apply_tf32=False)
+    shipped = dict(split=split, prep_two_pass=True, **FP32_PREP)
     _check_chunk(shape, dtype, gen, True, variant, shipped, state_tol=2e-3)
 
 
@@ -320,7 +326,7 @@ def test_ut_tf32_matches_reference_and_the_split_tf32_inverse(
     apply): the recurrent reference's answer, and the fp32-accurate inverse's up to tf32
     rounding."""
     variant = dict(ut_tf32=True, apply_tf32=apply_tf32)
-    shipped = dict(prep_two_pass=True, ut_tf32=False, apply_tf32=False)
+    shipped = dict(prep_two_pass=True, **FP32_PREP)
     _check_chunk(shape, dtype, gen, True, variant, shipped, state_tol=2e-3)
 
 
@@ -333,7 +339,10 @@ def test_blocked_ut_inverse_matches_reference_and_the_full_doubling(
 ):
     """The UT inverse's first levels on the diagonal blocks (fp32, batched) give the recurrent
     reference's answer and the full-width doubling's, in both prep forms."""
-    variant, shipped = dict(ut_block=ut_block), dict(prep_two_pass=two_pass, ut_block=0)
+    variant, shipped = (
+        dict(ut_block=ut_block),
+        dict(prep_two_pass=two_pass, ut_block=0, **FP32_PREP),
+    )
     _check_chunk(shape, torch.bfloat16, gen, True, variant, shipped)
 
 
@@ -389,7 +398,8 @@ def test_chunk_kernel_with_fp32_fma_prep_matches_reference(shape, gen, poison_em
     bsz, n_tok, hk, hv, dk, dv = shape
     q, k, v, a, b, A_log, dt_bias = _cuda_inputs(shape, gen, torch.bfloat16, pad=3)
     s0 = _state(bsz, hv, dk, dv, gen, "cuda")
-    out, final = gd.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, s0, prep_split=False)
+    x = (q, k, v, a, b, A_log, dt_bias, s0)
+    out, final = gd.gated_delta_chunk(*x, prep_split=False, **FP32_PREP)
     g, beta = gd.gates_reference(a, b, A_log, dt_bias)
     want_out, want_state = gd.recurrent_reference(q, k, v, g, beta, s0)
     assert_close_rel(out, want_out)

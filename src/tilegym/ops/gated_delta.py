@@ -693,7 +693,8 @@ def gated_delta_chunk(
     ``split``: the scan as the state pass and the parallel output kernel (``out_bv`` value
     columns a block), through an fp32 workspace of every chunk's starting state.
     ``apply_tf32`` and ``ut_tf32`` are forms of the two-pass prep; the one-kernel prep
-    (``prep_two_pass=False``) keeps split tf32."""
+    (``prep_two_pass=False``) keeps the fp32-accurate products, whose form ``prep_split``
+    picks (split tf32 or FMAs; in the two-pass prep where the tf32 forms are off)."""
     bsz, n_tok, hk, dk, hv, dv = _check(q, k, v, a, b, A_log, dt_bias, initial_state)
     dev = v.device
     out = torch.empty((bsz, n_tok, hv, dv), dtype=v.dtype, device=dev)
