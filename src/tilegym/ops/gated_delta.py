@@ -37,10 +37,11 @@ Kernels:
   each chunk's starting state and ``v'`` (fp32); ``gdn_chunk_output_kernel`` then computes every
   chunk's output at once from them, ``Q K^T`` once per value block instead of once per value
   tile in the sequential loop. Same products on the same values (``chunk_reference(...,
-  split=True)`` is its order). Not the default: two of its GPU tests failed in two runs fed by
-  the one-kernel prep (float16 at 130 tokens, bf16 at 1 token, no starting state; messages
-  cut off by timeouts), and all 32 passed fed by the two-pass prep, on an H100. A failure that
-  comes and goes is not explained, so it stays off.
+  split=True)`` is its order). Not the default: in three of four H100 runs one of its 32 GPU
+  tests failed, always without a starting state, on another shape each time (float16 at 130
+  and 1000 tokens, bf16 at 1 token; the messages cut off by timeouts;
+  ``benchmarks/ops/diag_split_scan.py`` prints them case by case). A failure that comes and
+  goes is not explained, so it stays off.
 - ``prep_two_pass=True`` (``PREP_TWO_PASS``) runs the prep as two kernels with the same products:
   ``gdn_chunk_ut_kernel`` (gates, cumsum, ``T`` to a C x C fp32 workspace a chunk), then
   ``gdn_chunk_apply_kernel`` (u, w and the split scan's keys from ``T``). The one-kernel prep
@@ -100,7 +101,7 @@ SCAN_BV = 32
 SCAN_TF32 = True
 #: the scan split in two (``gdn_chunk_state_kernel`` in order, ``gdn_chunk_output_kernel`` over
 #: every chunk at once) instead of one kernel doing both in order: 137 against 188 us at
-#: 1 x 2048 tokens on an H100, off while a GPU test's one failure is unexplained.
+#: 1 x 2048 tokens on an H100, off while its GPU tests' failures are unexplained.
 SPLIT_SCAN = False
 #: value columns per block of the split scan's output kernel: at 128 the output kernel took 40
 #: against 51 us at 64 (1 x 2048 tokens, 16 heads; 70 against 89 at 32 value heads, H100).
@@ -202,8 +203,8 @@ def _mm_fp32(x, y, SPLIT: ConstBool):
 
 
 @ct.function
-def _mm_ut(x, y, SPLIT: ConstBool, PLAIN: ConstBool):
-    """The UT transform's products: one tf32 product with PLAIN, else ``_mm_fp32``'s."""
+def _mm_prep(x, y, SPLIT: ConstBool, PLAIN: ConstBool):
+    """The prep's products: one tf32 product with PLAIN, else ``_mm_fp32``'s."""
     if PLAIN:
         return _mm(x, y, True)
     return _mm_fp32(x, y, SPLIT)
@@ -222,7 +223,7 @@ def _chunk_rows(c, C: ConstInt, n_tok):
 def _ut_system(kb, k, gc, rows, cols, SPLIT: ConstBool, PLAIN: ConstBool):
     """The UT transform's strictly lower system ``beta K K^T * exp(gcum_i - gcum_j)``, i > j."""
     decay = ct.exp(ct.where(rows > cols, gc - ct.transpose(gc), _NEG_BIG))
-    return _mm_ut(kb, ct.transpose(k), SPLIT, PLAIN) * decay
+    return _mm_prep(kb, ct.transpose(k), SPLIT, PLAIN) * decay
 
 
 @ct.function
@@ -264,7 +265,7 @@ def _ut_inverse(am, rows, cols, LOG_C: ConstInt, SPLIT: ConstBool, LOG_B: ConstI
     for _ in range(LOG_C - LOG_B):
         two_s = s * 2
         blk = ((rows // two_s) == (cols // two_s)) & ((rows // s) > (cols // s))
-        t = t - _mm_ut(_mm_ut(t, ct.where(blk, am, 0.0), SPLIT, PLAIN), t, SPLIT, PLAIN)
+        t = t - _mm_prep(_mm_prep(t, ct.where(blk, am, 0.0), SPLIT, PLAIN), t, SPLIT, PLAIN)
         s = two_s
     return t
 
@@ -306,12 +307,8 @@ def _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C: ConstInt, DV: Const
     v = ct.load(V, (b, c, h, 0), (1, C, 1, DV), padding_mode=PAD_ZERO)
     vb = v.reshape((C, DV)).astype(ct.float32) * beta
     kb = k * beta * ct.exp(gc)
-    if PLAIN:
-        u = _mm(t, vb, True)
-        w = _mm(t, kb, True)
-    else:
-        u = _mm_fp32(t, vb, SPLIT)
-        w = _mm_fp32(t, kb, SPLIT)
+    u = _mm_prep(t, vb, SPLIT, PLAIN)
+    w = _mm_prep(t, kb, SPLIT, PLAIN)
     ct.store(U, (b, h, c, 0), u.reshape((1, 1, C, DV)))
     ct.store(W, (b, h, c, 0), w.reshape((1, 1, C, k.shape[1])))
     if STORE_KD:
