@@ -32,6 +32,19 @@ import torch
 H200_COPY_TBPS = 4.3
 """H200 device-to-device copy bandwidth in TB/s: the ceiling for memory-bound kernels."""
 
+HBM_TBPS = (("H200", 4.8), ("H100 NVL", 3.9), ("H100 PCIe", 2.0), ("H100", 3.35))
+"""Spec HBM bandwidth in TB/s by a name part, most specific first: weight-read floors must use
+the GPU that ran (an H100's floor at the H200's 4.8 reads 1.43x too low)."""
+
+
+def hbm_tbps(device_name: str) -> float | None:
+    """The spec HBM bandwidth of the GPU called ``device_name``; None where it is not listed."""
+    for part, tbps in HBM_TBPS:
+        if part in device_name:
+            return tbps
+    return None
+
+
 _FLUSH_BYTES = 256 * 1024 * 1024  # well above any current L2 (H200: 60 MiB)
 FLUSH_MODES = ("write", "read")
 HEADROOM_CYCLES = 400_000  # ~200 us at the H200's 1.98 GHz: more than any timed call's host work

@@ -144,6 +144,7 @@ def test_experts_row_fits_its_header_and_says_how_far_from_the_floor(moe):
 def test_experts_arguments_and_their_errors(moe, capsys):
     args = moe.parse_args(["--tokens", "1,8", "--tbps", "3.35", "--iters", "7"])
     assert args.tokens == [1, 8] and args.tbps == 3.35 and args.iters == 7
+    assert moe.parse_args([]).tbps is None  # the running GPU's own bandwidth
     for bad in (["--tokens", "-1"], ["--tbps", "0"], ["--tbps", "fast"], ["--iters", "x"]):
         with pytest.raises(SystemExit):
             moe.parse_args(bad)

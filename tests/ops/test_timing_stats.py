@@ -42,3 +42,11 @@ def test_bandwidth_helpers():
 def test_format_table_aligns_columns():
     out = timing.format_table(["a", "bb"], [[1.25, "x"], [10.0, "yy"]]).splitlines()
     assert out[0] == "   a  bb" and out[2] == " 1.2   x" and out[3] == "10.0  yy"
+
+
+def test_hbm_bandwidth_is_the_running_gpus_own():
+    assert timing.hbm_tbps("NVIDIA H200") == 4.8
+    assert timing.hbm_tbps("NVIDIA H100 80GB HBM3") == 3.35
+    assert timing.hbm_tbps("NVIDIA H100 NVL") == 3.9
+    assert timing.hbm_tbps("NVIDIA H100 PCIe") == 2.0
+    assert timing.hbm_tbps("NVIDIA A10G") is None
