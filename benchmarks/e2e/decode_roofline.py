@@ -11,7 +11,8 @@ preset (no memory, exact parameter counts): every parameter once, except the emb
 reads it) and the MoE experts (``top_k`` of ``num_experts`` experts a layer; a batch of one
 token reads no other expert). KV bytes: K and V of every layer at the mean decode position of
 the workload (input + output / 2), a sliding-window layer only its window. Bandwidth: the
-H200's 4.8 TB/s (spec sheet); measured copies reach about 90% of it, so 1.0x the floor is not
+running GPU's spec HBM bandwidth (``--tbps`` sets another; ``--floor-only`` without it: the
+H200's 4.8 TB/s, the target); measured copies reach about 90% of it, so 1.0x the floor is not
 reachable and ~1.1x is the practical best.
 
 The measured side profiles one warm ``generate()`` of the workload and one 1-token
@@ -20,7 +21,7 @@ kernel GPU time: the decode step's kernels alone, host gaps excluded. Repeated `
 times, sides interleaved; the median is shown with the range.
 
     python benchmarks/e2e/decode_roofline.py --model-keys qwen3 llama       # on the GPU
-    python benchmarks/e2e/decode_roofline.py --floor-only                    # any machine
+    python benchmarks/e2e/decode_roofline.py --floor-only [--tbps 3.35]      # any machine
 """
 
 from __future__ import annotations
@@ -31,8 +32,12 @@ import statistics
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
-H200_HBM_BYTES_PER_S = 4.8e12
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))
+from _timing import hbm_tbps  # noqa: E402
+
+H200_HBM_TBPS = 4.8
 BF16_BYTES = 2
 _PER_EXPERT = re.compile(r"\.experts\.\d+\.")
 
@@ -41,7 +46,7 @@ _PER_EXPERT = re.compile(r"\.experts\.\d+\.")
 class Floor:
     weight_bytes: int
     kv_bytes: int
-    bandwidth: float = H200_HBM_BYTES_PER_S
+    bandwidth: float = H200_HBM_TBPS * 1e12  # bytes/s
 
     @property
     def ms(self) -> float:
@@ -100,7 +105,7 @@ def experts_of(config) -> tuple[int, int] | None:
     return (int(top_k), int(count)) if count and top_k else None
 
 
-def preset_floor(model_key: str, position: int) -> Floor:
+def preset_floor(model_key: str, position: int, tbps: float = H200_HBM_TBPS) -> Floor:
     """The floor of a preset's architecture, from a meta-device instance."""
     import torch
     from tilegym_hf_bench.presets import PRESETS, config_dict
@@ -117,6 +122,7 @@ def preset_floor(model_key: str, position: int) -> Floor:
             params, hidden=text.hidden_size, tied=tied, experts=experts_of(config)
         ),
         kv_bytes_per_token(config, position),
+        tbps * 1e12,
     )
 
 
@@ -152,7 +158,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-keys", nargs="+", default=None, help="default: every GPU preset")
     p.add_argument("--floor-only", action="store_true", help="the floors, no GPU")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tbps", type=float, default=None, help="HBM TB/s (default: the GPU's spec)")
     args = p.parse_args(argv)
+    if args.tbps is not None and not args.tbps > 0:
+        print(f"error: --tbps {args.tbps}: a positive number", file=sys.stderr)
+        return 2
+    tbps, source = args.tbps, "--tbps"
+    if tbps is None and args.floor_only:
+        tbps, source = H200_HBM_TBPS, "H200 HBM3e spec, the target"
+    elif tbps is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("error: no CUDA GPU here (--floor-only needs none)", file=sys.stderr)
+            return 2
+        source = torch.cuda.get_device_name()
+        tbps = hbm_tbps(source)
+        if tbps is None:
+            print(f"error: no HBM bandwidth known for {source}: pass --tbps", file=sys.stderr)
+            return 2
+        source += " spec"
     from tilegym_hf_bench.presets import PRESETS
     from tilegym_hf_bench.workloads import resolve_workload
 
@@ -163,17 +188,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     wl = resolve_workload("default")
     position = wl.input_length + wl.output_length // 2
-    print(
-        f"batch 1, mean decode position {position}; floor at {H200_HBM_BYTES_PER_S / 1e12:.1f} "
-        "TB/s (H200 HBM3e spec)"
-    )
+    print(f"batch 1, mean decode position {position}; floor at {tbps:g} TB/s ({source})")
     head = "| model | weights read / token | KV read / token | floor ms / token |"
     if not args.floor_only:
         head += " PyTorch static ms / token (x floor) | cuTile static ms / token (x floor) |"
     print(head)
     print("|" + "---|" * head.count(" |"))
     for key in keys:
-        floor = preset_floor(key, position)
+        floor = preset_floor(key, position, tbps)
         row = (
             f"| {key} | {floor.weight_bytes / 1e9:.3f} GB | {floor.kv_bytes / 1e6:.1f} MB "
             f"| {floor.ms:.4f} |"

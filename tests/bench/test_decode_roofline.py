@@ -92,6 +92,16 @@ def test_the_floor_table_of_qwen3_needs_no_gpu():
     assert "| 1.192 GB |" in rows["qwen3"]
     assert "| 0.2988 |" in rows["qwen3"]
     assert "qwen3_moe" in rows
+    assert "floor at 4.8 TB/s (H200 HBM3e spec, the target)" in r.stdout
+
+
+def test_the_floor_follows_the_bandwidth_asked_for():
+    r = _run("--floor-only", "--model-keys", "qwen3", "--tbps", "2.4")
+    assert r.returncode == 0, r.stderr
+    assert "floor at 2.4 TB/s (--tbps)" in r.stdout
+    assert "| 0.5976 |" in r.stdout  # twice the 4.8 TB/s floor
+    r = _run("--floor-only", "--model-keys", "qwen3", "--tbps", "0")
+    assert r.returncode == 2 and r.stderr.strip() == "error: --tbps 0.0: a positive number"
 
 
 def test_an_unknown_key_is_one_error_line():
