@@ -8,9 +8,9 @@ gates from the module's torch expressions inside the timed call, as the model co
 cuTile fuses them. Times are medians of CUDA-event intervals, variants interleaved after a
 warm-up, with the p10-p90 spread in percent. ``err`` is each variant's relative error against
 the fp32 recurrent reference (outputs; a quick parity check, not a test; ``-`` above 2048
-tokens, where the token-by-token reference would take minutes). ``cutile-split`` is the form
-still off by default, the scan split in a state pass and a parallel output kernel
-(``split=True``); ``cutile-fp32prep`` the UT and apply kernels' products at fp32 accuracy
+tokens, where the token-by-token reference would take minutes). ``cutile-one-kernel`` is the
+scan in one kernel doing the state and the output chunk by chunk (``split=False``), what the
+split scan replaced; ``cutile-fp32prep`` the UT and apply kernels' products at fp32 accuracy
 (split tf32, ``ut_tf32=False, apply_tf32=False``), what the tf32 forms replaced.
 ``--kernels`` adds, per prefill shape, each cuTile form's time by kernel (torch.profiler's
 CUDA time, mean of ``--iters`` calls): where a form's time goes.
@@ -186,7 +186,7 @@ def main() -> None:
     fla_chunk, fla_rec = _fla()
     cols = [
         "cutile",
-        "cutile-split",
+        "cutile-one-kernel",
         "cutile-fp32prep",
         "fla",
         "torch",
@@ -201,7 +201,7 @@ def main() -> None:
             ref = gd.recurrent_reference(*x[:3], g, beta)[0] if n_tok <= 2048 else None
             fns = {
                 "cutile": partial(gd.gated_delta_chunk, *x),
-                "cutile-split": partial(gd.gated_delta_chunk, *x, split=True),
+                "cutile-one-kernel": partial(gd.gated_delta_chunk, *x, split=False),
                 "cutile-fp32prep": partial(
                     gd.gated_delta_chunk, *x, ut_tf32=False, apply_tf32=False
                 ),

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# One GPU run that decides the kernel switches shipped off until measured: the GPU tests of
-# each switch's kernels (against their fp32 references and against the shipped form) in
-# parallel shards, then the tables that time each switch against what ships.
+# One GPU run that decides kernel switches: the GPU tests of each switch's kernels (against
+# their fp32 references and against the other form) in parallel shards, then the tables that
+# time each switch's forms side by side. A switch's row says whether it ships on or off; one
+# that went on stays as the check to rerun when its kernels change.
 #
-#   switch                  tests (shards)            table
-#   gated_delta.SPLIT_SCAN  split_scan, scan_widths   bench_gated_delta.py: cutile-split;
-#                                                     bench_gated_delta_scan.py (widths);
-#                                                     diag_split_scan.py (its errors by case)
+#   switch                  ships  tests (shards)            table
+#   gated_delta.SPLIT_SCAN  on     split_scan, scan_widths   bench_gated_delta.py: cutile (the
+#                                                            split) against cutile-one-kernel;
+#                                                            bench_gated_delta_scan.py (widths);
+#                                                            diag_split_scan.py (its errors)
 #
 # A switch goes on when its shard passes and its table is faster beyond the spread; the bar
 # for each is in docs/DESIGN.md. Usage (repo root, on a GPU host with the cuTile toolchain;

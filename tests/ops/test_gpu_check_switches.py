@@ -1,6 +1,6 @@
 """``benchmarks/ops/gpu_check_switches.sh`` stays true: each shard's pytest selection collects
 GPU tests (a typo would run none and pass), and every switch its table names exists in its
-module and is off (a switch turned on leaves the script's table for the shipped code)."""
+module and ships as its row says (``on`` or ``off``)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ def _shards() -> list[tuple[str, list[str]]]:
     return out
 
 
-def _switches() -> list[tuple[str, str]]:
-    """(module, attribute) of each ``module.SWITCH`` in the header's table."""
+def _switches() -> list[tuple[str, str, str]]:
+    """(module, attribute, on|off) of each ``module.SWITCH  on|off`` row of the header's table."""
     header = [line for line in SCRIPT.read_text().splitlines() if line.startswith("#   ")]
-    return re.findall(r"#   (\w+)\.([A-Z_][A-Z0-9_]*)", "\n".join(header))
+    return re.findall(r"#   (\w+)\.([A-Z_][A-Z0-9_]*)\s+(on|off)\b", "\n".join(header))
 
 
 def test_the_script_has_shards_and_switches():
@@ -59,8 +59,9 @@ def test_each_shard_collects_gpu_tests(name, args):
     assert collected, f"shard {name} selects no test"
 
 
-@pytest.mark.parametrize(("module", "attr"), _switches())
-def test_each_switch_named_is_a_module_constant_still_off(module, attr):
+@pytest.mark.parametrize(("module", "attr", "ships"), _switches())
+def test_each_switch_named_ships_as_its_row_says(module, attr, ships):
     mod = importlib.import_module(f"tilegym.ops.{module}")
     assert hasattr(mod, attr), f"tilegym.ops.{module} has no {attr}"
-    assert not getattr(mod, attr), f"{module}.{attr} is on: take it out of {SCRIPT.name}"
+    actual = "on" if getattr(mod, attr) else "off"
+    assert actual == ships, f"{module}.{attr} is {actual}; {SCRIPT.name}'s table says {ships}"

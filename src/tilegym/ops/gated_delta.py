@@ -37,14 +37,14 @@ Kernels:
   each chunk's starting state and ``v'`` (fp32); ``gdn_chunk_output_kernel`` then computes every
   chunk's output at once from them, ``Q K^T`` once per value block instead of once per value
   tile in the sequential loop. Same products on the same values (``chunk_reference(...,
-  split=True)`` is its order). Not the default yet: its one GPU test failure (three runs in
-  four) was the test's bound, not the kernels. ``benchmarks/ops/diag_split_scan.py`` on an H100
-  (96 cases, then two seeds replayed twice) found the final state 1.1-2.3e-5 from the one-kernel
-  scan's in 5 of 96 cases (the bound was 1e-5; the outputs up to 1.2e-4, bound 1e-2), with and
-  without a starting state; the same seed gives the same difference on every run (arithmetic,
-  not a race); both forms stay as far from the fp32 recurrence as each other (output 1.7e-3
-  bf16, state 3.3e-4). The bound is now the other two-form tests' 1e-4. It waits on a GPU run
-  of the model with it on.
+  split=True)`` is its order). The default since 2026-12-06: its one GPU test failure (three
+  runs in four) was the test's bound, not the kernels. ``benchmarks/ops/diag_split_scan.py`` on
+  an H100 (96 cases, then two seeds replayed twice) found the final state 1.1-2.3e-5 from the
+  one-kernel scan's in 5 of 96 cases (the bound was 1e-5; the outputs up to 1.2e-4, bound
+  1e-2), with and without a starting state; the same seed gives the same difference on every
+  run (arithmetic, not a race); both forms stay as far from the fp32 recurrence as each other
+  (output 1.7e-3 bf16, state 3.3e-4). The bound is now the other two-form tests' 1e-4. qwen3_5
+  with it on passed all three correctness cases at 93.22% coverage.
 - ``prep_two_pass=True`` (``PREP_TWO_PASS``) runs the prep as two kernels with the same products:
   ``gdn_chunk_ut_kernel`` (gates, cumsum, ``T`` to a C x C fp32 workspace a chunk), then
   ``gdn_chunk_apply_kernel`` (u, w and the split scan's keys from ``T``). The one-kernel prep
@@ -71,7 +71,9 @@ Measured on an H100 (``benchmarks/ops/bench_gated_delta.py``, bf16, 16 heads of 
 8.0 us at B=1 (flash-linear-attention's fused recurrent function: 31.7 us); prefill of 1 x 2048
 tokens with the one-kernel prep 889 us, of which the prep kernel took 691 and the scan 188
 (fla: 198 us in all). The two-pass prep took the prefill to 331 us; the scan (188 us, split
-86 + 51) is now the larger part.
+86 + 51) is now the larger part. With both tf32 forms and the split scan (the defaults now),
+the kernels timed one by one add up to about 210 us (UT 45, apply 37, state 86, output 40);
+that combination has not been timed as one prefill.
 """
 
 from __future__ import annotations
@@ -103,10 +105,9 @@ SCAN_BV = 32
 #: the scan's products on tf32 tensor cores (else fp32).
 SCAN_TF32 = True
 #: the scan split in two (``gdn_chunk_state_kernel`` in order, ``gdn_chunk_output_kernel`` over
-#: every chunk at once) instead of one kernel doing both in order: 137 against 188 us at
-#: 1 x 2048 tokens on an H100; off until the model has run with it on (its test failures were
-#: the test's bound: the module docstring).
-SPLIT_SCAN = False
+#: every chunk at once) instead of one kernel doing both in order: 86 + 40 against 188 us at
+#: 1 x 2048 tokens on an H100 (its test failures were the test's bound: the module docstring).
+SPLIT_SCAN = True
 #: value columns per block of the split scan's output kernel: at 128 the output kernel took 40
 #: against 51 us at 64 (1 x 2048 tokens, 16 heads; 70 against 89 at 32 value heads, H100).
 OUTPUT_BV = 128
