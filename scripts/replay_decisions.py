@@ -7,6 +7,12 @@ discarded < 10% (judged on the upper end of the rate's 95% interval). The method
 ``tilegym_bot.replay``.
 
     python scripts/replay_decisions.py docs/results/.../metrics.json [...] [--check]
+        [--sequential [--mix DECISIONS_OR_DIRS ...]]
+
+``--mix`` also replays the committed experiments' measured ratios (``*.decision.json`` files,
+directories searched for them) through both schemes on each file and compares the median
+experiment's modelled time (``tilegym_bot.replay_mix``); with ``--check`` a longer median
+under sequential sampling fails too.
 
 Exit status: 0, or 1 with ``--check`` when a target fails; 2 for bad input (one ``error:`` line).
 """
@@ -20,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilegym_bot import policy
+from tilegym_bot import policy, replay_mix
 from tilegym_bot import replay as rp
 
 _STATIC_RUNS = 5  # --timed-runs of docs/results/static-h200-2026-12-01/static-qwen3.json
@@ -97,6 +103,16 @@ def _parser() -> argparse.ArgumentParser:
         help="also replay the sequential paired sampling (the loop's default) against the "
         "fixed scheme: rates, pairs and modelled experiment time",
     )
+    p.add_argument(
+        "--mix",
+        nargs="+",
+        type=Path,
+        default=None,
+        help="decision.json files or directories: replay their measured ratios (with --sequential)",
+    )
+    p.add_argument(
+        "--mix-trials", type=_positive_int, default=40, help="trials a ratio with --mix (40)"
+    )
     p.add_argument("--check", action="store_true", help="exit 1 when a target fails")
     return p
 
@@ -128,12 +144,15 @@ class _Row:
     neutral: rp.ReplayResult
     seq_slow: rp.SequentialResult | None = None
     seq_neutral: rp.SequentialResult | None = None
+    mix: replay_mix.MixResult | None = None
 
     @property
     def failures(self) -> list[str]:
         out = _failures(self.slow, self.neutral)
         if self.seq_slow is not None and self.seq_neutral is not None:
             out += [f"sequential: {f}" for f in _failures(self.seq_slow, self.seq_neutral)]
+        if self.mix is not None and not self.mix.not_longer:
+            out.append("sequential: the median experiment is longer")
         return out
 
 
@@ -146,12 +165,8 @@ def _median(values: list[float]) -> float:
 def _fixed_lists(result: rp.ReplayResult, cost) -> tuple[list[float], list[float]]:
     """Pairs and modelled seconds per trial of today's fixed scheme (one pair, a rerun pair of
     twice the runs on a first ``inconclusive``)."""
-    no, yes = result.trials - result.reruns, result.reruns
-    pairs = [1.0] * no + [2.0] * yes
-    seconds = [rp.fixed_seconds(cost, result.runs, False)] * no + [
-        rp.fixed_seconds(cost, result.runs, True)
-    ] * yes
-    return pairs, seconds
+    pairs = [1.0] * (result.trials - result.reruns) + [2.0] * result.reruns
+    return pairs, replay_mix.fixed_trial_seconds(result, cost)
 
 
 def _stops(result: rp.SequentialResult) -> str:
@@ -207,6 +222,70 @@ def _sequential_section(rows: list[_Row], args: argparse.Namespace) -> list[str]
         "",
         *_sequential_table(rows, args),
     ]
+
+
+def _quantile(values: tuple[float, ...], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _mix_section(rows: list[_Row], args: argparse.Namespace, ratios: list[float]) -> list[str]:
+    lines = [
+        "",
+        "## The median experiment",
+        "",
+        f"The {len(ratios)} committed experiments' measured head/base throughput ratios "
+        f"(min {min(ratios):.3f}, median {_median(ratios):.3f}, max {max(ratios):.3f}; "
+        f"baseline rows skipped) replayed as factors on each file, {args.mix_trials} trials a "
+        f"ratio under each scheme, the same time model as above "
+        f"(`tilegym_bot.replay_mix`). The bar: the median experiment under sequential "
+        f"sampling no longer than under the fixed scheme.",
+        "",
+        "| file | median min, sequential (fixed scheme) | 75th percentile min (fixed) | "
+        "90th percentile min (fixed) | median not longer |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        m = r.mix
+        if m is None:
+            continue
+        cells = [
+            f"{_quantile(m.sequential_s, q) / 60:.1f} ({_quantile(m.fixed_s, q) / 60:.1f})"
+            for q in (0.75, 0.9)
+        ]
+        lines.append(
+            f"| `{r.path}` | {m.median_sequential_s / 60:.1f} ({m.median_fixed_s / 60:.1f}) | "
+            f"{cells[0]} | {cells[1]} | {'yes' if m.not_longer else 'no'} |"
+        )
+    return lines
+
+
+def _decision_files(paths: list[Path]) -> list[Path]:
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(path.rglob("*.decision.json"))
+            if not found:
+                raise rp.ReplayError(f"{path}: no *.decision.json under it")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise rp.ReplayError(f"{path}: no such file or directory")
+    return files
+
+
+def _load_ratios(paths: list[Path]) -> list[float]:
+    docs = []
+    for path in _decision_files(paths):
+        try:
+            docs.append(json.loads(path.read_text()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise rp.ReplayError(f"{path}: not a readable JSON decision ({exc})") from None
+    ratios = replay_mix.experiment_ratios(docs)
+    if not ratios:
+        raise rp.ReplayError("--mix: no decision with a throughput ratio")
+    return ratios
 
 
 def _load(path: Path) -> rp.Prepared:
@@ -288,7 +367,9 @@ def _target_cv_sentence() -> str:
     )
 
 
-def report(rows: list[_Row], args: argparse.Namespace, argv: list[str]) -> str:
+def report(
+    rows: list[_Row], args: argparse.Namespace, argv: list[str], ratios: list[float] | None = None
+) -> str:
     command = shlex.join(["python", "scripts/replay_decisions.py", *argv])
     lines = [
         "# Decision replay: measured run noise through the keep/discard decision",
@@ -315,6 +396,7 @@ def report(rows: list[_Row], args: argparse.Namespace, argv: list[str]) -> str:
         "",
         *_table(rows, args),
         *(_sequential_section(rows, args) if args.sequential else []),
+        *(_mix_section(rows, args, ratios) if ratios else []),
         "",
         f"Reruns: the share of trials whose first round was `inconclusive` and went through the "
         f"rerun. {_target_cv_sentence()}",
@@ -333,6 +415,16 @@ def report(rows: list[_Row], args: argparse.Namespace, argv: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    if args.mix and not args.sequential:
+        print("error: --mix needs --sequential", file=sys.stderr)
+        return 2
+    ratios = None
+    if args.mix:
+        try:
+            ratios = _load_ratios(args.mix)
+        except rp.ReplayError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     prepared: list[tuple[Path, rp.Prepared]] = []
     for path in args.files:
         try:
@@ -356,11 +448,14 @@ def main(argv: list[str] | None = None) -> int:
                         "seq_slow": rp.replay_sequential(p, args.slowdown, **kw),
                         "seq_neutral": rp.replay_sequential(p, args.neutral, **kw),
                     }
+                    if ratios:
+                        kw["trials"] = args.mix_trials
+                        seq["mix"] = replay_mix.replay_mix(p, ratios, **kw)
                 except rp.ReplayError as exc:
                     print(f"error: {path}: {exc}", file=sys.stderr)
                     return 2
             rows.append(_Row(path, p, margin, slow, neutral, **seq))
-    sys.stdout.write(report(rows, args, argv))
+    sys.stdout.write(report(rows, args, argv, ratios))
     return 1 if args.check and any(r.failures for r in rows) else 0
 
 
