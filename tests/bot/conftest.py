@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import git
@@ -176,6 +178,17 @@ def make_metrics():
 @pytest.fixture
 def save_metrics():
     return write_metrics
+
+
+@pytest.fixture(scope="session")
+def replay_script():
+    """``scripts/replay_decisions.py`` as a module (a script, not a package member)."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "replay_decisions.py"
+    spec = importlib.util.spec_from_file_location("replay_decisions", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture

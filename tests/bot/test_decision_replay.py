@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,16 +12,6 @@ ROOT = Path(__file__).resolve().parents[2]
 QUIET_CUTILE = (50.0, 50.01, 49.99, 50.005, 49.995)  # CV 0.016%
 QUIET_BASELINE = (25.0, 25.0, 25.0, 25.0, 25.0)
 LOUD_CUTILE = (20.0, 80.0, 35.0, 65.0, 50.0)  # CV 47%
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "replay_decisions", ROOT / "scripts" / "replay_decisions.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -150,8 +138,8 @@ def test_margin_window_from_cv():
     assert rp.margin_window(0.0731, need - 1)[0] > rp.margin_window(0.0731, need - 1)[1]
 
 
-def test_cli_reports_and_checks(tmp_path, quiet, loud, save_metrics, capsys):
-    script = _script()
+def test_cli_reports_and_checks(replay_script, tmp_path, quiet, loud, save_metrics, capsys):
+    script = replay_script
     good = save_metrics(tmp_path / "quiet.json", quiet)
     bad = save_metrics(tmp_path / "loud.json", loud)
     assert script.main([str(good), "--trials", "100", "--check"]) == 0
@@ -176,9 +164,9 @@ def test_cli_reports_and_checks(tmp_path, quiet, loud, save_metrics, capsys):
         (["x.json", "--trials", "0"], "error: argument --trials: must be at least 1"),
     ],
 )
-def test_cli_bad_input_is_one_error_line(args, message, capsys, monkeypatch):
+def test_cli_bad_input_is_one_error_line(replay_script, args, message, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    script = _script()
+    script = replay_script
     try:
         rc = script.main(args)
     except SystemExit as exc:
@@ -188,9 +176,11 @@ def test_cli_bad_input_is_one_error_line(args, message, capsys, monkeypatch):
     assert err.startswith(message) and err.count("\n") == 1, err
 
 
-def test_cli_refuses_a_file_it_cannot_replay(tmp_path, make_metrics, save_metrics, capsys):
+def test_cli_refuses_a_file_it_cannot_replay(
+    replay_script, tmp_path, make_metrics, save_metrics, capsys
+):
     path = save_metrics(tmp_path / "cpu.json", make_metrics(gpu=None))
-    assert _script().main([str(path)]) == 2
+    assert replay_script.main([str(path)]) == 2
     assert capsys.readouterr().err == f"error: {path}: measured without a CUDA GPU: " + (
         "the decision cannot reach its rule 9\n"
     )

@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 from tilegym_bot import replay as rp
 from tilegym_bot import replay_mix as mix
 
-ROOT = Path(__file__).resolve().parents[2]
 QUIET_BASELINE = (25.0, 25.0, 25.0, 25.0, 25.0)
 NOISY_CUTILE = (48.0, 52.5, 49.0, 51.5, 50.0)  # CV 3.6%
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "replay_decisions", ROOT / "scripts" / "replay_decisions.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -83,7 +69,7 @@ def test_no_ratios_is_an_error(noisy):
         mix.replay_mix(noisy, [], trials=3)
 
 
-def test_cli_mix_section_and_check(tmp_path, make_metrics, save_metrics, capsys):
+def test_cli_mix_section_and_check(replay_script, tmp_path, make_metrics, save_metrics, capsys):
     doc = make_metrics(cutile=NOISY_CUTILE, baseline=QUIET_BASELINE, interleaved=True)
     doc["wall_s"] = 60.0
     metrics = save_metrics(tmp_path / "noisy.json", doc)
@@ -92,7 +78,7 @@ def test_cli_mix_section_and_check(tmp_path, make_metrics, save_metrics, capsys)
     for name, ratio in (("a", 1.3), ("b", 1.25), ("c", None)):
         (ledger / f"{name}.decision.json").write_text(json.dumps(_decision(ratio)))
     argv = [str(metrics), "--trials", "20", "--sequential", "--mix", str(tmp_path / "loop")]
-    assert _script().main([*argv, "--mix-trials", "5"]) == 0
+    assert replay_script.main([*argv, "--mix-trials", "5"]) == 0
     out = capsys.readouterr().out
     assert "## The median experiment" in out
     assert "The 2 committed experiments' measured head/base throughput ratios" in out
@@ -104,7 +90,7 @@ def test_cli_mix_section_and_check(tmp_path, make_metrics, save_metrics, capsys)
     (ledger / "d.decision.json").write_text(json.dumps(_decision(1.0)))
     for name in "ab":
         (ledger / f"{name}.decision.json").unlink()
-    assert _script().main([*argv, "--mix-trials", "30", "--check"]) == 1
+    assert replay_script.main([*argv, "--mix-trials", "30", "--check"]) == 1
     out = capsys.readouterr().out
     assert "sequential: the median experiment is longer" in out
     section = out.split("## The median experiment")[1]
@@ -125,13 +111,15 @@ def test_cli_mix_section_and_check(tmp_path, make_metrics, save_metrics, capsys)
         (["--sequential", "--mix", "empty.decision.json"], "error: --mix: no decision with"),
     ],
 )
-def test_cli_mix_bad_input_is_one_error_line(tmp_path, extra, message, capsys, monkeypatch):
+def test_cli_mix_bad_input_is_one_error_line(
+    replay_script, tmp_path, extra, message, capsys, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.decision.json").write_text("{not json")
     (tmp_path / "empty.decision.json").write_text(json.dumps(_decision(None)))
     if "." in extra:
         (tmp_path / "bad.decision.json").unlink()
         (tmp_path / "empty.decision.json").unlink()
-    assert _script().main(["x.json", *extra]) == 2
+    assert replay_script.main(["x.json", *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1, err
