@@ -90,7 +90,7 @@ def print_ceiling_sweep(
     cases: Iterable[Case], default: dict[str, str], iters: int = 30, b2b: Callable | None = None
 ) -> None:
     """``print_sweep`` plus a measured ceiling row per case, "copy": ``dst.copy_(src)`` of the
-    same bytes in the same interleaved harness. Columns: % of the 4.3 TB/s copy bandwidth and %
+    same bytes in the same interleaved harness. Columns: % of the GPU's 1 GiB copy rate and %
     of the measured copy (copy time / variant time: what the harness allows at this size).
     ``b2b(shape)`` true adds a last column, back-to-back µs per call (host-bound at decode)."""
     print(_ceil_line([*CEIL_HEADER, "b2b_us"]))

@@ -32,7 +32,7 @@ import cuda.tile as ct
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import H200_COPY_TBPS, Stats, format_table, interleaved  # noqa: E402
+from _timing import Stats, format_table, interleaved, pct_of_copy  # noqa: E402
 
 from tilegym.ops._common import stream  # noqa: E402
 from tilegym.ops.attention import (  # noqa: E402
@@ -159,8 +159,11 @@ def prefill_table_rows(model: str, b: int, s: int, hq: int, d: int, stats: dict[
     return rows, records
 
 
-def decode_table_row(model: str, b: int, n: int, nbytes: int, stats: dict[str, Stats]):
-    """Table row and JSON record of one decode shape; extra variants go to the sweep column."""
+def decode_table_row(
+    model: str, b: int, n: int, nbytes: int, stats: dict[str, Stats], ceiling_tbps=None
+):
+    """Table row and JSON record of one decode shape; extra variants go to the sweep column.
+    ``ceiling_tbps``: the copy ceiling of the "% of copy" column (default: measured here)."""
     t, s = stats["tile"], stats["sdpa"]
     extra = {k: v.median_us for k, v in stats.items() if k not in ("tile", "sdpa")}
     best = min((k for k in stats if k != "sdpa"), key=lambda k: stats[k].median_us)
@@ -172,7 +175,7 @@ def decode_table_row(model: str, b: int, n: int, nbytes: int, stats: dict[str, S
         t.median_us,
         t.spread_pct,
         nbytes / (t.median_us * 1e-6) / 1e9,
-        100.0 * nbytes / (t.median_us * 1e-6) / (H200_COPY_TBPS * 1e12),
+        pct_of_copy(nbytes, t, ceiling_tbps),
         f"{s.median_us / t.median_us:.2f}x",
         best,
         stats[best].median_us,

@@ -14,8 +14,8 @@ rope 64, nope 128, v 128; ``--heads 128`` for V3), bf16:
   per-head keys and values, then SDPA over ``[k_nope, k_pe]`` keys.
 
 Columns: median microseconds (CUDA events, L2 flushed, variants interleaved), the latent
-kernel's bytes (cache + queries + output) and its share of the H200's copy bandwidth
-(``_timing.H200_COPY_TBPS``), and the expanded form's bytes per step for comparison.
+kernel's bytes (cache + queries + output) and its share of the running GPU's copy bandwidth
+(``_timing.copy_tbps``, measured), and the expanded form's bytes per step for comparison.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _graph_timing import graphed  # noqa: E402
-from _timing import Stats, format_table, interleaved, time_cuda  # noqa: E402
+from _timing import Stats, copy_tbps, format_table, interleaved  # noqa: E402
 
 from tilegym.ops import moe  # noqa: E402
 from tilegym.ops.moe import MoeConfig  # noqa: E402
@@ -118,15 +118,6 @@ def experts_module(impl: str, gate_up: torch.Tensor, down: torch.Tensor):
     module.gate_up_proj = torch.nn.Parameter(gate_up, requires_grad=False)
     module.down_proj = torch.nn.Parameter(down, requires_grad=False)
     return module
-
-
-def copy_bandwidth() -> float:
-    """Bytes moved per second by a 1 GiB device-to-device copy (read + write)."""
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    st = time_cuda(lambda: dst.copy_(src), warmup=5, iters=20, flush_l2=False)
-    return 2 * n / (st.median_us * 1e-6)
 
 
 def routing(t: int, gen: torch.Generator):
@@ -313,7 +304,7 @@ def main() -> None:
         sys.exit("error: bench_moe times CUDA kernels; no CUDA GPU here")
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     impl, desc = transformers_default()
-    bw = copy_bandwidth()
+    bw = copy_tbps() * 1e12
     results: dict = {"transformers_experts": impl, "computes_with": desc, "copy_GBps": bw / 1e9}
     print(f"transformers default experts implementation: {impl!r} -> {desc}")
     print(f"device-to-device copy: {bw / 1e9:.0f} GB/s (read + write bytes per second)")

@@ -3,7 +3,7 @@
 One table: per shape (decode: 1 and 8 sequences of one token; prefill: 1x2048, 4x4096 and
 8x4096 tokens) torch, every variant of ``ROPE_VARIANTS`` / ``QK_VARIANTS`` ("auto" is the
 default dispatch, marked ``*``) and "copy", a ``dst.copy_(src)`` of the same bytes, all
-interleaved. Columns: % of the 4.3 TB/s copy bandwidth and % of the measured copy (what the
+interleaved. Columns: % of the GPU's 1 GiB copy rate and % of the measured copy (what the
 harness allows at that size); at decode also back-to-back µs per call (host cost included).
 Bytes: q and k read and written once, cos and sin read once. ``--warm I/N`` only launches
 (fills the kernel cache; see _sweep.py); ``--models`` (qwen3 and llama unless named: any key of

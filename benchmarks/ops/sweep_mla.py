@@ -7,9 +7,9 @@ rope 64), the static-cache form the model runs (the key range read from a device
 the whole-cache form of ``bench_mla.py``. Variants: ``plan`` is what ``mla_decode`` picks
 (marked ``*``); ``sN/tW[/oK]`` forces N splits of W-key tiles [and an occupancy hint of K
 blocks per SM]. Bytes are the cache read plus queries and output, so ``%copy`` is the kernel's
-share of the H200's copy bandwidth for the bytes it must read. Use ``TILEGYM_BENCH_FLUSH=read``:
-the default write flush leaves the L2 full of dirty lines that a 1-10 MB kernel then writes
-back (about 14 us at any size).
+share of the GPU's copy bandwidth (measured) for the bytes it must read. Use
+``TILEGYM_BENCH_FLUSH=read``: the default write flush leaves the L2 full of dirty lines that a
+1-10 MB kernel then writes back (about 14 us at any size).
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ def test_pooled_groups_samples_by_variant():
 def test_bandwidth_helpers():
     st = timing.Stats(median_us=100.0, p10_us=90.0, p90_us=110.0, n=3)
     assert timing.gbps(430_000_000, st) == pytest.approx(4300.0)
-    assert timing.pct_of_copy(430_000_000, st) == pytest.approx(100.0)
+    assert timing.pct_of_copy(430_000_000, st, ceiling_tbps=4.3) == pytest.approx(100.0)
+    assert timing.pct_of_copy(430_000_000, st, ceiling_tbps=2.15) == pytest.approx(200.0)
 
 
 def test_format_table_aligns_columns():
