@@ -166,7 +166,7 @@ def _fixed_lists(result: rp.ReplayResult, cost) -> tuple[list[float], list[float
     """Pairs and modelled seconds per trial of today's fixed scheme (one pair, a rerun pair of
     twice the runs on a first ``inconclusive``)."""
     pairs = [1.0] * (result.trials - result.reruns) + [2.0] * result.reruns
-    return pairs, replay_mix.fixed_trial_seconds(result, cost)
+    return pairs, rp.fixed_trial_seconds(result, cost)
 
 
 def _stops(result: rp.SequentialResult) -> str:

@@ -435,6 +435,14 @@ def fixed_seconds(cost: sequential.PairCost, runs: int, rerun: bool) -> float:
     return cost.pair_s(runs) + (cost.pair_s(2 * runs) if rerun else 0.0)
 
 
+def fixed_trial_seconds(result: ReplayResult, cost: sequential.PairCost) -> list[float]:
+    """Modelled seconds of each trial of the fixed scheme: one pair, plus a pair of twice the
+    runs for the trials whose first round went through the rerun."""
+    once = fixed_seconds(cost, result.runs, False)
+    twice = fixed_seconds(cost, result.runs, True)
+    return [once] * (result.trials - result.reruns) + [twice] * result.reruns
+
+
 def replay_sequential(
     prepared: Prepared,
     factor: float,

@@ -40,14 +40,6 @@ def experiment_ratios(decisions: Iterable[Any]) -> list[float]:
     return out
 
 
-def fixed_trial_seconds(result: replay.ReplayResult, cost: sequential.PairCost) -> list[float]:
-    """Modelled seconds of each trial of the fixed scheme: one pair, plus a pair of twice the
-    runs for the trials whose first round went through the rerun."""
-    once = replay.fixed_seconds(cost, result.runs, False)
-    twice = replay.fixed_seconds(cost, result.runs, True)
-    return [once] * (result.trials - result.reruns) + [twice] * result.reruns
-
-
 @dataclass(frozen=True)
 class MixResult:
     """Every trial's modelled seconds under each scheme, over all factors."""
@@ -91,5 +83,5 @@ def replay_mix(
     for i, factor in enumerate(factors):
         kw = dict(trials=trials, seed=seed + i, margin=margin, runs=runs)
         seq_s += replay.replay_sequential(prepared, factor, budget_s=budget_s, **kw).seconds
-        fixed_s += fixed_trial_seconds(replay.replay(prepared, factor, **kw), cost)
+        fixed_s += replay.fixed_trial_seconds(replay.replay(prepared, factor, **kw), cost)
     return MixResult(factors, trials, tuple(seq_s), tuple(fixed_s))

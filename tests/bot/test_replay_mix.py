@@ -41,7 +41,7 @@ def test_ratios_of_decisions_that_compared_two_measurements():
 def test_fixed_scheme_seconds_count_the_reruns(noisy):
     result = rp.ReplayResult(1.0, 0.02, 10, 5, {"keep": 10}, {"keep": 7, "inconclusive": 3}, 3)
     cost = rp.cost_model(noisy)
-    seconds = mix.fixed_trial_seconds(result, cost)
+    seconds = rp.fixed_trial_seconds(result, cost)
     assert len(seconds) == 10
     assert seconds.count(cost.pair_s(5)) == 7
     assert seconds.count(cost.pair_s(5) + cost.pair_s(10)) == 3
