@@ -13,6 +13,8 @@
 #                (MODEL_PATCH_KWARGS rope_heads; expected: keep, GPU time per token down).
 #                qwen3 ships with rope_heads 1 (this round's keep on an H100, 12-05): for it,
 #                SPEED_ROPE_HEADS=2 tries the next step
+#   norm-gemv    each pre-norm layer's input RMSNorm in its QKV GEMV's K loop (MODEL_PATCH_KWARGS
+#                norm_gemv 1; at decode one launch where the norm kernel and the GEMV were two)
 # OUT_DIR gets what family_loop.sh leaves (decisions, stderr, PR comments, metrics, ledger.md and
 # ledger.png after every round). On a GPU host source .gpu/activate.sh first; without a GPU pass
 # `--model-key tiny-<key> --device cpu` (the ops then run their PyTorch references: the loop's
@@ -23,9 +25,12 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 source "$root/benchmarks/loop/lib.sh"
 model_loop_start speed_loop.sh "$@"
 
-rounds="baseline rope-heads"
+rounds="baseline rope-heads norm-gemv"
 heads=${SPEED_ROPE_HEADS:-1}
 if wanted "$rounds" baseline; then baseline_round; fi
 if wanted "$rounds" rope-heads; then
   round rope-heads "decode RoPE on the head-loop kernel, $heads head(s) a block" "rope_heads=$heads"
+fi
+if wanted "$rounds" norm-gemv; then
+  round norm-gemv "the input RMSNorm in the QKV GEMV's K loop" "norm_gemv=1"
 fi

@@ -55,6 +55,48 @@ def test_decode_rope_heads_reach_the_ops_and_compute_the_same_model(model_type):
     assert torch.equal(got, greedy(base, ids, mask))
 
 
+def _op_calls(model, ids, mask) -> dict[str, int]:
+    """How often each tilegym custom op ran in one forward (on the CPU: their references)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(input_ids=ids, attention_mask=mask)
+    calls: dict[str, int] = {}
+    for event in prof.events():
+        if event.name.startswith("tilegym::"):
+            calls[event.name] = calls.get(event.name, 0) + 1
+    return calls
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_norm_gemv_moves_each_input_norm_into_the_qkv_gemm(model_type):
+    """``norm_gemv=1``: every layer on the shared pre-norm forwards calls ``rms_norm_linear``
+    (its input norm and QKV GEMM) where it called ``rms_norm`` then ``linear``; layers with
+    forwards of their own keep both; the model computes upstream's, with left padding."""
+    ids, mask = left_padded_batch()
+    _, plain, _ = _pair(model_type)
+    base, fused, handle = _pair(model_type, norm_gemv=1)
+    assert handle.applied == list(mp.FLAGS), handle.not_applied
+    assert_same_as_upstream(base, fused, ids, mask)
+    before, after = _op_calls(plain, ids, mask), _op_calls(fused, ids, mask)
+    moved = after.get("tilegym::rms_norm_linear", 0)
+    assert before.get("tilegym::rms_norm", 0) - after.get("tilegym::rms_norm", 0) == moved
+    assert before.get("tilegym::linear", 0) - after.get("tilegym::linear", 0) == moved
+    if model_type in ("qwen3", "llama", "mistral", "qwen2", "granite", "phi3"):
+        assert moved == fused.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_norm_gemv_compiles_with_a_static_cache(model_type):
+    torch._dynamo.reset()
+    base, patched, _ = _pair(model_type, norm_gemv=1)
+    ids, mask = left_padded_batch()
+    cfg = CompileConfig(fullgraph=True, backend="aot_eager")
+    cfg._compile_all_devices = True
+    got = greedy(patched, ids, mask, cache_implementation="static", compile_config=cfg)
+    assert torch.equal(got, greedy(base, ids, mask))
+
+
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_rope_left_to_pytorch_keeps_the_model_dtype_for_a_static_cache(model_type):
     """rope=False runs the family's own ``apply_rotary_pos_emb``: in bf16, q and k stay bf16

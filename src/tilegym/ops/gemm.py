@@ -12,7 +12,8 @@ Tile shapes come from `gemm_configs` (an H200-measured table). A one-row GEMM (d
 without the TMA + mma pipeline whose fixed latency dominates a few-microsecond stream of W.
 With `GEMV_PDL` it is launched as a programmatic dependent of the previous kernel: each block
 loads its first W tile before waiting for that kernel's writes, for a weight no kernel can have
-just written (`_pdl_ready`).
+just written (`_pdl_ready`). `rms_norm_linear` puts a layer's input RMSNorm into the GEMV's
+K loop (`tilegym_norm_gemv_kernel`): one launch where the norm kernel and the GEMV were two.
 Other decode GEMMs mostly swap the mma's operands (`TileConfig.swap`, `_mma_step`).
 Split-K (`TileConfig.split`)
 gives each split a contiguous share of the K tiles and has it store its fp32 partial tile into
@@ -358,6 +359,72 @@ def _gemv_sum_each(
     return acc
 
 
+@ct.kernel
+def tilegym_norm_gemv_kernel(
+    X,
+    NW,
+    W,
+    B,
+    Y,
+    eps: float,
+    TM: ConstInt,
+    TN: ConstInt,
+    TK: ConstInt,
+    LATENCY: ConstInt,
+    HAS_BIAS: ConstBool,
+    OFFSET: ConstBool,
+    PDL: ConstBool,
+):
+    """`tilegym_gemv_kernel` of RMSNorm(X) with the norm weight NW: Y = RMSNorm(X) @ W^T (+ B).
+
+    The block's K loop reads every X element anyway, so it also sums X's squares and multiplies
+    X by NW (OFFSET: by 1 + NW) before the products; the row's ``rsqrt(mean(x^2) + eps)`` scales
+    the dot products once at the end. No norm launch, no normed row written and read back; the
+    normed row is not rounded to the input dtype on the way (closer to fp32 than the module)."""
+    bn = ct.bid(0)
+    bm = ct.bid(1)
+    k_tiles = ct.num_tiles(W, axis=1, shape=(TN, TK))
+    w = _gemv_w(W, bn, 0, TN, TK, LATENCY)
+    if PDL:
+        ct.grid_dependency_control_wait()
+    x, xw = _gemv_normed_x(X, NW, bm, 0, TM, TK, OFFSET)
+    sq = x * x
+    if TM * TN * TK <= GEMV_ACC_ELEMS:
+        acc = ct.full((TM, TN, TK), 0, dtype=ct.float32)
+        acc = acc + _gemv_scaled(xw, w, TM, TN, TK)
+        for k in range(1, k_tiles):
+            w = _gemv_w(W, bn, k, TN, TK, LATENCY)
+            x, xw = _gemv_normed_x(X, NW, bm, k, TM, TK, OFFSET)
+            sq = sq + x * x
+            acc = acc + _gemv_scaled(xw, w, TM, TN, TK)
+        dots = ct.sum(acc, axis=2)
+    else:
+        dots = ct.sum(_gemv_scaled(xw, w, TM, TN, TK), axis=2)
+        for k in range(1, k_tiles):
+            w = _gemv_w(W, bn, k, TN, TK, LATENCY)
+            x, xw = _gemv_normed_x(X, NW, bm, k, TM, TK, OFFSET)
+            sq = sq + x * x
+            dots = dots + ct.sum(_gemv_scaled(xw, w, TM, TN, TK), axis=2)
+    inv = ct.rsqrt(ct.sum(sq, axis=1, keepdims=True) / X.shape[1] + eps)
+    _linear_epilogue(dots * inv, B, B, Y, bm, bn, TM, TN, HAS_BIAS, False)
+
+
+@ct.function
+def _gemv_normed_x(X, NW, bm, k, TM: ConstInt, TK: ConstInt, OFFSET: ConstBool):
+    """fp32 (X tile, X tile times the norm weight) of K step ``k``."""
+    x = ct.load(X, (bm, k), (TM, TK), padding_mode=_ZERO, allow_tma=False).astype(ct.float32)
+    nw = ct.load(NW, (k,), (TK,), padding_mode=_ZERO, allow_tma=False).astype(ct.float32)
+    if OFFSET:
+        nw = nw + 1.0
+    return x, x * nw.reshape((1, TK))
+
+
+@ct.function
+def _gemv_scaled(xw, w, TM: ConstInt, TN: ConstInt, TK: ConstInt):
+    """fp32 (TM, TN, TK) products of normed-and-weighted X rows with a W tile."""
+    return xw.reshape((TM, 1, TK)) * w.astype(ct.float32).reshape((1, TN, TK))
+
+
 def _act_mul_store(gate, up, y, bm, bn, ACT: ConstInt):
     """Y tile = act(gate) * up from the fp32 accumulators, rounded once."""
     if ACT == ACT_GELU_TANH:
@@ -677,6 +744,32 @@ def _launch_gemv(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
     ct.launch(stream(x2.device), grid, kernel, args, programmatic_dependent_launch=pdl)
 
 
+def _launch_norm_gemv(x2, norm_weight, eps, weight, bias, out2, cfg, unit_offset) -> None:
+    """The norm-prologue GEMV kernel, with PDL as `_launch_gemv` decides it."""
+    m, _ = x2.shape
+    n = weight.shape[0]
+    pdl = GEMV_PDL and _pdl_ready(weight)
+    dummy_b, _ = _BUFFERS.dummies(x2.device, x2.dtype)
+    args = (
+        x2,
+        norm_weight,
+        weight,
+        bias if bias is not None else dummy_b,
+        out2,
+        float(eps),
+        cfg.tm,
+        cfg.tn,
+        cfg.tk,
+        cfg.latency or GEMV_LATENCY,
+        bias is not None,
+        bool(unit_offset),
+        pdl,
+    )
+    grid = (math.ceil(n / cfg.tn), math.ceil(m / cfg.tm), 1)
+    kernel = hinted(tilegym_norm_gemv_kernel, cfg, grid[0])
+    ct.launch(stream(x2.device), grid, kernel, args, programmatic_dependent_launch=pdl)
+
+
 def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
     if cfg.gemv:
         _launch_gemv(x2, weight, bias, residual2, out2, cfg)
@@ -760,6 +853,45 @@ def linear_residual(
         return out
     cfg = config or choose_config(m, n, k)
     _launch_linear(x2, weight, None, _as_2d(residual), out.view(m, n), cfg)
+    return out
+
+
+def rms_norm_linear(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    unit_offset: bool = False,
+    out: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
+    """`linear(RMSNorm(x), weight, bias)`: a layer's input norm and its first projection.
+
+    Where the tile table picks the GEMV kernel (one row: decode at batch 1) this is one launch
+    of `tilegym_norm_gemv_kernel`; elsewhere the norm kernel, then the GEMM (the norm's output
+    is what a GEMM of many rows reads best). `unit_offset`: Gemma's ``1 + weight`` norm."""
+    from tilegym.ops import rms_norm as _rms_norm
+
+    k = x.shape[-1]
+    _check(x, weight, k)
+    if norm_weight.shape != (k,) or not norm_weight.is_cuda:
+        raise ValueError(
+            f"norm weight must be a CUDA tensor of shape ({k},), got "
+            f"{tuple(norm_weight.shape)} on {norm_weight.device}"
+        )
+    n = weight.shape[0]
+    x2 = _as_2d(x)
+    m = x2.shape[0]
+    cfg = config or choose_config(m, n, k)
+    if not cfg.gemv or m == 0 or norm_weight.dtype != x.dtype:  # (a promoting norm: two steps)
+        normed = _rms_norm.rms_norm(x, norm_weight, eps, unit_offset=unit_offset)
+        return linear(normed, weight, bias, out=out, config=config)
+    if out is None:
+        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    nw = norm_weight if norm_weight.stride(0) == 1 else norm_weight.contiguous()
+    _launch_norm_gemv(x2, nw, eps, weight, bias, out.view(m, n), cfg, unit_offset)
     return out
 
 
@@ -863,13 +995,27 @@ def _aot_cases(ops: tuple[str, ...]) -> list[tuple[str, TileConfig, bool]]:
 GATED_OPS = {"gated": ACT_SILU, "gated_gelu": ACT_GELU_TANH}
 
 
+def _norm_gemv_sigs(sigs: dict, cfg: TileConfig, arr, dt, cconv) -> None:
+    """`tilegym_norm_gemv_kernel` at one GEMV tile: with and without bias and PDL, the plain
+    (Llama) norm weight."""
+    from cuda.tile.compilation import KernelSignature, ScalarConstraint
+
+    io = [arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 1), arr(dt, 2)]  # X, NW, W, B, Y
+    consts = [ScalarConstraint(ct.float32), cfg.tm, cfg.tn, cfg.tk, cfg.latency or GEMV_LATENCY]
+    kernel = hinted(tilegym_norm_gemv_kernel, cfg, 1)
+    for has_bias in (False, True):
+        for pdl in (False, True):
+            sig = KernelSignature([*io, *consts, has_bias, False, pdl], cconv)
+            sigs.setdefault(kernel, []).append(sig)
+
+
 def aot_signatures(
     ops: tuple[str, ...] = ("linear", "residual", "gated"),
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16),
 ) -> dict:
     """`{kernel: [KernelSignature, ...]}` for the kernels of `ops` ('linear', 'residual',
-    'gated', 'gated_gelu': the gated kernel with GELU-tanh); by default every `@ct.kernel`
-    here, in bf16 and fp16.
+    'gated', 'gated_gelu': the gated kernel with GELU-tanh, 'norm': the norm-prologue GEMV of
+    `rms_norm_linear`); by default the GEMM kernels, in bf16 and fp16.
 
     Each case compiles twice: for any input, and for 16-byte aligned bases and row strides,
     which is what the models' tensors are and what the runtime specializes on. Only the
@@ -910,6 +1056,10 @@ def aot_signatures(
             has_res, gated = op == "residual", op in GATED_OPS
             act = GATED_OPS.get(op, ACT_SILU)
             io = [arr(dt, 2), arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 2)]  # X, W, B, R, Y
+            if op == "norm":  # the norm-prologue GEMV: one-row tiles only, biased or not
+                if cfg.gemv:
+                    _norm_gemv_sigs(sigs, cfg, arr, dt, cconv)
+                continue
             if cfg.gemv:
                 consts = [cfg.tm, cfg.tn, cfg.tk, cfg.latency or GEMV_LATENCY]
                 kernel = hinted(tilegym_gemv_kernel, cfg, 1)
@@ -949,5 +1099,6 @@ __all__ = [
     "fused_gate_up_silu",
     "linear",
     "linear_residual",
+    "rms_norm_linear",
     "split_mode",
 ]

@@ -364,6 +364,30 @@ def _(x, weight, residual):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+@_op("rms_norm_linear")
+def rms_norm_linear_op(
+    x: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    weight: Tensor,
+    bias: Tensor | None,
+    unit_offset: bool = False,
+) -> Tensor:
+    with private_buffers():
+        return _gemm.rms_norm_linear(x, norm_weight, eps, weight, bias, unit_offset=unit_offset)
+
+
+@rms_norm_linear_op.register_kernel("cpu")
+def _(x, norm_weight, eps, weight, bias, unit_offset=False):
+    normed = _rms_norm.rms_norm_reference(x, norm_weight, eps, unit_offset)
+    return torch.nn.functional.linear(normed, weight, bias)
+
+
+@rms_norm_linear_op.register_fake
+def _(x, norm_weight, eps, weight, bias, unit_offset=False):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
 @_op("fused_gate_up_silu")
 def fused_gate_up_silu_op(x: Tensor, gate_up_weight: Tensor) -> Tensor:
     with private_buffers():
@@ -785,6 +809,20 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if _use_op(x):
         return linear_op(x, weight, bias)
     return _gemm.linear(x, weight, bias)
+
+
+def rms_norm_linear(
+    x: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    unit_offset: bool = False,
+) -> Tensor:
+    """``linear(RMSNorm(x), weight, bias)``; one launch at decode (``gemm.rms_norm_linear``)."""
+    if _use_op(x):
+        return rms_norm_linear_op(x, norm_weight, float(eps), weight, bias, bool(unit_offset))
+    return _gemm.rms_norm_linear(x, norm_weight, eps, weight, bias, unit_offset=unit_offset)
 
 
 def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:

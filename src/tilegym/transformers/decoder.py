@@ -51,6 +51,7 @@ class Routes:
     linear: bool = False
     act: str = "silu"  # the gated MLP activation's kernels (a value of GATED_ACTS)
     rope_heads: int = 0  # decode RoPE kernels' heads a block (0: per-token; monkey_patch.TUNING)
+    norm_gemv: bool = False  # the input norm in the QKV GEMV's K loop (monkey_patch.TUNING)
 
 
 _ACT_KERNELS = {
@@ -164,9 +165,12 @@ def make_attention_forward(
         past_key_values=None,
         cache=None,
         residual: torch.Tensor | None = None,
+        pre_norm: torch.nn.Module | None = None,
         **kwargs,
     ):
         cache = cache if cache is not None else past_key_values
+        if pre_norm is not None and not routes.linear:  # the norm rides only in a cuTile GEMM
+            hidden_states, pre_norm = pre_norm(hidden_states), None
         input_shape = hidden_states.shape[:-1]
         bsz, seq = input_shape
         d = self.head_dim
@@ -174,7 +178,11 @@ def make_attention_forward(
         qkv, gate = None, None
         if routes.linear:
             w, b = fused.get(self, names)
-            qkv = gemm.linear(hidden_states, w, b)
+            if pre_norm is None:
+                qkv = gemm.linear(hidden_states, w, b)
+            else:
+                eps, offset = norm_eps(pre_norm), family.norm_unit_offset
+                qkv = gemm.rms_norm_linear(hidden_states, pre_norm.weight, eps, w, b, offset)
         elif len(names) == 1:
             qkv = getattr(self, names[0])(hidden_states)
         nq = q_width * hq * d
@@ -283,7 +291,9 @@ def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
     Post-norm (OLMo 2) and sandwich-norm (Gemma 3) families have their own layer forwards below.
     A layer with a linear-attention mixer (``family.linear_attention``: Qwen3.5's
     ``linear_attn``) calls it where the others call ``self_attn``, with the residual to fold
-    into its out_proj GEMM and the cache under both names the releases use."""
+    into its out_proj GEMM and the cache under both names the releases use. With
+    ``routes.norm_gemv`` the input norm is handed to the attention (``pre_norm``), whose QKV
+    GEMM applies it (``rms_norm_linear``: one launch at decode)."""
     offset = family.norm_unit_offset
 
     def forward(
@@ -295,8 +305,11 @@ def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
         **kwargs,
     ) -> torch.Tensor:
         residual = hidden_states
-        normed = self.input_layernorm(hidden_states)
         mixer = getattr(self, "linear_attn", None) if family.linear_attention else None
+        if routes.norm_gemv and mixer is None:  # the attention's QKV GEMM applies the norm
+            normed, pre = hidden_states, {"pre_norm": self.input_layernorm}
+        else:
+            normed, pre = self.input_layernorm(hidden_states), {}
         if mixer is not None:
             fold = routes.linear and mixer.out_proj.bias is None
             attn_out = mixer(
@@ -313,6 +326,7 @@ def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
                 position_ids=position_ids,
                 position_embeddings=position_embeddings,
                 residual=residual if fold else None,
+                **pre,
                 **kwargs,
             )
         norm = self.post_attention_layernorm

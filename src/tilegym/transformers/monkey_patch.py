@@ -1,12 +1,12 @@
 """Apply (and undo) cuTile kernels on transformers models, per instance or per class.
 
 ``apply_tilegym_kernel_to_<model_key>(rope=..., rms_norm=..., swiglu=..., attn=..., linear=...,
-model=None, rope_heads=0)`` returns a ``PatchHandle``: ``.applied`` lists the flags now routed
-through cuTile, ``.not_applied`` maps every other flag to the reason, and ``.undo()`` restores the
-exact original forwards (and frees repacked weights). With ``model`` only that instance's modules
-change, so a baseline and a kernelized model can run side by side; without it the transformers
-classes are patched (before instantiation) and ``undo()`` puts the original function objects
-back. ``rope_heads`` tunes how routed RoPE runs (``TUNING``).
+model=None, rope_heads=0, norm_gemv=0)`` returns a ``PatchHandle``: ``.applied`` lists the flags now
+routed through cuTile, ``.not_applied`` maps every other flag to the reason, and ``.undo()``
+restores the exact original forwards (and frees repacked weights). With ``model`` only that
+instance's modules change, so a baseline and a kernelized model can run side by side; without it the
+transformers classes are patched (before instantiation) and ``undo()`` puts the original function
+objects back. ``rope_heads`` and ``norm_gemv`` tune how routed parts run (``TUNING``).
 """
 
 from __future__ import annotations
@@ -31,9 +31,19 @@ FLAGS = ("rope", "rms_norm", "swiglu", "attn", "linear")
 #: Tuning parameters beside the flags: how a routed part runs, not whether. ``rope_heads``: up to
 #: 32 tokens (decode), the RoPE and q/k-norm + RoPE kernels run on the head-loop kernel with
 #: that many heads a block instead of the per-token kernel (0; ``tilegym.ops.rope._pick``).
-TUNING = {"rope_heads": 0}
+#: ``norm_gemv`` 1: with ``rms_norm`` and ``linear`` routed, a pre-norm layer's input norm runs
+#: in its QKV GEMM (``tilegym.ops.gemm.rms_norm_linear``; one launch at decode) instead of
+#: before it; layers with their own forwards (post-norm, sandwich-norm, a family's own attention
+#: or layer builder, linear-attention mixers) keep the norm launch.
+TUNING = {"rope_heads": 0, "norm_gemv": 0}
 MAX_ROPE_HEADS = 64
-GEMM_API = ("linear", "fused_gate_up_silu", "fused_gate_up_gelu_tanh", "linear_residual")
+GEMM_API = (
+    "linear",
+    "fused_gate_up_silu",
+    "fused_gate_up_gelu_tanh",
+    "linear_residual",
+    "rms_norm_linear",
+)
 _MARK = "_tilegym_patched"
 
 
@@ -207,9 +217,9 @@ class _Patcher:
         self.handle._undo.append(lambda: setattr(klass, "forward", old))
 
 
-def _apply(family: ModelFamily, flags: dict[str, bool], model, rope_heads: int = 0) -> PatchHandle:
+def _apply(family: ModelFamily, flags: dict[str, bool], model, tuning: dict) -> PatchHandle:
     desc = family.description()
-    return _apply_description(family.model_type, desc, flags, model, rope_heads)
+    return _apply_description(family.model_type, desc, flags, model, tuning)
 
 
 def apply_family(model, description, **flags) -> PatchHandle:
@@ -218,13 +228,14 @@ def apply_family(model, description, **flags) -> PatchHandle:
     _check_flags(flags)
     chosen = {flag: bool(flags.get(flag, True)) for flag in FLAGS}
     model_type = getattr(model.config, "model_type", "unknown")
-    rope_heads = flags.get("rope_heads", TUNING["rope_heads"])
-    return _apply_description(model_type, description, chosen, model, rope_heads)
+    tuning = {name: flags.get(name, default) for name, default in TUNING.items()}
+    return _apply_description(model_type, description, chosen, model, tuning)
 
 
 def _apply_description(
-    model_type: str, desc, flags: dict[str, bool], model, rope_heads: int = 0
+    model_type: str, desc, flags: dict[str, bool], model, tuning: dict | None = None
 ) -> PatchHandle:
+    tuning = {**TUNING, **(tuning or {})}
     check_transformers_version()
     glue = importlib.import_module(SHARED_GLUE)
     upstream = importlib.import_module(desc.upstream_module)
@@ -274,7 +285,8 @@ def _apply_description(
         swiglu=swiglu,
         linear=gemm is not None,
         act=act,
-        rope_heads=rope_heads,
+        rope_heads=tuning["rope_heads"],
+        norm_gemv=bool(tuning["norm_gemv"]) and _norm_gemv_fits(desc, flags, gemm),
     )
     fused = FusedWeights()
     handle.repacked = fused
@@ -451,11 +463,19 @@ def _entry_point(key: str, what: str) -> Callable[..., PatchHandle]:
     """``apply_tilegym_kernel_to_<key>``: one per family, all alike."""
 
     def apply(
-        rope=True, rms_norm=True, swiglu=True, attn=True, linear=True, model=None, rope_heads=0
+        rope=True,
+        rms_norm=True,
+        swiglu=True,
+        attn=True,
+        linear=True,
+        model=None,
+        rope_heads=0,
+        norm_gemv=0,
     ) -> PatchHandle:
         flags = _flags(rope, rms_norm, swiglu, attn, linear)
-        check_tuning({"rope_heads": rope_heads})
-        handle = _apply(FAMILIES[key], flags, model, rope_heads)
+        tuning = {"rope_heads": rope_heads, "norm_gemv": norm_gemv}
+        check_tuning(tuning)
+        handle = _apply(FAMILIES[key], flags, model, tuning)
         use_tile_kv_cache(handle, model)
         return handle
 
@@ -520,3 +540,14 @@ def check_tuning(tuning: dict) -> None:
     heads = tuning.get("rope_heads", 0)
     if type(heads) is not int or not 0 <= heads <= MAX_ROPE_HEADS:
         raise ValueError(f"rope_heads must be an int in 0..{MAX_ROPE_HEADS}, got {heads!r}")
+    norm_gemv = tuning.get("norm_gemv", 0)
+    if type(norm_gemv) is not int or norm_gemv not in (0, 1):
+        raise ValueError(f"norm_gemv must be 0 or 1, got {norm_gemv!r}")
+
+
+def _norm_gemv_fits(desc, flags: dict[str, bool], gemm) -> bool:
+    """Whether the shared pre-norm layer and attention forwards run (``norm_gemv``'s path):
+    norms and GEMMs routed, no family builder of its own for either, no post-/sandwich norm."""
+    own = {"Attention", "DecoderLayer"} & set(desc.forwards)
+    plain = not (own or desc.post_norm or desc.sandwich_norm)
+    return plain and flags["rms_norm"] and gemm is not None
