@@ -869,9 +869,10 @@ def rms_norm_linear(
 ) -> torch.Tensor:
     """`linear(RMSNorm(x), weight, bias)`: a layer's input norm and its first projection.
 
-    Where the tile table picks the GEMV kernel (one row: decode at batch 1) this is one launch
-    of `tilegym_norm_gemv_kernel`; elsewhere the norm kernel, then the GEMM (the norm's output
-    is what a GEMM of many rows reads best). `unit_offset`: Gemma's ``1 + weight`` norm."""
+    One row (decode at batch 1) is one launch of `tilegym_norm_gemv_kernel`, on the table's
+    GEMV tile or, where the table picks an mma kernel for the plain GEMM, the default GEMV tile
+    (the launch it saves is worth more than the mma's edge on a few-microsecond GEMM); more rows
+    take the norm kernel, then the GEMM. `unit_offset`: Gemma's ``1 + weight`` norm."""
     from tilegym.ops import rms_norm as _rms_norm
 
     k = x.shape[-1]
@@ -885,6 +886,8 @@ def rms_norm_linear(
     x2 = _as_2d(x)
     m = x2.shape[0]
     cfg = config or choose_config(m, n, k)
+    if config is None and m == 1 and not cfg.gemv:  # the table's mma pick does not take the norm
+        cfg = default_config("single", False)
     if not cfg.gemv or m == 0 or norm_weight.dtype != x.dtype:  # (a promoting norm: two steps)
         normed = _rms_norm.rms_norm(x, norm_weight, eps, unit_offset=unit_offset)
         return linear(normed, weight, bias, out=out, config=config)
