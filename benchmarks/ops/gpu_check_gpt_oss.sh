@@ -14,7 +14,10 @@
 # BENCH_TIMEOUT (40 s per table), E2E_TIMEOUT (180 s per end-to-end run; granite's static run
 # took 136 s on the H200). The limits add up to 9.7 minutes, a typical run about 7; a step that
 # runs out of time leaves its partial output (an end-to-end run then writes a metrics file with
-# status timeout: run again with STEPS=e2e E2E_TIMEOUT=280).
+# status timeout: run again with STEPS=e2e E2E_TIMEOUT=280). On the H200 (12-06) the default
+# workload's run took 150 s and the decode workload's 206 s (110 s of it its correctness
+# referee), so a full check does not fit one 600 s device call: run STEPS=checks, then
+# STEPS=e2e E2E_TIMEOUT=240.
 # Outputs in $OUT (default ./gpu_check_out): gpt_oss_env.txt, gpt_oss_summary.txt,
 # gpt_oss_tests_*.txt, gpt_oss_attention_sinks.{txt,json}, gpt_oss_moe_bias.{txt,json},
 # gpt_oss_e2e_{default,decode}.{txt,json}, cutile-cache.tar.gz.
