@@ -15,6 +15,7 @@
 #                SPEED_ROPE_HEADS=2 tries the next step
 #   norm-gemv    each pre-norm layer's input RMSNorm in its QKV GEMV's K loop (MODEL_PATCH_KWARGS
 #                norm_gemv 1; at decode one launch where the norm kernel and the GEMV were two)
+#   norm-gemv-mlp  also the post-attention RMSNorm in the MLP's gate/up GEMV (norm_gemv 2)
 # OUT_DIR gets what family_loop.sh leaves (decisions, stderr, PR comments, metrics, ledger.md and
 # ledger.png after every round). On a GPU host source .gpu/activate.sh first; without a GPU pass
 # `--model-key tiny-<key> --device cpu` (the ops then run their PyTorch references: the loop's
@@ -25,7 +26,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 source "$root/benchmarks/loop/lib.sh"
 model_loop_start speed_loop.sh "$@"
 
-rounds="baseline rope-heads norm-gemv"
+rounds="baseline rope-heads norm-gemv norm-gemv-mlp"
 heads=${SPEED_ROPE_HEADS:-1}
 if wanted "$rounds" baseline; then baseline_round; fi
 if wanted "$rounds" rope-heads; then
@@ -33,4 +34,7 @@ if wanted "$rounds" rope-heads; then
 fi
 if wanted "$rounds" norm-gemv; then
   round norm-gemv "the input RMSNorm in the QKV GEMV's K loop" "norm_gemv=1"
+fi
+if wanted "$rounds" norm-gemv-mlp; then
+  round norm-gemv-mlp "the post-attention RMSNorm in the gate/up GEMV's K loop too" "norm_gemv=2"
 fi

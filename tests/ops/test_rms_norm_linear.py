@@ -1,10 +1,10 @@
-"""``gemm.rms_norm_linear``: a layer's input RMSNorm in its first GEMM.
+"""``gemm.rms_norm_linear`` and ``gemm.rms_norm_gate_up``: a layer's RMSNorm in the GEMM after it.
 
-GPU tests: the norm-prologue GEMV against an fp64 norm and fp32 GEMM on fresh random inputs
-(odd N and K, K above and below the tile, bias, Gemma's ``1 + weight``, bf16 and fp16,
-outputs poisoned), the same against transformers' rounded two-step form, the many-row
+GPU tests: the norm-prologue GEMVs against an fp64 norm and GEMM on fresh random inputs (odd
+N and K, K above and below the tile, bias, Gemma's ``1 + weight``, SiLU and GELU-tanh, bf16 and
+fp16, outputs poisoned), the same against transformers' rounded two-step form, the many-row
 fallback, and the programmatic-dependent launch's wait. CPU tests: the AOT signatures compile
-for sm_90 and the PTX orders W's first load before the wait, X after it.
+for sm_90 and the PTX orders the weights' first loads before the wait, X after it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from cubin_ptx import global_accesses, instructions, ptx_lines
 from test_gemm import GEMM_TOL, _copy_late
 
+from tilegym.ops.gelu_and_mul import gelu_tanh_and_mul_reference
 from tilegym.ops.gemm_configs import TileConfig
 from tilegym.ops.testing import assert_close_rel
 
@@ -163,6 +164,117 @@ def test_norm_gemv_signatures_compile_and_load_w_before_the_wait():
     accesses = global_accesses(lines)
     before = [a for a in accesses if a.line < wait]
     assert before and all(a.op.startswith("ld.") and a.arrays == {w} for a in before), before
+    after = [a.arrays for a in accesses if a.line > wait]
+    assert {x} in after and {nw} in after
+    assert not any("griddepcontrol" in line for line in ptx(False))
+
+
+NORM_GATE_UP_CONFIGS = [
+    None,  # the function's own one-row tile (gemm.NORM_GATE_UP_TILE)
+    TileConfig(1, 4, 512, gemv=True),
+    TileConfig(4, 2, 256, gemv=True),
+]
+#: (M, I, K): qwen3's and llama's gate/up at decode, odd I and K, a few rows
+GATE_UP_SHAPES = [(1, 3072, 1024), (1, 8192, 2048), (1, 1021, 3000), (3, 5, 1000)]
+
+
+def _gate_up_reference(x, nw, w, unit_offset, gelu):
+    i = w.shape[0] // 2
+    gate_up = _reference(x, nw, w, None, unit_offset)
+    if gelu:
+        return gelu_tanh_and_mul_reference(gate_up)
+    gate, up = gate_up[..., :i], gate_up[..., i:]
+    return torch.nn.functional.silu(gate) * up
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "cfg", NORM_GATE_UP_CONFIGS, ids=lambda c: "own" if c is None else f"{c.tm}x{c.tn}x{c.tk}"
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("unit_offset", [False, True])
+@pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu_tanh"])
+def test_norm_gate_up_matches_fp64(cfg, dtype, unit_offset, gelu, gen):
+    from tilegym.ops import gemm
+
+    act = gemm.ACT_GELU_TANH if gelu else gemm.ACT_SILU
+    for m, i, k in GATE_UP_SHAPES:
+        if m > 1 and cfg is None:
+            continue  # more rows without a GEMV tile take the two launches (tested below)
+        x, nw, w, _ = _inputs(m, 2 * i, k, gen, dtype, False)
+        out = torch.full((m, i), float("nan"), device="cuda", dtype=dtype)
+        res = gemm.rms_norm_gate_up(
+            x, nw, EPS, w, act=act, unit_offset=unit_offset, out=out, config=cfg
+        )
+        assert res.data_ptr() == out.data_ptr()
+        ref = _gate_up_reference(x, nw, w, unit_offset, gelu)
+        assert_close_rel(out, ref, tol=GEMM_TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [2, 8, 300])
+def test_norm_gate_up_many_rows_take_the_norm_then_the_gemm(m, gen):
+    from tilegym.ops import gemm
+
+    x, nw, w, _ = _inputs(m, 2 * 1021, 1000, gen, torch.bfloat16, False)
+    out = torch.full((m, 1021), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm.rms_norm_gate_up(x, nw, EPS, w, out=out)
+    ref = _gate_up_reference(x, nw, w, False, False)
+    assert_close_rel(out, ref, tol=GEMM_TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+def test_norm_gate_up_pdl_waits_for_the_kernel_writing_x(gen, monkeypatch):
+    """As for the QKV GEMV: both weights' first tiles before the wait, X (written late) after;
+    the first call reads the weight without PDL, the next ones with it."""
+    from tilegym.ops import gemm
+    from tilegym.ops._common import stream
+
+    monkeypatch.setattr(gemm, "GEMV_PDL", True)
+    dt = torch.bfloat16
+    i, k = 1021, 3072
+    src, nw, w, _ = _inputs(1, 2 * i, k, gen, dt, False)
+    ref = _gate_up_reference(src, nw, w, False, False)
+    x = torch.empty_like(src)
+    for _ in range(3):
+        x.fill_(float("nan"))
+        grid = (math.ceil(k / 1024), 1, 1)
+        ct.launch(stream(), grid, _copy_late, (src, x, 1 << 17, 1024))
+        out = torch.full((1, i), float("nan"), device="cuda", dtype=dt)
+        gemm.rms_norm_gate_up(x, nw, EPS, w, out=out)
+        assert_close_rel(out, ref, tol=GEMM_TOL[dt])
+
+
+@pytest.mark.slow
+def test_norm_gate_up_signatures_compile_and_load_weights_before_the_wait():
+    from cuda.tile.compilation import KernelSignature, export_kernel
+
+    from tilegym.ops import gemm
+
+    sigs = gemm.aot_signatures(("norm_gated",), (torch.bfloat16,))
+    (kernel,) = sigs
+    assert len(sigs[kernel]) == 4  # 2 alignments x PDL
+    buf = io.BytesIO()
+    export_kernel(kernel, sigs[kernel][:1], buf, gpu_code="sm_90", output_format="cubin")
+    assert len(buf.getvalue()) > 1000
+    (aligned, *_) = [s for s in sigs[kernel] if s.parameters[0].base_addr_divisible_by == 16]
+    arrays = [
+        dataclasses.replace(a, shape_divisible_by=(1,) * (a.ndim - 1) + (8,))
+        for a in aligned.parameters[:5]
+    ]
+    x, nw, wg, wu = 0, 1, 2, 3  # pointer parameters: X, NW, WG, WU, Y
+
+    def ptx(pdl: bool) -> list[str]:
+        params = [*arrays, *aligned.parameters[5:10], False, gemm.ACT_SILU, pdl]
+        sig = KernelSignature(params, aligned.calling_convention)
+        return ptx_lines(gemm.tilegym_norm_gate_up_gemv_kernel, sig)
+
+    lines = ptx(True)
+    (wait,) = instructions(lines, "griddepcontrol.wait")
+    accesses = global_accesses(lines)
+    before = [a for a in accesses if a.line < wait]
+    assert before and all(a.op.startswith("ld.") and a.arrays <= {wg, wu} for a in before)
+    assert {a for b in before for a in b.arrays} == {wg, wu}
     after = [a.arrays for a in accesses if a.line > wait]
     assert {x} in after and {nw} in after
     assert not any("griddepcontrol" in line for line in ptx(False))

@@ -68,28 +68,39 @@ def _op_calls(model, ids, mask) -> dict[str, int]:
     return calls
 
 
+PLAIN_PRE_NORM = ("qwen3", "llama", "mistral", "qwen2", "granite", "phi3")
+GATED = ("tilegym::fused_gate_up_silu", "tilegym::fused_gate_up_gelu_tanh")
+
+
+@pytest.mark.parametrize("norm_gemv", [1, 2])
 @pytest.mark.parametrize("model_type", FAMILIES)
-def test_norm_gemv_moves_each_input_norm_into_the_qkv_gemm(model_type):
+def test_norm_gemv_moves_each_norm_into_the_next_gemm(model_type, norm_gemv):
     """``norm_gemv=1``: every layer on the shared pre-norm forwards calls ``rms_norm_linear``
-    (its input norm and QKV GEMM) where it called ``rms_norm`` then ``linear``; layers with
-    forwards of their own keep both; the model computes upstream's, with left padding."""
+    (its input norm and QKV GEMM) where it called ``rms_norm`` then ``linear``; 2: a dense MLP
+    after a residual-folding o_proj also calls ``rms_norm_gate_up`` where it called ``rms_norm``
+    then the fused gate/up GEMM. Layers with forwards of their own keep both; the model
+    computes upstream's, with left padding."""
     ids, mask = left_padded_batch()
     _, plain, _ = _pair(model_type)
-    base, fused, handle = _pair(model_type, norm_gemv=1)
+    base, fused, handle = _pair(model_type, norm_gemv=norm_gemv)
     assert handle.applied == list(mp.FLAGS), handle.not_applied
     assert_same_as_upstream(base, fused, ids, mask)
     before, after = _op_calls(plain, ids, mask), _op_calls(fused, ids, mask)
-    moved = after.get("tilegym::rms_norm_linear", 0)
-    assert before.get("tilegym::rms_norm", 0) - after.get("tilegym::rms_norm", 0) == moved
-    assert before.get("tilegym::linear", 0) - after.get("tilegym::linear", 0) == moved
-    if model_type in ("qwen3", "llama", "mistral", "qwen2", "granite", "phi3"):
-        assert moved == fused.config.num_hidden_layers
+    qkv = after.get("tilegym::rms_norm_linear", 0)
+    mlp = after.get("tilegym::rms_norm_gate_up", 0)
+    assert before.get("tilegym::rms_norm", 0) - after.get("tilegym::rms_norm", 0) == qkv + mlp
+    assert before.get("tilegym::linear", 0) - after.get("tilegym::linear", 0) == qkv
+    gated = sum(before.get(n, 0) - after.get(n, 0) for n in GATED)
+    assert gated == mlp
+    layers = fused.config.num_hidden_layers
+    if model_type in PLAIN_PRE_NORM:
+        assert (qkv, mlp) == (layers, layers if norm_gemv == 2 else 0)
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
 def test_norm_gemv_compiles_with_a_static_cache(model_type):
     torch._dynamo.reset()
-    base, patched, _ = _pair(model_type, norm_gemv=1)
+    base, patched, _ = _pair(model_type, norm_gemv=2)
     ids, mask = left_padded_batch()
     cfg = CompileConfig(fullgraph=True, backend="aot_eager")
     cfg._compile_all_devices = True

@@ -73,6 +73,14 @@ def test_rope_heads_must_be_a_small_int(heads):
         mp.apply_tilegym_kernel_to_llama(model=tiny_model("llama"), rope_heads=heads)
 
 
+@pytest.mark.parametrize("value", [-1, 3, 1.0, "1", True])
+def test_norm_gemv_must_be_0_1_or_2(value):
+    with pytest.raises(ValueError, match="norm_gemv must be 0, 1 or 2"):
+        mp.apply_tilegym_kernel(tiny_model("qwen3"), norm_gemv=value)
+    with pytest.raises(ValueError, match="norm_gemv must be 0, 1 or 2"):
+        mp.apply_tilegym_kernel_to_llama(model=tiny_model("llama"), norm_gemv=value)
+
+
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_dispatch_uses_config_model_type(model_type):
     model = tiny_model(model_type)

@@ -13,7 +13,8 @@ without the TMA + mma pipeline whose fixed latency dominates a few-microsecond s
 With `GEMV_PDL` it is launched as a programmatic dependent of the previous kernel: each block
 loads its first W tile before waiting for that kernel's writes, for a weight no kernel can have
 just written (`_pdl_ready`). `rms_norm_linear` puts a layer's input RMSNorm into the GEMV's
-K loop (`tilegym_norm_gemv_kernel`): one launch where the norm kernel and the GEMV were two.
+K loop (`tilegym_norm_gemv_kernel`): one launch where the norm kernel and the GEMV were two;
+`rms_norm_gate_up` does the same for the MLP's gate/up GEMV and its activation.
 Other decode GEMMs mostly swap the mma's operands (`TileConfig.swap`, `_mma_step`).
 Split-K (`TileConfig.split`)
 gives each split a contiguous share of the K tiles and has it store its fp32 partial tile into
@@ -409,6 +410,47 @@ def tilegym_norm_gemv_kernel(
     _linear_epilogue(dots * inv, B, B, Y, bm, bn, TM, TN, HAS_BIAS, False)
 
 
+@ct.kernel
+def tilegym_norm_gate_up_gemv_kernel(
+    X,
+    NW,
+    WG,
+    WU,
+    Y,
+    eps: float,
+    TM: ConstInt,
+    TN: ConstInt,
+    TK: ConstInt,
+    LATENCY: ConstInt,
+    OFFSET: ConstBool,
+    ACT: ConstInt,
+    PDL: ConstBool,
+):
+    """Y = act(RMSNorm(X) @ WG^T) * (RMSNorm(X) @ WU^T) for a few rows (the MLP's norm, gate/up
+    GEMV and activation in one launch); the norm as in `tilegym_norm_gemv_kernel`, both
+    weights' tiles loaded before the PDL wait, the products reduced every K step."""
+    bn = ct.bid(0)
+    bm = ct.bid(1)
+    k_tiles = ct.num_tiles(WG, axis=1, shape=(TN, TK))
+    wg = _gemv_w(WG, bn, 0, TN, TK, LATENCY)
+    wu = _gemv_w(WU, bn, 0, TN, TK, LATENCY)
+    if PDL:
+        ct.grid_dependency_control_wait()
+    x, xw = _gemv_normed_x(X, NW, bm, 0, TM, TK, OFFSET)
+    sq = x * x
+    gate = ct.sum(_gemv_scaled(xw, wg, TM, TN, TK), axis=2)
+    up = ct.sum(_gemv_scaled(xw, wu, TM, TN, TK), axis=2)
+    for k in range(1, k_tiles):
+        wg = _gemv_w(WG, bn, k, TN, TK, LATENCY)
+        wu = _gemv_w(WU, bn, k, TN, TK, LATENCY)
+        x, xw = _gemv_normed_x(X, NW, bm, k, TM, TK, OFFSET)
+        sq = sq + x * x
+        gate = gate + ct.sum(_gemv_scaled(xw, wg, TM, TN, TK), axis=2)
+        up = up + ct.sum(_gemv_scaled(xw, wu, TM, TN, TK), axis=2)
+    inv = ct.rsqrt(ct.sum(sq, axis=1, keepdims=True) / X.shape[1] + eps)
+    _act_mul_store(gate * inv, up * inv, Y, bm, bn, ACT)
+
+
 @ct.function
 def _gemv_normed_x(X, NW, bm, k, TM: ConstInt, TK: ConstInt, OFFSET: ConstBool):
     """fp32 (X tile, X tile times the norm weight) of K step ``k``."""
@@ -770,6 +812,31 @@ def _launch_norm_gemv(x2, norm_weight, eps, weight, bias, out2, cfg, unit_offset
     ct.launch(stream(x2.device), grid, kernel, args, programmatic_dependent_launch=pdl)
 
 
+def _launch_norm_gate_up(x2, norm_weight, eps, gate_up_weight, out2, cfg, act, offset) -> None:
+    """The norm-prologue gate/up GEMV kernel, with PDL as `_launch_gemv` decides it."""
+    m, _ = x2.shape
+    i = gate_up_weight.shape[0] // 2
+    pdl = GEMV_PDL and _pdl_ready(gate_up_weight)
+    args = (
+        x2,
+        norm_weight,
+        gate_up_weight[:i],
+        gate_up_weight[i:],
+        out2,
+        float(eps),
+        cfg.tm,
+        cfg.tn,
+        cfg.tk,
+        cfg.latency or GEMV_LATENCY,
+        bool(offset),
+        act,
+        pdl,
+    )
+    grid = (math.ceil(i / cfg.tn), math.ceil(m / cfg.tm), 1)
+    kernel = hinted(tilegym_norm_gate_up_gemv_kernel, cfg, grid[0])
+    ct.launch(stream(x2.device), grid, kernel, args, programmatic_dependent_launch=pdl)
+
+
 def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
     if cfg.gemv:
         _launch_gemv(x2, weight, bias, residual2, out2, cfg)
@@ -898,6 +965,53 @@ def rms_norm_linear(
     return out
 
 
+#: the norm-prologue gate/up GEMV's tile at one row: both weights' products fit the
+#: keep-products budget of `GEMV_ACC_ELEMS` at 2 x 1 x 2 x 1024 (reduced every step here)
+NORM_GATE_UP_TILE = TileConfig(1, 2, 1024, gemv=True)
+
+
+def rms_norm_gate_up(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    gate_up_weight: torch.Tensor,
+    *,
+    act: int = ACT_SILU,
+    unit_offset: bool = False,
+    out: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
+    """``act(RMSNorm(x) @ Wg^T) * (RMSNorm(x) @ Wu^T)`` for ``gate_up_weight = cat([Wg, Wu])``:
+    a layer's post-attention norm and its MLP's gate/up GEMM. One row (decode at batch 1) is
+    one launch of `tilegym_norm_gate_up_gemv_kernel` (`NORM_GATE_UP_TILE`, or `config` when it
+    is a GEMV tile); more rows take the norm kernel, then the fused gate-up GEMM."""
+    from tilegym.ops import rms_norm as _rms_norm
+
+    k = x.shape[-1]
+    _check(x, gate_up_weight, k)
+    if gate_up_weight.shape[0] % 2:
+        raise ValueError(f"gate_up_weight has an odd row count {gate_up_weight.shape[0]}")
+    if norm_weight.shape != (k,) or not norm_weight.is_cuda:
+        raise ValueError(
+            f"norm weight must be a CUDA tensor of shape ({k},), got "
+            f"{tuple(norm_weight.shape)} on {norm_weight.device}"
+        )
+    x2 = _as_2d(x)
+    m = x2.shape[0]
+    one_launch = config.gemv if config is not None else m == 1
+    if not one_launch or m == 0 or norm_weight.dtype != x.dtype:
+        normed = _rms_norm.rms_norm(x, norm_weight, eps, unit_offset=unit_offset)
+        mma = config if config is not None and not config.gemv else None
+        return _fused_gate_up(normed, gate_up_weight, act, out, mma)
+    cfg = config or NORM_GATE_UP_TILE
+    i = gate_up_weight.shape[0] // 2
+    if out is None:
+        out = torch.empty(*x.shape[:-1], i, dtype=x.dtype, device=x.device)
+    nw = norm_weight if norm_weight.stride(0) == 1 else norm_weight.contiguous()
+    _launch_norm_gate_up(x2, nw, eps, gate_up_weight, out.view(m, i), cfg, act, unit_offset)
+    return out
+
+
 def fused_gate_up_silu(
     x: torch.Tensor,
     gate_up_weight: torch.Tensor,
@@ -1012,13 +1126,28 @@ def _norm_gemv_sigs(sigs: dict, cfg: TileConfig, arr, dt, cconv) -> None:
             sigs.setdefault(kernel, []).append(sig)
 
 
+def _norm_gate_up_sigs(sigs: dict, arr, dt, cconv) -> None:
+    """`tilegym_norm_gate_up_gemv_kernel` at `NORM_GATE_UP_TILE`: SiLU, with and without PDL,
+    the plain (Llama) norm weight."""
+    from cuda.tile.compilation import KernelSignature, ScalarConstraint
+
+    cfg = NORM_GATE_UP_TILE
+    io = [arr(dt, 2), arr(dt, 1), arr(dt, 2, "w"), arr(dt, 2, "w"), arr(dt, 2)]  # X, NW, WG, WU, Y
+    consts = [ScalarConstraint(ct.float32), cfg.tm, cfg.tn, cfg.tk, cfg.latency or GEMV_LATENCY]
+    kernel = hinted(tilegym_norm_gate_up_gemv_kernel, cfg, 1)
+    for pdl in (False, True):
+        sig = KernelSignature([*io, *consts, False, ACT_SILU, pdl], cconv)
+        sigs.setdefault(kernel, []).append(sig)
+
+
 def aot_signatures(
     ops: tuple[str, ...] = ("linear", "residual", "gated"),
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16),
 ) -> dict:
     """`{kernel: [KernelSignature, ...]}` for the kernels of `ops` ('linear', 'residual',
     'gated', 'gated_gelu': the gated kernel with GELU-tanh, 'norm': the norm-prologue GEMV of
-    `rms_norm_linear`); by default the GEMM kernels, in bf16 and fp16.
+    `rms_norm_linear`, 'norm_gated': that of `rms_norm_gate_up`); by default the GEMM kernels,
+    in bf16 and fp16.
 
     Each case compiles twice: for any input, and for 16-byte aligned bases and row strides,
     which is what the models' tensors are and what the runtime specializes on. Only the
@@ -1063,6 +1192,10 @@ def aot_signatures(
                 if cfg.gemv:
                     _norm_gemv_sigs(sigs, cfg, arr, dt, cconv)
                 continue
+            if op == "norm_gated":  # the norm-prologue gate/up GEMV at its one tile
+                if cfg == default_config("single", False):  # once per dtype and alignment
+                    _norm_gate_up_sigs(sigs, arr, dt, cconv)
+                continue
             if cfg.gemv:
                 consts = [cfg.tm, cfg.tn, cfg.tk, cfg.latency or GEMV_LATENCY]
                 kernel = hinted(tilegym_gemv_kernel, cfg, 1)
@@ -1102,6 +1235,7 @@ __all__ = [
     "fused_gate_up_silu",
     "linear",
     "linear_residual",
+    "rms_norm_gate_up",
     "rms_norm_linear",
     "split_mode",
 ]

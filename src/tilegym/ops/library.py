@@ -388,6 +388,36 @@ def _(x, norm_weight, eps, weight, bias, unit_offset=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+@_op("rms_norm_gate_up")
+def rms_norm_gate_up_op(
+    x: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    gate_up_weight: Tensor,
+    gelu_tanh: bool = False,
+    unit_offset: bool = False,
+) -> Tensor:
+    act = _gemm.ACT_GELU_TANH if gelu_tanh else _gemm.ACT_SILU
+    with private_buffers():
+        return _gemm.rms_norm_gate_up(
+            x, norm_weight, eps, gate_up_weight, act=act, unit_offset=unit_offset
+        )
+
+
+@rms_norm_gate_up_op.register_kernel("cpu")
+def _(x, norm_weight, eps, gate_up_weight, gelu_tanh=False, unit_offset=False):
+    normed = _rms_norm.rms_norm_reference(x, norm_weight, eps, unit_offset)
+    gate_up = torch.nn.functional.linear(normed, gate_up_weight)
+    if gelu_tanh:
+        return _gelu.gelu_tanh_and_mul_reference(gate_up).contiguous()
+    return _silu.silu_and_mul_reference(gate_up).contiguous()
+
+
+@rms_norm_gate_up_op.register_fake
+def _(x, norm_weight, eps, gate_up_weight, gelu_tanh=False, unit_offset=False):
+    return x.new_empty((*x.shape[:-1], gate_up_weight.shape[0] // 2))
+
+
 @_op("fused_gate_up_silu")
 def fused_gate_up_silu_op(x: Tensor, gate_up_weight: Tensor) -> Tensor:
     with private_buffers():
@@ -823,6 +853,26 @@ def rms_norm_linear(
     if _use_op(x):
         return rms_norm_linear_op(x, norm_weight, float(eps), weight, bias, bool(unit_offset))
     return _gemm.rms_norm_linear(x, norm_weight, eps, weight, bias, unit_offset=unit_offset)
+
+
+def rms_norm_gate_up(
+    x: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    gate_up_weight: Tensor,
+    gelu_tanh: bool = False,
+    unit_offset: bool = False,
+) -> Tensor:
+    """``act(RMSNorm(x) @ Wg^T) * (RMSNorm(x) @ Wu^T)`` (SiLU, or GELU-tanh); one launch at
+    decode (``gemm.rms_norm_gate_up``)."""
+    if _use_op(x):
+        return rms_norm_gate_up_op(
+            x, norm_weight, float(eps), gate_up_weight, bool(gelu_tanh), bool(unit_offset)
+        )
+    act = _gemm.ACT_GELU_TANH if gelu_tanh else _gemm.ACT_SILU
+    return _gemm.rms_norm_gate_up(
+        x, norm_weight, eps, gate_up_weight, act=act, unit_offset=unit_offset
+    )
 
 
 def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:

@@ -51,7 +51,7 @@ class Routes:
     linear: bool = False
     act: str = "silu"  # the gated MLP activation's kernels (a value of GATED_ACTS)
     rope_heads: int = 0  # decode RoPE kernels' heads a block (0: per-token; monkey_patch.TUNING)
-    norm_gemv: bool = False  # the input norm in the QKV GEMV's K loop (monkey_patch.TUNING)
+    norm_gemv: int = 0  # norms in the next GEMV's K loop: 1 QKV's, 2 and gate/up's (TUNING)
 
 
 _ACT_KERNELS = {
@@ -95,14 +95,28 @@ def add_scaled(residual: torch.Tensor, out: torch.Tensor, scale: float | None) -
 def make_mlp_forward(routes: Routes, fused: FusedWeights, gemm, family: Family) -> Callable:
     """``XMLP.forward``: gate/up (fused GEMM + activation-and-mul epilogue, or the act-and-mul
     kernel: SiLU, or GELU-tanh by ``routes.act``), down(+residual). A residual multiplier
-    (Granite) is folded into the down_proj weight the residual GEMM reads."""
+    (Granite) is folded into the down_proj weight the residual GEMM reads. Given the layer's
+    norm (``pre_norm``, ``routes.norm_gemv`` 2), the fused gate/up GEMM applies it."""
     names = family.gate_up
     act_and_mul, gated_gemm = _ACT_KERNELS[routes.act]
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        pre_norm: torch.nn.Module | None = None,
+    ) -> torch.Tensor:
+        fuse = routes.linear and routes.swiglu and unbiased(self, names)
+        if pre_norm is not None and not fuse:  # the norm rides only in the fused gate/up GEMM
+            x, pre_norm = pre_norm(x), None
         if routes.linear and unbiased(self, names):
             w, _ = fused.get(self, names)
-            if routes.swiglu:
+            if pre_norm is not None:
+                eps, gelu = norm_eps(pre_norm), routes.act == "gelu_tanh"
+                act = gemm.rms_norm_gate_up(
+                    x, pre_norm.weight, eps, w, gelu, family.norm_unit_offset
+                )
+            elif routes.swiglu:
                 act = getattr(gemm, gated_gemm)(x, w)
             else:
                 gate, up = gemm.linear(x, w).chunk(2, dim=-1)
@@ -293,8 +307,10 @@ def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
     ``linear_attn``) calls it where the others call ``self_attn``, with the residual to fold
     into its out_proj GEMM and the cache under both names the releases use. With
     ``routes.norm_gemv`` the input norm is handed to the attention (``pre_norm``), whose QKV
-    GEMM applies it (``rms_norm_linear``: one launch at decode)."""
+    GEMM applies it (``rms_norm_linear``: one launch at decode); at 2 the post-attention norm
+    also goes to a dense MLP whose o_proj took the residual (``rms_norm_gate_up``)."""
     offset = family.norm_unit_offset
+    mlp_norm = routes.norm_gemv >= 2 and not family.moe_block and "MLP" not in family.forwards
 
     def forward(
         self,
@@ -330,6 +346,8 @@ def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
                 **kwargs,
             )
         norm = self.post_attention_layernorm
+        if fold and mlp_norm:  # the MLP's gate/up GEMM applies the norm
+            return self.mlp(attn_out, residual=attn_out, pre_norm=norm)
         if fold:
             hidden_states = attn_out
             normed = norm(hidden_states)

@@ -33,8 +33,10 @@ FLAGS = ("rope", "rms_norm", "swiglu", "attn", "linear")
 #: that many heads a block instead of the per-token kernel (0; ``tilegym.ops.rope._pick``).
 #: ``norm_gemv`` 1: with ``rms_norm`` and ``linear`` routed, a pre-norm layer's input norm runs
 #: in its QKV GEMM (``tilegym.ops.gemm.rms_norm_linear``; one launch at decode) instead of
-#: before it; layers with their own forwards (post-norm, sandwich-norm, a family's own attention
-#: or layer builder, linear-attention mixers) keep the norm launch.
+#: before it; 2: also its post-attention norm in the MLP's gate/up GEMM with the activation
+#: (``rms_norm_gate_up``; with ``swiglu``, where o_proj takes the residual). Layers with their
+#: own forwards (post-norm, sandwich-norm, a family's own attention, MLP or layer builder, MoE
+#: blocks, linear-attention mixers) keep the norm launches.
 TUNING = {"rope_heads": 0, "norm_gemv": 0}
 MAX_ROPE_HEADS = 64
 GEMM_API = (
@@ -43,6 +45,7 @@ GEMM_API = (
     "fused_gate_up_gelu_tanh",
     "linear_residual",
     "rms_norm_linear",
+    "rms_norm_gate_up",
 )
 _MARK = "_tilegym_patched"
 
@@ -286,7 +289,7 @@ def _apply_description(
         linear=gemm is not None,
         act=act,
         rope_heads=tuning["rope_heads"],
-        norm_gemv=bool(tuning["norm_gemv"]) and _norm_gemv_fits(desc, flags, gemm),
+        norm_gemv=tuning["norm_gemv"] if _norm_gemv_fits(desc, flags, gemm) else 0,
     )
     fused = FusedWeights()
     handle.repacked = fused
@@ -541,8 +544,8 @@ def check_tuning(tuning: dict) -> None:
     if type(heads) is not int or not 0 <= heads <= MAX_ROPE_HEADS:
         raise ValueError(f"rope_heads must be an int in 0..{MAX_ROPE_HEADS}, got {heads!r}")
     norm_gemv = tuning.get("norm_gemv", 0)
-    if type(norm_gemv) is not int or norm_gemv not in (0, 1):
-        raise ValueError(f"norm_gemv must be 0 or 1, got {norm_gemv!r}")
+    if type(norm_gemv) is not int or norm_gemv not in (0, 1, 2):
+        raise ValueError(f"norm_gemv must be 0, 1 or 2, got {norm_gemv!r}")
 
 
 def _norm_gemv_fits(desc, flags: dict[str, bool], gemm) -> bool:
