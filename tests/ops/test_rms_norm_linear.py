@@ -115,21 +115,30 @@ def test_norm_gemv_pdl_waits_for_the_kernel_writing_x(cfg, gen, monkeypatch):
     it; X (written late by that kernel) must be read after the wait. Outputs poisoned; the
     first call reads W without PDL (`_pdl_ready`), the next ones with it."""
     from tilegym.ops import gemm
-    from tilegym.ops._common import stream
 
     monkeypatch.setattr(gemm, "GEMV_PDL", True)
     dt = torch.bfloat16
     n, k = 1021, 3072
     src, nw, w, b = _inputs(1, n, k, gen, dt, True)
     ref = _reference(src, nw, w, b, False)
+    _check_with_x_written_late(
+        src, ref, lambda x, out: gemm.rms_norm_linear(x, nw, EPS, w, b, out=out, config=cfg)
+    )
+
+
+def _check_with_x_written_late(src, ref, call) -> None:
+    """``call(x, out)`` three times, each right after a kernel that writes x = src some 100 us
+    late (and lets its dependents start at once); outputs poisoned, compared with ``ref``."""
+    from tilegym.ops._common import stream
+
     x = torch.empty_like(src)
     for _ in range(3):
         x.fill_(float("nan"))
-        grid = (math.ceil(k / 1024), 1, 1)
+        grid = (math.ceil(src.shape[1] / 1024), 1, 1)
         ct.launch(stream(), grid, _copy_late, (src, x, 1 << 17, 1024))
-        out = torch.full((1, n), float("nan"), device="cuda", dtype=dt)
-        gemm.rms_norm_linear(x, nw, EPS, w, b, out=out, config=cfg)
-        assert_close_rel(out, ref, tol=GEMM_TOL[dt])
+        out = torch.full(ref.shape, float("nan"), device="cuda", dtype=src.dtype)
+        call(x, out)
+        assert_close_rel(out, ref, tol=GEMM_TOL[src.dtype])
 
 
 @pytest.mark.slow
@@ -228,21 +237,15 @@ def test_norm_gate_up_pdl_waits_for_the_kernel_writing_x(gen, monkeypatch):
     """As for the QKV GEMV: both weights' first tiles before the wait, X (written late) after;
     the first call reads the weight without PDL, the next ones with it."""
     from tilegym.ops import gemm
-    from tilegym.ops._common import stream
 
     monkeypatch.setattr(gemm, "GEMV_PDL", True)
     dt = torch.bfloat16
     i, k = 1021, 3072
     src, nw, w, _ = _inputs(1, 2 * i, k, gen, dt, False)
     ref = _gate_up_reference(src, nw, w, False, False)
-    x = torch.empty_like(src)
-    for _ in range(3):
-        x.fill_(float("nan"))
-        grid = (math.ceil(k / 1024), 1, 1)
-        ct.launch(stream(), grid, _copy_late, (src, x, 1 << 17, 1024))
-        out = torch.full((1, i), float("nan"), device="cuda", dtype=dt)
-        gemm.rms_norm_gate_up(x, nw, EPS, w, out=out)
-        assert_close_rel(out, ref, tol=GEMM_TOL[dt])
+    _check_with_x_written_late(
+        src, ref, lambda x, out: gemm.rms_norm_gate_up(x, nw, EPS, w, out=out)
+    )
 
 
 @pytest.mark.slow

@@ -765,76 +765,43 @@ def _pdl_ready(weight: torch.Tensor) -> bool:
     return seen == version
 
 
+def _gemv_tiles(cfg: TileConfig) -> tuple[int, int, int, int]:
+    """The (TM, TN, TK, LATENCY) constants of the GEMV kernels."""
+    return cfg.tm, cfg.tn, cfg.tk, cfg.latency or GEMV_LATENCY
+
+
+def _launch_rows(kernel, cfg: TileConfig, x2, n: int, args: tuple, pdl: bool) -> None:
+    """One of the GEMV kernels over (N tiles, M tiles), hinted by its config."""
+    grid = (math.ceil(n / cfg.tn), math.ceil(x2.shape[0] / cfg.tm), 1)
+    hinted_kernel = hinted(kernel, cfg, grid[0])
+    ct.launch(stream(x2.device), grid, hinted_kernel, args, programmatic_dependent_launch=pdl)
+
+
 def _launch_gemv(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
     """The GEMV kernel; with `GEMV_PDL` launched as a programmatic dependent where the weight
     is safe to load early (`_pdl_ready`)."""
-    m, _ = x2.shape
-    n = weight.shape[0]
     pdl = GEMV_PDL and _pdl_ready(weight)
-    args = (
-        *_io_args(x2, weight, bias, residual2, out2),
-        cfg.tm,
-        cfg.tn,
-        cfg.tk,
-        cfg.latency or GEMV_LATENCY,
-        bias is not None,
-        residual2 is not None,
-        pdl,
-    )
-    grid = (math.ceil(n / cfg.tn), math.ceil(m / cfg.tm), 1)
-    kernel = hinted(tilegym_gemv_kernel, cfg, grid[0])
-    ct.launch(stream(x2.device), grid, kernel, args, programmatic_dependent_launch=pdl)
+    io = _io_args(x2, weight, bias, residual2, out2)
+    args = (*io, *_gemv_tiles(cfg), bias is not None, residual2 is not None, pdl)
+    _launch_rows(tilegym_gemv_kernel, cfg, x2, weight.shape[0], args, pdl)
 
 
 def _launch_norm_gemv(x2, norm_weight, eps, weight, bias, out2, cfg, unit_offset) -> None:
     """The norm-prologue GEMV kernel, with PDL as `_launch_gemv` decides it."""
-    m, _ = x2.shape
-    n = weight.shape[0]
     pdl = GEMV_PDL and _pdl_ready(weight)
-    dummy_b, _ = _BUFFERS.dummies(x2.device, x2.dtype)
-    args = (
-        x2,
-        norm_weight,
-        weight,
-        bias if bias is not None else dummy_b,
-        out2,
-        float(eps),
-        cfg.tm,
-        cfg.tn,
-        cfg.tk,
-        cfg.latency or GEMV_LATENCY,
-        bias is not None,
-        bool(unit_offset),
-        pdl,
-    )
-    grid = (math.ceil(n / cfg.tn), math.ceil(m / cfg.tm), 1)
-    kernel = hinted(tilegym_norm_gemv_kernel, cfg, grid[0])
-    ct.launch(stream(x2.device), grid, kernel, args, programmatic_dependent_launch=pdl)
+    b = bias if bias is not None else _BUFFERS.dummies(x2.device, x2.dtype)[0]
+    args = (x2, norm_weight, weight, b, out2, float(eps), *_gemv_tiles(cfg))
+    args += (bias is not None, bool(unit_offset), pdl)
+    _launch_rows(tilegym_norm_gemv_kernel, cfg, x2, weight.shape[0], args, pdl)
 
 
 def _launch_norm_gate_up(x2, norm_weight, eps, gate_up_weight, out2, cfg, act, offset) -> None:
     """The norm-prologue gate/up GEMV kernel, with PDL as `_launch_gemv` decides it."""
-    m, _ = x2.shape
     i = gate_up_weight.shape[0] // 2
     pdl = GEMV_PDL and _pdl_ready(gate_up_weight)
-    args = (
-        x2,
-        norm_weight,
-        gate_up_weight[:i],
-        gate_up_weight[i:],
-        out2,
-        float(eps),
-        cfg.tm,
-        cfg.tn,
-        cfg.tk,
-        cfg.latency or GEMV_LATENCY,
-        bool(offset),
-        act,
-        pdl,
-    )
-    grid = (math.ceil(i / cfg.tn), math.ceil(m / cfg.tm), 1)
-    kernel = hinted(tilegym_norm_gate_up_gemv_kernel, cfg, grid[0])
-    ct.launch(stream(x2.device), grid, kernel, args, programmatic_dependent_launch=pdl)
+    wg, wu = gate_up_weight[:i], gate_up_weight[i:]
+    args = (x2, norm_weight, wg, wu, out2, float(eps), *_gemv_tiles(cfg), bool(offset), act, pdl)
+    _launch_rows(tilegym_norm_gate_up_gemv_kernel, cfg, x2, i, args, pdl)
 
 
 def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
@@ -1118,7 +1085,7 @@ def _norm_gemv_sigs(sigs: dict, cfg: TileConfig, arr, dt, cconv) -> None:
     from cuda.tile.compilation import KernelSignature, ScalarConstraint
 
     io = [arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 1), arr(dt, 2)]  # X, NW, W, B, Y
-    consts = [ScalarConstraint(ct.float32), cfg.tm, cfg.tn, cfg.tk, cfg.latency or GEMV_LATENCY]
+    consts = [ScalarConstraint(ct.float32), *_gemv_tiles(cfg)]
     kernel = hinted(tilegym_norm_gemv_kernel, cfg, 1)
     for has_bias in (False, True):
         for pdl in (False, True):
@@ -1133,7 +1100,7 @@ def _norm_gate_up_sigs(sigs: dict, arr, dt, cconv) -> None:
 
     cfg = NORM_GATE_UP_TILE
     io = [arr(dt, 2), arr(dt, 1), arr(dt, 2, "w"), arr(dt, 2, "w"), arr(dt, 2)]  # X, NW, WG, WU, Y
-    consts = [ScalarConstraint(ct.float32), cfg.tm, cfg.tn, cfg.tk, cfg.latency or GEMV_LATENCY]
+    consts = [ScalarConstraint(ct.float32), *_gemv_tiles(cfg)]
     kernel = hinted(tilegym_norm_gate_up_gemv_kernel, cfg, 1)
     for pdl in (False, True):
         sig = KernelSignature([*io, *consts, False, ACT_SILU, pdl], cconv)
@@ -1197,7 +1164,7 @@ def aot_signatures(
                     _norm_gate_up_sigs(sigs, arr, dt, cconv)
                 continue
             if cfg.gemv:
-                consts = [cfg.tm, cfg.tn, cfg.tk, cfg.latency or GEMV_LATENCY]
+                consts = list(_gemv_tiles(cfg))
                 kernel = hinted(tilegym_gemv_kernel, cfg, 1)
                 for pdl in (False, True):  # GEMV_PDL either way
                     sig = KernelSignature([*io, *consts, has_bias, has_res, pdl], cconv)

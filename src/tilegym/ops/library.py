@@ -397,11 +397,15 @@ def rms_norm_gate_up_op(
     gelu_tanh: bool = False,
     unit_offset: bool = False,
 ) -> Tensor:
-    act = _gemm.ACT_GELU_TANH if gelu_tanh else _gemm.ACT_SILU
     with private_buffers():
-        return _gemm.rms_norm_gate_up(
-            x, norm_weight, eps, gate_up_weight, act=act, unit_offset=unit_offset
-        )
+        return _norm_gate_up(x, norm_weight, eps, gate_up_weight, gelu_tanh, unit_offset)
+
+
+def _norm_gate_up(x, norm_weight, eps, gate_up_weight, gelu_tanh, unit_offset) -> Tensor:
+    act = _gemm.ACT_GELU_TANH if gelu_tanh else _gemm.ACT_SILU
+    return _gemm.rms_norm_gate_up(
+        x, norm_weight, eps, gate_up_weight, act=act, unit_offset=unit_offset
+    )
 
 
 @rms_norm_gate_up_op.register_kernel("cpu")
@@ -869,10 +873,7 @@ def rms_norm_gate_up(
         return rms_norm_gate_up_op(
             x, norm_weight, float(eps), gate_up_weight, bool(gelu_tanh), bool(unit_offset)
         )
-    act = _gemm.ACT_GELU_TANH if gelu_tanh else _gemm.ACT_SILU
-    return _gemm.rms_norm_gate_up(
-        x, norm_weight, eps, gate_up_weight, act=act, unit_offset=unit_offset
-    )
+    return _norm_gate_up(x, norm_weight, eps, gate_up_weight, gelu_tanh, unit_offset)
 
 
 def linear_residual(x: Tensor, weight: Tensor, residual: Tensor) -> Tensor:
