@@ -141,17 +141,17 @@ def _check_with_x_written_late(src, ref, call) -> None:
         assert_close_rel(out, ref, tol=GEMM_TOL[src.dtype])
 
 
-@pytest.mark.slow
-def test_norm_gemv_signatures_compile_and_load_w_before_the_wait():
-    """The AOT signatures (bias or not, PDL or not) compile for sm_90; with PDL the first W
-    tile's loads precede `griddepcontrol.wait` and every X / norm-weight load follows it."""
+def _compiled_ptx(op: str, count: int):
+    """The op's AOT signatures (``count`` of them) compile for sm_90; returns a function of
+    (flags after the tile constants) -> sm_90 PTX lines of the aligned signature with 16-byte
+    row strides, as the models' tensors are."""
     from cuda.tile.compilation import KernelSignature, export_kernel
 
     from tilegym.ops import gemm
 
-    sigs = gemm.aot_signatures(("norm",), (torch.bfloat16,))
+    sigs = gemm.aot_signatures((op,), (torch.bfloat16,))
     (kernel,) = sigs
-    assert len(sigs[kernel]) == 8  # 2 alignments x bias x PDL
+    assert len(sigs[kernel]) == count
     buf = io.BytesIO()
     export_kernel(kernel, sigs[kernel][:1], buf, gpu_code="sm_90", output_format="cubin")
     assert len(buf.getvalue()) > 1000
@@ -160,22 +160,33 @@ def test_norm_gemv_signatures_compile_and_load_w_before_the_wait():
         dataclasses.replace(a, shape_divisible_by=(1,) * (a.ndim - 1) + (8,))
         for a in aligned.parameters[:5]
     ]
-    x, nw, w = 0, 1, 2  # pointer parameters: X, NW, W, B, Y
 
-    def ptx(pdl: bool) -> list[str]:
-        params = [*arrays, *aligned.parameters[5:10], True, False, pdl]
-        return ptx_lines(
-            gemm.tilegym_norm_gemv_kernel, KernelSignature(params, aligned.calling_convention)
-        )
+    def ptx(*flags) -> list[str]:
+        params = [*arrays, *aligned.parameters[5:10], *flags]
+        return ptx_lines(kernel, KernelSignature(params, aligned.calling_convention))
 
-    lines = ptx(True)
+    return ptx
+
+
+def _loads_around_the_wait(lines, weights: set[int], later: tuple[int, ...]) -> None:
+    """Every global access before ``griddepcontrol.wait`` loads one of ``weights`` (all of
+    them are loaded there); each array of ``later`` is read after it."""
     (wait,) = instructions(lines, "griddepcontrol.wait")
     accesses = global_accesses(lines)
     before = [a for a in accesses if a.line < wait]
-    assert before and all(a.op.startswith("ld.") and a.arrays == {w} for a in before), before
+    assert before and all(a.op.startswith("ld.") and a.arrays <= weights for a in before), before
+    assert {i for a in before for i in a.arrays} == weights
     after = [a.arrays for a in accesses if a.line > wait]
-    assert {x} in after and {nw} in after
-    assert not any("griddepcontrol" in line for line in ptx(False))
+    assert all({i} in after for i in later)
+
+
+@pytest.mark.slow
+def test_norm_gemv_signatures_compile_and_load_w_before_the_wait():
+    """The AOT signatures (2 alignments x bias x PDL) compile for sm_90; with PDL the first W
+    tile's loads precede `griddepcontrol.wait` and X and the norm weight are read after it."""
+    ptx = _compiled_ptx("norm", 8)
+    _loads_around_the_wait(ptx(True, False, True), {2}, (0, 1))  # X, NW, W, B, Y
+    assert not any("griddepcontrol" in line for line in ptx(True, False, False))
 
 
 NORM_GATE_UP_CONFIGS = [
@@ -250,34 +261,10 @@ def test_norm_gate_up_pdl_waits_for_the_kernel_writing_x(gen, monkeypatch):
 
 @pytest.mark.slow
 def test_norm_gate_up_signatures_compile_and_load_weights_before_the_wait():
-    from cuda.tile.compilation import KernelSignature, export_kernel
-
+    """The AOT signatures (2 alignments x PDL) compile; with PDL both weights' first tiles
+    are loaded before the wait, X and the norm weight after it."""
     from tilegym.ops import gemm
 
-    sigs = gemm.aot_signatures(("norm_gated",), (torch.bfloat16,))
-    (kernel,) = sigs
-    assert len(sigs[kernel]) == 4  # 2 alignments x PDL
-    buf = io.BytesIO()
-    export_kernel(kernel, sigs[kernel][:1], buf, gpu_code="sm_90", output_format="cubin")
-    assert len(buf.getvalue()) > 1000
-    (aligned, *_) = [s for s in sigs[kernel] if s.parameters[0].base_addr_divisible_by == 16]
-    arrays = [
-        dataclasses.replace(a, shape_divisible_by=(1,) * (a.ndim - 1) + (8,))
-        for a in aligned.parameters[:5]
-    ]
-    x, nw, wg, wu = 0, 1, 2, 3  # pointer parameters: X, NW, WG, WU, Y
-
-    def ptx(pdl: bool) -> list[str]:
-        params = [*arrays, *aligned.parameters[5:10], False, gemm.ACT_SILU, pdl]
-        sig = KernelSignature(params, aligned.calling_convention)
-        return ptx_lines(gemm.tilegym_norm_gate_up_gemv_kernel, sig)
-
-    lines = ptx(True)
-    (wait,) = instructions(lines, "griddepcontrol.wait")
-    accesses = global_accesses(lines)
-    before = [a for a in accesses if a.line < wait]
-    assert before and all(a.op.startswith("ld.") and a.arrays <= {wg, wu} for a in before)
-    assert {a for b in before for a in b.arrays} == {wg, wu}
-    after = [a.arrays for a in accesses if a.line > wait]
-    assert {x} in after and {nw} in after
-    assert not any("griddepcontrol" in line for line in ptx(False))
+    ptx = _compiled_ptx("norm_gated", 4)
+    _loads_around_the_wait(ptx(False, gemm.ACT_SILU, True), {2, 3}, (0, 1))  # X, NW, WG, WU, Y
+    assert not any("griddepcontrol" in line for line in ptx(False, gemm.ACT_SILU, False))
