@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))
-from _timing import hbm_tbps  # noqa: E402
+from _timing import running_gpu_tbps  # noqa: E402
 
 H200_HBM_TBPS = 4.8
 BF16_BYTES = 2
@@ -172,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("error: no CUDA GPU here (--floor-only needs none)", file=sys.stderr)
             return 2
-        source = torch.cuda.get_device_name()
-        tbps = hbm_tbps(source)
-        if tbps is None:
-            print(f"error: no HBM bandwidth known for {source}: pass --tbps", file=sys.stderr)
+        try:
+            tbps, source = running_gpu_tbps()
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         source += " spec"
     from tilegym_hf_bench.presets import PRESETS

@@ -43,6 +43,16 @@ def hbm_tbps(device_name: str) -> float | None:
     return None
 
 
+def running_gpu_tbps() -> tuple[float, str]:
+    """(spec HBM TB/s, name) of the running GPU; a one-line ValueError for a GPU that
+    ``HBM_TBPS`` does not list (the caller's ``--tbps`` then says it)."""
+    name = torch.cuda.get_device_name()
+    tbps = hbm_tbps(name)
+    if tbps is None:
+        raise ValueError(f"no HBM bandwidth known for {name}: pass --tbps")
+    return tbps, name
+
+
 _FLUSH_BYTES = 256 * 1024 * 1024  # well above any current L2 (H200: 60 MiB)
 FLUSH_MODES = ("write", "read")
 HEADROOM_CYCLES = 400_000  # ~200 us at the H200's 1.98 GHz: more than any timed call's host work
@@ -170,8 +180,11 @@ def copy_tbps() -> float:
     process (the H200 gave 4.3, about 90% of its 4.8 spec; an H100's is lower)."""
     n = 1 << 30
     src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    st = time_cuda(lambda: dst.copy_(src), warmup=5, iters=20, flush_l2=False)
+    pair = [torch.empty_like(src), src]
+    st = time_cuda(lambda: pair[0].copy_(pair[1]), warmup=5, iters=20, flush_l2=False)
+    pair.clear()
+    src = None
+    torch.cuda.empty_cache()  # the 2 GiB go back to the driver, not to the next table's pool
     return 2 * n / (st.median_us * 1e-6) / 1e12
 
 

@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _graph_timing import graphed  # noqa: E402
-from _timing import Stats, flush_mode, format_table, hbm_tbps, interleaved  # noqa: E402
+from _timing import Stats, flush_mode, format_table, interleaved, running_gpu_tbps  # noqa: E402
 
 SHAPE = {"hidden": 2880, "inter": 2880, "experts": 32, "top_k": 4}  # gpt-oss-20b
 FLOOR_GOAL = 2.0  # issue 46: the experts at T = 1 within 2x of their weight-read floor
@@ -230,9 +230,10 @@ def main(argv=None) -> int:
         return 1
     gpu = torch.cuda.get_device_name()
     if args.tbps is None:
-        args.tbps = hbm_tbps(gpu)
-        if args.tbps is None:
-            print(f"error: no HBM bandwidth known for {gpu}: pass --tbps", file=sys.stderr)
+        try:
+            args.tbps, _ = running_gpu_tbps()
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 1
     impl, desc = transformers_default()
     print(f"transformers default experts implementation: {impl!r} -> {desc}", flush=True)
