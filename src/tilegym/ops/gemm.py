@@ -34,6 +34,7 @@ import weakref
 import cuda.tile as ct
 import torch
 
+from tilegym.ops import rms_norm as _rms_norm
 from tilegym.ops._common import buffers_private, sm_count, stream, with_hints
 from tilegym.ops.gelu_and_mul import gelu_tanh
 from tilegym.ops.gemm_configs import TileConfig, choose_config, default_config
@@ -907,8 +908,6 @@ def rms_norm_linear(
     GEMV tile or, where the table picks an mma kernel for the plain GEMM, the default GEMV tile
     (the launch it saves is worth more than the mma's edge on a few-microsecond GEMM); more rows
     take the norm kernel, then the GEMM. `unit_offset`: Gemma's ``1 + weight`` norm."""
-    from tilegym.ops import rms_norm as _rms_norm
-
     k = x.shape[-1]
     _check(x, weight, k)
     if norm_weight.shape != (k,) or not norm_weight.is_cuda:
@@ -952,8 +951,6 @@ def rms_norm_gate_up(
     a layer's post-attention norm and its MLP's gate/up GEMM. One row (decode at batch 1) is
     one launch of `tilegym_norm_gate_up_gemv_kernel` (`NORM_GATE_UP_TILE`, or `config` when it
     is a GEMV tile); more rows take the norm kernel, then the fused gate-up GEMM."""
-    from tilegym.ops import rms_norm as _rms_norm
-
     k = x.shape[-1]
     _check(x, gate_up_weight, k)
     if gate_up_weight.shape[0] % 2:
