@@ -9,7 +9,13 @@ memset and copy the profiler sees, graph replays included), and the GPU-busy sha
 time (that GPU time over the median wall time of one generate()). Timed runs fail on any
 recompile.
 
+Each ``--variant SETTING[,SETTING...]`` adds one more cuTile side, patched with those settings
+over the model's ``MODEL_PATCH_KWARGS`` entry (``norm_gemv=1``, ``rope=False``), on the same
+weights and interleaved with the others: a tuning's A/B in one process.
+
     python benchmarks/e2e/static_generate.py --models qwen3 llama --workloads default decode
+    python benchmarks/e2e/static_generate.py --models qwen3 --workloads default \
+        --variant norm_gemv=1 --variant norm_gemv=2
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ import time
 import torch
 from tilegym_hf_bench.generation import Generator
 
+from tilegym.transformers.monkey_patch import FLAGS, TUNING, check_tuning, parse_setting
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _sides import CUTILE, static_sides  # noqa: E402
+from _sides import CUTILE, PYTORCH, static_sides  # noqa: E402
 
 
 def gpu_ms(gen: Generator, tokens: int) -> float:
@@ -40,8 +48,21 @@ def gpu_ms(gen: Generator, tokens: int) -> float:
     return total_us / 1e3
 
 
-def measure(model_key: str, workload: str, runs: int, seed: int) -> list[dict]:
-    wl, sides, report = static_sides(model_key, workload, seed)
+def parse_variant(text: str) -> dict:
+    """``norm_gemv=1,rope=False`` -> ``{"norm_gemv": 1, "rope": False}``; a one-line
+    ``ValueError`` for a name that is no patch flag or tuning, or a value it does not take."""
+    settings = dict(parse_setting(item) for item in text.split(","))
+    unknown = sorted(set(settings) - set(FLAGS) - set(TUNING))
+    if unknown:
+        raise ValueError(f"{text}: unknown {unknown} (known: {', '.join((*FLAGS, *TUNING))})")
+    check_tuning({k: v for k, v in settings.items() if k in TUNING})
+    return settings
+
+
+def measure(
+    model_key: str, workload: str, runs: int, seed: int, variants: tuple[dict, ...] = ()
+) -> list[dict]:
+    wl, sides, report = static_sides(model_key, workload, seed, variants=variants)
     rows = {name: {"side": name, "wall": [], "applied": ""} for name in sides}
     rows[CUTILE]["applied"] = ",".join(report.applied)
     for name, gen in sides.items():
@@ -72,7 +93,9 @@ def measure(model_key: str, workload: str, runs: int, seed: int) -> list[dict]:
             busy=row["gpu_ms"] / 1e3 / med_wall,
         )
         out.append(row)
-    out[1]["speedup"] = out[1]["tps"] / out[0]["tps"]
+    for row in out:
+        if row["side"] != PYTORCH:
+            row["speedup"] = row["tps"] / rows[PYTORCH]["tps"]
     return out
 
 
@@ -82,7 +105,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", nargs="+", default=["default", "decode"])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="SETTING[,SETTING...]",
+        help="one more cuTile side with these patch settings (e.g. norm_gemv=1); repeatable",
+    )
     args = parser.parse_args(argv)
+    try:
+        variants = tuple(parse_variant(v) for v in args.variant)
+    except ValueError as exc:
+        print(f"error: --variant {exc}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -94,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     for model_key in args.models:
         for workload in args.workloads:
-            for r in measure(model_key, workload, args.runs, args.seed):
+            for r in measure(model_key, workload, args.runs, args.seed, variants):
                 ratio = f"{r['speedup']:.2f}x" if "speedup" in r else ""
                 print(
                     f"| {r['model']} | {r['workload']} | {r['side']} | {r['tps']:.1f} "

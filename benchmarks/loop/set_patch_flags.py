@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tilegym_hf_bench.presets import PRESETS
 
-from tilegym.transformers.monkey_patch import TUNING, check_tuning
+from tilegym.transformers.monkey_patch import TUNING, check_tuning, parse_setting
 
 LINE_LENGTH = 100
 
@@ -82,17 +82,11 @@ def main(argv: list[str]) -> int:
     if key not in PRESETS:
         print(f"error: unknown model key {key!r}", file=sys.stderr)
         return 2
-    changes = {}
-    for item in assignments:
-        flag, _, value = item.partition("=")
-        if flag in TUNING and value.isdigit():
-            changes[flag] = int(value)
-        elif flag not in TUNING and value in ("True", "False"):
-            changes[flag] = value == "True"
-        else:
-            want = f"{flag}=N (an integer)" if flag in TUNING else f"{flag}=True or {flag}=False"
-            print(f"error: {item}: expected {want}", file=sys.stderr)
-            return 2
+    try:
+        changes = dict(parse_setting(item) for item in assignments)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     file = Path(path)
     try:
         text = set_flags(file.read_text(), PRESETS[key].model_type, changes)

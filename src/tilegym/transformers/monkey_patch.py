@@ -548,6 +548,18 @@ def check_tuning(tuning: dict) -> None:
         raise ValueError(f"norm_gemv must be 0, 1 or 2, got {norm_gemv!r}")
 
 
+def parse_setting(item: str) -> tuple[str, bool | int]:
+    """``FLAG=True|False`` or ``TUNING=N``, as the loop's scripts and benches take them on a
+    command line: ``(name, value)``, or a one-line ``ValueError`` saying what was expected."""
+    flag, _, value = item.partition("=")
+    if flag in TUNING and value.isdigit():
+        return flag, int(value)
+    if flag not in TUNING and value in ("True", "False"):
+        return flag, value == "True"
+    want = f"{flag}=N (an integer)" if flag in TUNING else f"{flag}=True or {flag}=False"
+    raise ValueError(f"{item}: expected {want}")
+
+
 def _norm_gemv_fits(desc, flags: dict[str, bool], gemm) -> bool:
     """Whether the shared pre-norm layer and attention forwards run (``norm_gemv``'s path):
     norms and GEMMs routed, no family builder of its own for either, no post-/sandwich norm."""
