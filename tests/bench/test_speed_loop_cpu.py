@@ -21,7 +21,7 @@ BENCH += ["--output-length", "4", "--timed-runs", "2", "--warmup-runs", "1"]
 pytestmark = pytest.mark.slow
 
 
-def test_the_rope_heads_round_through_the_loop_on_a_cpu(tmp_path):
+def test_the_rope_heads_and_norm_gemv_rounds_through_the_loop_on_a_cpu(tmp_path):
     out = tmp_path / "out"
     env = {
         **os.environ,
@@ -29,6 +29,7 @@ def test_the_rope_heads_round_through_the_loop_on_a_cpu(tmp_path):
         "CUDA_VISIBLE_DEVICES": "",
         "HF_HUB_OFFLINE": "1",
         "SPEED_ROPE_HEADS": "2",
+        "LOOP_ROUNDS": "baseline rope-heads norm-gemv-mlp",
     }
     done = subprocess.run(
         ["bash", str(SCRIPT), str(out), "qwen3", *BENCH],
@@ -44,6 +45,9 @@ def test_the_rope_heads_round_through_the_loop_on_a_cpu(tmp_path):
     assert "without a CUDA GPU" in decision["reasons"][0]
     worker = (out / "rope-heads.stderr").read_text()
     assert "'linear': True, 'rope_heads': 2}" in worker  # the head's patch took the tuning
+    worker = (out / "norm-gemv-mlp.stderr").read_text()
+    assert "'norm_gemv': 2}" in worker and "'rope_heads': 1," in worker  # main's, not the discard's
     rows = (out / "ledger.md").read_text().splitlines()[2:]
-    assert [row.split("|")[4].strip() for row in rows] == ["keep", "discard"]
+    assert [row.split("|")[4].strip() for row in rows] == ["keep", "discard", "discard"]
     assert "2 head(s) a block [inconclusive]" in rows[1]
+    assert "gate/up GEMV's K loop too [inconclusive]" in rows[2]
