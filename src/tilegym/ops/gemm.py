@@ -891,6 +891,16 @@ def linear_residual(
     return out
 
 
+def _norm_weight(norm_weight: torch.Tensor, k: int) -> torch.Tensor:
+    """A fused norm's weight, checked (one ValueError) and with unit stride."""
+    if norm_weight.shape != (k,) or not norm_weight.is_cuda:
+        raise ValueError(
+            f"norm weight must be a CUDA tensor of shape ({k},), got "
+            f"{tuple(norm_weight.shape)} on {norm_weight.device}"
+        )
+    return norm_weight if norm_weight.stride(0) == 1 else norm_weight.contiguous()
+
+
 def rms_norm_linear(
     x: torch.Tensor,
     norm_weight: torch.Tensor,
@@ -910,11 +920,7 @@ def rms_norm_linear(
     take the norm kernel, then the GEMM. `unit_offset`: Gemma's ``1 + weight`` norm."""
     k = x.shape[-1]
     _check(x, weight, k)
-    if norm_weight.shape != (k,) or not norm_weight.is_cuda:
-        raise ValueError(
-            f"norm weight must be a CUDA tensor of shape ({k},), got "
-            f"{tuple(norm_weight.shape)} on {norm_weight.device}"
-        )
+    norm_weight = _norm_weight(norm_weight, k)
     n = weight.shape[0]
     x2 = _as_2d(x)
     m = x2.shape[0]
@@ -926,8 +932,7 @@ def rms_norm_linear(
         return linear(normed, weight, bias, out=out, config=config)
     if out is None:
         out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-    nw = norm_weight if norm_weight.stride(0) == 1 else norm_weight.contiguous()
-    _launch_norm_gemv(x2, nw, eps, weight, bias, out.view(m, n), cfg, unit_offset)
+    _launch_norm_gemv(x2, norm_weight, eps, weight, bias, out.view(m, n), cfg, unit_offset)
     return out
 
 
@@ -955,11 +960,7 @@ def rms_norm_gate_up(
     _check(x, gate_up_weight, k)
     if gate_up_weight.shape[0] % 2:
         raise ValueError(f"gate_up_weight has an odd row count {gate_up_weight.shape[0]}")
-    if norm_weight.shape != (k,) or not norm_weight.is_cuda:
-        raise ValueError(
-            f"norm weight must be a CUDA tensor of shape ({k},), got "
-            f"{tuple(norm_weight.shape)} on {norm_weight.device}"
-        )
+    norm_weight = _norm_weight(norm_weight, k)
     x2 = _as_2d(x)
     m = x2.shape[0]
     one_launch = config.gemv if config is not None else m == 1
@@ -971,8 +972,9 @@ def rms_norm_gate_up(
     i = gate_up_weight.shape[0] // 2
     if out is None:
         out = torch.empty(*x.shape[:-1], i, dtype=x.dtype, device=x.device)
-    nw = norm_weight if norm_weight.stride(0) == 1 else norm_weight.contiguous()
-    _launch_norm_gate_up(x2, nw, eps, gate_up_weight, out.view(m, i), cfg, act, unit_offset)
+    _launch_norm_gate_up(
+        x2, norm_weight, eps, gate_up_weight, out.view(m, i), cfg, act, unit_offset
+    )
     return out
 
 
