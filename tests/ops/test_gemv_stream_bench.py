@@ -1,0 +1,121 @@
+"""``benchmarks/ops/bench_gemv_stream.py``'s CPU side: a layer's projections, the configs each
+projection times (the table's first, GEMV tiles only where the GEMV kernel runs the op), and
+the one-line error without a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tilegym.ops.gemm_configs import choose_config
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "ops"
+
+
+@pytest.fixture(scope="module")
+def stream():
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "bench_gemv_stream", BENCH / "bench_gemv_stream.py"
+        )
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(BENCH))
+    return mod
+
+
+def test_olmo3_layer_projections(stream):
+    assert stream.projections("olmo3") == {
+        "qkv": ("linear", 12288, 4096),
+        "o_proj": ("residual", 4096, 4096),
+        "gate_up": ("gated", 11008, 4096),
+        "down": ("residual", 4096, 11008),
+    }
+
+
+@pytest.mark.parametrize("which", ["table", "gemv", "all"])
+@pytest.mark.parametrize("proj", ["qkv", "gate_up", "down"])
+def test_configs_start_with_the_table_choice(stream, which, proj):
+    op, n, k = stream.projections("olmo3")[proj]
+    cfgs = stream.configs(op, n, k, which)
+    assert cfgs[0] == choose_config(1, n, k, gated=op == "gated")
+    assert len(cfgs) == len(set(cfgs))
+    if which == "table":
+        assert len(cfgs) == 1
+    if which == "gemv" and op == "gated":  # the gated op has no GEMV kernel
+        assert cfgs[1:] and all(c.swap for c in cfgs[1:])
+    if which == "gemv" and op != "gated":
+        gemv = [c for c in cfgs[1:] if c.gemv]
+        assert len(gemv) == len(cfgs) - 1
+        assert {c.occupancy for c in gemv} == {0, 2, 4}
+
+
+def test_without_a_gpu_one_error_line(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("the error path is the one without a GPU")
+    run = subprocess.run(
+        [sys.executable, str(BENCH / "bench_gemv_stream.py"), "--json-out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == ["error: bench_gemv_stream.py needs a CUDA GPU"]
+    assert not list(tmp_path.iterdir())
+
+
+def _rec(variant, cfg, us, lo, hi, n=4096, k=4096, op="residual"):
+    return dict(
+        model="olmo3",
+        proj="p",
+        op=op,
+        N=n,
+        K=k,
+        variant=variant,
+        config=cfg,
+        us=us,
+        min_us=lo,
+        max_us=hi,
+    )
+
+
+def test_winner_only_beyond_the_spread(stream):
+    from tilegym.ops.gemm_configs import TileConfig
+
+    table = TileConfig(8, 64, 512, swap=True)
+    fast = TileConfig(1, 4, 1024, occupancy=2, gemv=True)
+    rows = [
+        _rec("gemv fast", fast, 15.0, 14.8, 15.4),
+        _rec("cuBLAS", None, 16, 15, 17),
+        _rec("table swap", table, 17.0, 16.0, 18.0),
+    ]
+    assert stream.winner(rows) == fast
+    overlapping = [dict(rows[0], max_us=16.5), *rows[1:]]
+    assert stream.winner(overlapping) is None
+    table_first = [rows[2], rows[0]]
+    assert stream.winner(table_first) is None
+    assert stream.winner([rows[1], _rec("table swap", table, 17, 16, 18)]) is None
+
+
+def test_tuned_table_puts_winners_under_their_keys(stream):
+    from tilegym.ops.gemm_configs import TileConfig, parse_table, table_doc
+
+    fast = TileConfig(1, 8, 1024, occupancy=4, gemv=True)
+    swap = TileConfig(8, 64, 256, occupancy=2, swap=True)
+    rows = [_rec("gemv", fast, 15, 14.8, 15.2), _rec("table x", swap, 17, 16, 18)]
+    gated = [
+        _rec("swap", swap, 50, 49, 51, 11008, 4096, "gated"),
+        _rec("table y", TileConfig(8, 64, 256, swap=True), 51, 50.5, 52, 11008, 4096, "gated"),
+    ]
+    doc = stream.tuned_table(rows + [dict(r, proj="g") for r in gated])
+    shipped = table_doc()
+    changed = {key for key in doc if doc[key] != shipped.get(key)}
+    assert changed == {"single|4096|4096|False"}
+    assert parse_table(doc)[("single", 4096, 4096, False)] == fast
