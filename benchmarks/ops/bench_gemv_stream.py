@@ -15,8 +15,9 @@ against an fp32 reference first (outputs poisoned with NaN before the check).
         [--tuned-out TABLE]
 
 Candidates: ``table`` (cuBLAS and the table's config), ``gemv`` (also every GEMV config of
-`gemm_configs.gemv_candidates` plus occupancy hints 2 and 4 of the default GEMV tile; the
-gated projection has no GEMV kernel and gets the swapped tiles of `candidate_configs`), ``all``
+`gemm_configs.gemv_candidates`, blocks-per-SM hints included; the
+gated projection has no GEMV kernel and gets the swapped tiles of `candidate_configs`, plus
+the probe `NORM_PROBE_TILES`), ``all``
 (every `candidate_configs` config). ``--tuned-out`` writes the shipped tile table with a
 projection's fastest config in place of the table's where its slowest replay beat the table
 config's fastest (`winner`): a whole table for TILEGYM_GEMM_TILES.
@@ -50,6 +51,16 @@ from tilegym.ops.gemm_configs import (  # noqa: E402
     table_text,
 )
 
+NORM_EPS = 1e-6
+#: the gated projection's probe: the one-row gate/up GEMV kernel there is, `rms_norm_gate_up`'s
+#: (it also does the RMSNorm before it), at its tile and with more blocks an SM; not a table
+#: candidate
+NORM_PROBE_TILES = (
+    TileConfig(1, 2, 1024, gemv=True),
+    TileConfig(1, 2, 1024, occupancy=8, gemv=True),
+    TileConfig(1, 2, 2048, occupancy=8, gemv=True),
+    TileConfig(1, 4, 1024, occupancy=6, gemv=True),
+)
 HEADER = ["model", "proj", "N", "K", "variant", "us/call", "min-max", "TB/s", "%copy", "%spec"]
 
 
@@ -75,7 +86,6 @@ def configs(op: str, n: int, k: int, which: str) -> list[TileConfig]:
         out += [c for c in candidate_configs(1, n, k, gated=True) if c.swap]
     elif which == "gemv":
         out += gemv_candidates(1, k)
-        out += [TileConfig(1, tn, 1024, occupancy=o, gemv=True) for tn in (4, 8) for o in (2, 4)]
     return list(dict.fromkeys(out))
 
 
@@ -92,6 +102,7 @@ class Stream:
             for _ in range(layers)
         ]
         self.out = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+        self.nw = 1 + 0.1 * torch.randn(k, device="cuda", dtype=torch.bfloat16)
         self.nbytes = rows * k * 2
 
     def reference(self, w: torch.Tensor) -> torch.Tensor:
@@ -108,6 +119,16 @@ class Stream:
             return F.silu(g) * u
         return self.r + y if self.op == "residual" else y
 
+    def normed_reference(self, w: torch.Tensor) -> torch.Tensor:
+        """The gated reference on RMSNorm(x) (the norm-prologue probe's op)."""
+        x = self.x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * self.nw.float()
+        g, u = (x @ w.float().t()).chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def norm_gate_up(self, w: torch.Tensor, cfg: TileConfig) -> torch.Tensor:
+        return gemm.rms_norm_gate_up(self.x, self.nw, NORM_EPS, w, out=self.out, config=cfg)
+
     def cutile(self, w: torch.Tensor, cfg: TileConfig) -> torch.Tensor:
         if self.op == "gated":
             return gemm.fused_gate_up_silu(self.x, w, out=self.out, config=cfg)
@@ -115,11 +136,11 @@ class Stream:
             return gemm.linear_residual(self.x, w, self.r, out=self.out, config=cfg)
         return gemm.linear(self.x, w, out=self.out, config=cfg)
 
-    def error(self, call) -> float:
+    def error(self, call, normed: bool = False) -> float:
         """Relative error of one call on the first weight against fp32 (NaN-poisoned output)."""
         self.out.fill_(float("nan"))
         got = call(self.ws[0]).float()
-        ref = self.reference(self.ws[0])
+        ref = (self.normed_reference if normed else self.reference)(self.ws[0])
         if not torch.isfinite(got).all():
             return float("inf")
         return ((got - ref).norm() / ref.norm()).item()
@@ -141,10 +162,14 @@ def bench_projection(model, proj, op, n, k, args, copy, spec) -> list[dict]:
         name = ("table " if i == 0 else "") + config_name(cfg)
         calls[name] = lambda w, cfg=cfg: stream.cutile(w, cfg)
         configs_by_name[name] = cfg
+    if op == "gated" and args.candidates != "table":
+        for cfg in NORM_PROBE_TILES:
+            name = "probe: norm + " + config_name(cfg)
+            calls[name] = lambda w, cfg=cfg: stream.norm_gate_up(w, cfg)
     good = {}
     for name, call in calls.items():
         try:
-            err = stream.error(call)
+            err = stream.error(call, normed=name.startswith("probe: norm"))
         except Exception as exc:  # a config that does not compile or launch is reported, skipped
             print(f"# FAILED {model} {proj} {name}: {type(exc).__name__}: {exc}", flush=True)
             continue

@@ -40,6 +40,9 @@ SMALL_MAX_M = 128
 MEDIUM_MAX_M = 1024
 MAX_SPLIT = 16
 SPLIT_REDUCTIONS = ("cta", "pdl")
+#: the largest blocks-per-SM hint: at 8 the compiler caps a 128-thread block at 64 registers
+#: (`.maxnreg 64`), which the one-row GEMV tiles of 8192 W elements fit without spills
+MAX_OCCUPANCY = 16
 #: SMs of the H200 the table is tuned for: split-K aims to put about one block on each
 TARGET_SMS = 132
 
@@ -57,7 +60,7 @@ class TileConfig:
     transpose_tile: bool = True  # W tile loaded K-contiguous then transposed (else order view)
     reduce: str = "cta"  # how split-K partials are summed (SPLIT_REDUCTIONS); unused at split 1
     ctas: int = 0  # CTAs per cluster (num_ctas hint; 0 = the compiler's choice)
-    occupancy: int = 0  # blocks per SM hint (0 = the compiler's choice)
+    occupancy: int = 0  # blocks per SM hint (0 = the compiler's choice; caps registers)
     persistent: bool = False  # linear/residual only: one wave of blocks looping over tiles
     gemv: bool = False  # linear/residual only: plain loads and multiply-adds, no TMA, no mma
     swap: bool = False  # mma operands swapped: W rows on the mma's M side (decode, gemm.py)
@@ -79,7 +82,7 @@ class TileConfig:
             raise ValueError(f"split={self.split} must be in [1, {MAX_SPLIT}]")
         if not 0 <= self.latency <= 10:
             raise ValueError(f"latency={self.latency} must be in [0, 10]")
-        if self.ctas not in (0, 1, 2, 4) or not 0 <= self.occupancy <= 4:
+        if self.ctas not in (0, 1, 2, 4) or not 0 <= self.occupancy <= MAX_OCCUPANCY:
             raise ValueError(f"ctas={self.ctas} / occupancy={self.occupancy} out of range")
         if self.swap and self.split > 1 and self.reduce == "cta":
             # the last-CTA sum of swapped tiles read stale partials (H200, session 15: 20 of
@@ -231,6 +234,11 @@ def split_factors(n: int, k: int, tn: int, tk: int, min_share: int = 2) -> list[
     return sorted({min(s, top) for s in wanted})
 
 
+#: one-row GEMV tiles with a blocks-per-SM hint that the sm_90 compile fits in its register cap
+#: without spills (ptxas -v: 4 x 2048 at 8 is 63 registers; 4 x 1024 at 8 spills, at 6 not)
+GEMV_OCCUPANCY_TILES = ((4, 2048, 8), (2, 2048, 8), (1, 4096, 8), (4, 2048, 6), (4, 1024, 6))
+
+
 def gemv_candidates(m: int, k: int) -> list[TileConfig]:
     """GEMV configs for a decode shape: rows per block up to M (fewer rows re-read W from L2),
     a block's K in one or a few wide plain loads.
@@ -249,6 +257,10 @@ def gemv_candidates(m: int, k: int) -> list[TileConfig]:
         for tn, tk in ((4, 1024), (2, 2048), (8, 512), (1, 4096)):
             for latency in (0, 1):
                 out.append(TileConfig(1, tn, min(tk, kmax), latency=latency, gemv=True))
+        # more blocks an SM, so more W bytes in flight: the compiler's own choice (about 93
+        # registers) leaves 5 blocks of 128 threads an SM; 6 and 8 cap it at 80 and 64
+        for tn, tk, occupancy in GEMV_OCCUPANCY_TILES:
+            out.append(TileConfig(1, tn, min(tk, kmax), occupancy=occupancy, gemv=True))
     return list(dict.fromkeys(out))
 
 
