@@ -16,8 +16,8 @@ against an fp32 reference first (outputs poisoned with NaN before the check).
 
 Candidates: ``table`` (cuBLAS and the table's config), ``gemv`` (also every GEMV config of
 `gemm_configs.gemv_candidates`, blocks-per-SM hints included; the
-gated projection has no GEMV kernel and gets the swapped tiles of `candidate_configs`, plus
-the probe `NORM_PROBE_TILES`), ``all``
+gated projection gets the swapped and GEMV tiles of `candidate_configs`, plus the probe
+`NORM_PROBE_TILES`), ``all``
 (every `candidate_configs` config). ``--tuned-out`` writes the shipped tile table with a
 projection's fastest config in place of the table's where its slowest replay beat the table
 config's fastest (`winner`): a whole table for TILEGYM_GEMM_TILES.
@@ -83,7 +83,7 @@ def configs(op: str, n: int, k: int, which: str) -> list[TileConfig]:
     if which == "all":
         out += candidate_configs(1, n, k, gated=gated)
     elif which == "gemv" and gated:
-        out += [c for c in candidate_configs(1, n, k, gated=True) if c.swap]
+        out += [c for c in candidate_configs(1, n, k, gated=True) if c.swap or c.gemv]
     elif which == "gemv":
         out += gemv_candidates(1, k)
     return list(dict.fromkeys(out))

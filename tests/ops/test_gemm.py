@@ -169,19 +169,22 @@ GEMV_CONFIGS = [
     TileConfig(1, 4, 1024, gemv=True),
     TileConfig(1, 2, 512, gemv=True, latency=1),
     TileConfig(4, 8, 128, gemv=True),
+    # blocks-per-SM hints that cap the registers (`GEMV_OCCUPANCY_TILES`)
+    TileConfig(1, 4, 2048, gemv=True, occupancy=8),
+    TileConfig(1, 4, 1024, gemv=True, occupancy=6),
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["linear", "residual"])
-@pytest.mark.parametrize("cfg", GEMV_CONFIGS, ids=lambda c: f"{c.tm}x{c.tn}x{c.tk}L{c.latency}")
+@pytest.mark.parametrize("op", ["linear", "residual", "gated"])
+@pytest.mark.parametrize(
+    "cfg", GEMV_CONFIGS, ids=lambda c: f"{c.tm}x{c.tn}x{c.tk}L{c.latency}O{c.occupancy}"
+)
 def test_gemv_odd_and_model_shapes(op, cfg, gen):
-    """The GEMV kernel: M, N, K not multiples of its tiles (K < TK, K = 1000-ish), bias, a
-    residual, decode shapes of both models; outputs poisoned."""
+    """The GEMV kernels (plain and gate/up): M, N, K not multiples of its tiles (K < TK,
+    K = 1000-ish), bias, a residual, decode shapes of both models; outputs poisoned."""
     for m, n, k in ((1, 1000, 1000), (3, 2048, 1000), (16, 1021, 3000), (5, 151936, 1024)):
         _run_case(op, m, n, k, gen, config=cfg, bias=op == "linear")
-    with pytest.raises(ValueError, match="gemv"):
-        _run_case("gated", 1, 256, 256, gen, config=cfg)
 
 
 @ct.kernel
@@ -198,7 +201,7 @@ def _copy_late(src, dst, rounds: int, TILE: ct.Constant[int]):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["linear", "residual"])
+@pytest.mark.parametrize("op", ["linear", "residual", "gated"])
 @pytest.mark.parametrize(
     "cfg",
     [TileConfig(1, 4, 1024, gemv=True), TileConfig(1, 8, 1024, gemv=True)],
@@ -222,20 +225,29 @@ def test_gemv_pdl_waits_for_the_kernel_writing_x(op, cfg, gen, monkeypatch):
     # the first call compiles (X is written by then); the others start while X is computed
     for n, k in ((1021, 3000), (1021, 3000), (2047, 1000), (5, 1024)):
         src = _rand((1, k), gen, dt)
-        w = _rand((n, k), gen, dt, 1 / math.sqrt(k))
+        w = _rand((2 * n if op == "gated" else n, k), gen, dt, 1 / math.sqrt(k))
         b = _rand((n,), gen, dt) if op == "linear" else None
         r = _rand((1, n), gen, dt) if op == "residual" else None
-        gemm.linear(src, w, b, config=cfg)  # W's first read, without PDL (`_pdl_ready`)
+        if op == "gated":  # W's first read, without PDL (`_pdl_ready`)
+            gemm.fused_gate_up_silu(src, w, config=cfg)
+        else:
+            gemm.linear(src, w, b, config=cfg)
         x = torch.full_like(src, float("nan"))
         out = torch.full((1, n), float("nan"), device="cuda", dtype=dt)
         write_late(src, x)
-        if op == "residual":
+        if op == "gated":
+            gemm.fused_gate_up_silu(x, w, out=out, config=cfg)
+            g, u = torch.nn.functional.linear(src.float(), w.float()).chunk(2, dim=-1)
+            ref = torch.nn.functional.silu(g) * u
+        elif op == "residual":
             gemm.linear_residual(x, w, r, out=out, config=cfg)
             ref = r.float() + torch.nn.functional.linear(src.float(), w.float())
         else:
             gemm.linear(x, w, b, out=out, config=cfg)
             ref = torch.nn.functional.linear(src.float(), w.float(), b.float())
         assert_close_rel(out, ref, tol=GEMM_TOL[dt])
+    if op == "gated":  # the no-wait control below is the plain GEMV's
+        return
     args = (*gemm._io_args(x, w, b, r, out), cfg.tm, cfg.tn, cfg.tk, gemm.GEMV_LATENCY)
     args += (b is not None, r is not None, False)  # PDL=False: no wait in the kernel
     grid = (math.ceil(n / cfg.tn), 1, 1)
@@ -403,7 +415,9 @@ def test_tile_config_validation_and_candidates():
     assert any(c.persistent and c.swap for c in candidate_configs(16, 151936, 1024))
     assert not any(c.swap for c in candidate_configs(2048, 1024, 1024))
     assert {c.tn for c in candidate_configs(16, 1024, 1024) if c.swap} == {32, 64, 128}
-    assert not any(c.gemv for c in candidate_configs(1, 1024, 1024, gated=True))
+    gated_gemv = [c for c in candidate_configs(1, 1024, 1024, gated=True) if c.gemv]
+    assert gated_gemv and all(c.tm == 1 and c.tk <= 1024 for c in gated_gemv)
+    assert not any(c.gemv for c in candidate_configs(8, 1024, 1024, gated=True))
     assert any(c.persistent and c.tm == 16 for c in candidate_configs(8, 151936, 1024))
     assert not any(c.persistent for c in candidate_configs(8, 3072, 1024, gated=True))
     # small/medium (batch x short-prompt prefill): small tiles, swapped ones at M <= 128
@@ -520,6 +534,7 @@ def test_aot_signatures_compile_for_sm90():
         gemm.tilegym_gate_up_silu_kernel,
         gemm.tilegym_splitk_reduce_kernel,
         gemm.tilegym_gemv_kernel,
+        gemm.tilegym_gate_up_gemv_kernel,
     }
     occ1 = {  # the occupancy-hinted variants the table launches at prefill
         gemm.hinted(gemm.tilegym_linear_kernel, TileConfig(128, 128, 64, occupancy=1), 1),
@@ -530,6 +545,8 @@ def test_aot_signatures_compile_for_sm90():
     assert all(sigs.values())
     gemv_pdl = [sig.parameters[-1].value for sig in sigs[gemm.tilegym_gemv_kernel]]
     assert gemv_pdl.count(False) == gemv_pdl.count(True) > 0  # the GEMV_PDL constant, both ways
+    gated_pdl = [sig.parameters[-1].value for sig in sigs[gemm.tilegym_gate_up_gemv_kernel]]
+    assert gated_pdl.count(False) == gated_pdl.count(True) > 0
     buf = io.BytesIO()
     export_kernel(
         gemm.tilegym_linear_kernel,

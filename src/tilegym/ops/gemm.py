@@ -452,10 +452,50 @@ def tilegym_norm_gate_up_gemv_kernel(
     _act_mul_store(gate * inv, up * inv, Y, bm, bn, ACT)
 
 
+@ct.kernel
+def tilegym_gate_up_gemv_kernel(
+    X,
+    WG,
+    WU,
+    Y,
+    TM: ConstInt,
+    TN: ConstInt,
+    TK: ConstInt,
+    LATENCY: ConstInt,
+    ACT: ConstInt,
+    PDL: ConstBool,
+):
+    """Y = act(X @ WG^T) * (X @ WU^T) for a few rows: `tilegym_gate_up_silu_kernel` as a GEMV
+    (plain loads and multiply-adds, both weights' first tiles loaded before the PDL wait, one X
+    tile a K step for both, the products reduced every step)."""
+    bn = ct.bid(0)
+    bm = ct.bid(1)
+    wg = _gemv_w(WG, bn, 0, TN, TK, LATENCY)
+    wu = _gemv_w(WU, bn, 0, TN, TK, LATENCY)
+    if PDL:
+        ct.grid_dependency_control_wait()
+    x = _gemv_x(X, bm, 0, TM, TK)
+    gate = ct.sum(_gemv_scaled(x, wg, TM, TN, TK), axis=2)
+    up = ct.sum(_gemv_scaled(x, wu, TM, TN, TK), axis=2)
+    for k in range(1, ct.num_tiles(WG, axis=1, shape=(TN, TK))):
+        wg = _gemv_w(WG, bn, k, TN, TK, LATENCY)
+        wu = _gemv_w(WU, bn, k, TN, TK, LATENCY)
+        x = _gemv_x(X, bm, k, TM, TK)
+        gate = gate + ct.sum(_gemv_scaled(x, wg, TM, TN, TK), axis=2)
+        up = up + ct.sum(_gemv_scaled(x, wu, TM, TN, TK), axis=2)
+    _act_mul_store(gate, up, Y, bm, bn, ACT)
+
+
+@ct.function
+def _gemv_x(X, bm, k, TM: ConstInt, TK: ConstInt):
+    """fp32 (TM, TK) X tile of K step ``k``."""
+    return ct.load(X, (bm, k), (TM, TK), padding_mode=_ZERO, allow_tma=False).astype(ct.float32)
+
+
 @ct.function
 def _gemv_normed_x(X, NW, bm, k, TM: ConstInt, TK: ConstInt, OFFSET: ConstBool):
     """fp32 (X tile, X tile times the norm weight) of K step ``k``."""
-    x = ct.load(X, (bm, k), (TM, TK), padding_mode=_ZERO, allow_tma=False).astype(ct.float32)
+    x = _gemv_x(X, bm, k, TM, TK)
     nw = ct.load(NW, (k,), (TK,), padding_mode=_ZERO, allow_tma=False).astype(ct.float32)
     if OFFSET:
         nw = nw + 1.0
@@ -464,7 +504,7 @@ def _gemv_normed_x(X, NW, bm, k, TM: ConstInt, TK: ConstInt, OFFSET: ConstBool):
 
 @ct.function
 def _gemv_scaled(xw, w, TM: ConstInt, TN: ConstInt, TK: ConstInt):
-    """fp32 (TM, TN, TK) products of normed-and-weighted X rows with a W tile."""
+    """fp32 (TM, TN, TK) products of fp32 X rows (normed or not) with a W tile."""
     return xw.reshape((TM, 1, TK)) * w.astype(ct.float32).reshape((1, TN, TK))
 
 
@@ -805,6 +845,15 @@ def _launch_norm_gate_up(x2, norm_weight, eps, gate_up_weight, out2, cfg, act, o
     _launch_rows(tilegym_norm_gate_up_gemv_kernel, cfg, x2, i, args, pdl)
 
 
+def _launch_gate_up_gemv(x2, gate_up_weight, out2, cfg: TileConfig, act: int) -> None:
+    """The gate/up GEMV kernel, a programmatic dependent as `_launch_gemv`."""
+    i = gate_up_weight.shape[0] // 2
+    pdl = GEMV_PDL and _pdl_ready(gate_up_weight)
+    weights = (gate_up_weight[:i], gate_up_weight[i:])
+    args = (x2, *weights, out2, *_gemv_tiles(cfg), act, pdl)
+    _launch_rows(tilegym_gate_up_gemv_kernel, cfg, x2, i, args, pdl)
+
+
 def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
     if cfg.gemv:
         _launch_gemv(x2, weight, bias, residual2, out2, cfg)
@@ -939,6 +988,8 @@ def rms_norm_linear(
 #: the norm-prologue gate/up GEMV's tile at one row: both weights' products fit the
 #: keep-products budget of `GEMV_ACC_ELEMS` at 2 x 1 x 2 x 1024 (reduced every step here)
 NORM_GATE_UP_TILE = TileConfig(1, 2, 1024, gemv=True)
+#: the plain gate/up GEMV's tile the AOT gate compiles (the table picks its own)
+GATE_UP_GEMV_TILE = NORM_GATE_UP_TILE
 
 
 def rms_norm_gate_up(
@@ -1014,8 +1065,11 @@ def _fused_gate_up(x, gate_up_weight, act: int, out, config) -> torch.Tensor:
     if m == 0:
         return out
     cfg = config or choose_config(m, i, k, gated=True)
-    if cfg.persistent or cfg.gemv:
-        raise ValueError("the fused gate-up kernel has no persistent or gemv variant")
+    if cfg.persistent:
+        raise ValueError("the fused gate-up kernel has no persistent variant")
+    if cfg.gemv:
+        _launch_gate_up_gemv(x2, gate_up_weight, out.view(m, i), cfg, act)
+        return out
     device = x.device
     split, mode, ws, cnt = _split_args(cfg, m, i, 2, device)
     grid = (math.ceil(m / cfg.tm) * math.ceil(i / cfg.tn), split, 1)
@@ -1059,6 +1113,8 @@ def _aot_cases(ops: tuple[str, ...]) -> list[tuple[str, TileConfig, bool]]:
             (default_config("decode", gated), False),
             (default_config("large", gated), op == "linear"),
         ]
+        if gated:  # the one-row gate/up GEMV
+            wanted.append((GATE_UP_GEMV_TILE, False))
         wanted += [(TileConfig(16, 64, 128, split=4, reduce=r), False) for r in ("cta", "pdl")]
         wanted.append((TileConfig(128, 64 if gated else 128, 64, occupancy=1), False))
         wanted.append(
@@ -1161,6 +1217,13 @@ def aot_signatures(
             if op == "norm_gated":  # the norm-prologue gate/up GEMV at its one tile
                 if cfg == default_config("single", False):  # once per dtype and alignment
                     _norm_gate_up_sigs(sigs, arr, dt, cconv)
+                continue
+            if cfg.gemv and gated:
+                kernel = hinted(tilegym_gate_up_gemv_kernel, cfg, 1)
+                params = [arr(dt, 2), arr(dt, 2, "w"), arr(dt, 2, "w"), arr(dt, 2)]
+                for pdl in (False, True):
+                    sig = KernelSignature([*params, *_gemv_tiles(cfg), act, pdl], cconv)
+                    sigs.setdefault(kernel, []).append(sig)
                 continue
             if cfg.gemv:
                 consts = list(_gemv_tiles(cfg))

@@ -62,7 +62,7 @@ class TileConfig:
     ctas: int = 0  # CTAs per cluster (num_ctas hint; 0 = the compiler's choice)
     occupancy: int = 0  # blocks per SM hint (0 = the compiler's choice; caps registers)
     persistent: bool = False  # linear/residual only: one wave of blocks looping over tiles
-    gemv: bool = False  # linear/residual only: plain loads and multiply-adds, no TMA, no mma
+    gemv: bool = False  # plain loads and multiply-adds, no TMA, no mma (few rows)
     swap: bool = False  # mma operands swapped: W rows on the mma's M side (decode, gemm.py)
     stagger: bool = False  # K order rotated per N tile (gemm._k_tile; not with gemv)
 
@@ -239,6 +239,16 @@ def split_factors(n: int, k: int, tn: int, tk: int, min_share: int = 2) -> list[
 GEMV_OCCUPANCY_TILES = ((4, 2048, 8), (2, 2048, 8), (1, 4096, 8), (4, 2048, 6), (4, 1024, 6))
 
 
+def gated_gemv_candidates(k: int) -> list[TileConfig]:
+    """One-row tiles of the gate/up GEMV (`gemm.tilegym_gate_up_gemv_kernel`): two weights'
+    tiles a K step, reduced every step; with the blocks-per-SM hints of the plain GEMV."""
+    kmax = 1 << (k - 1).bit_length()
+    out = [TileConfig(1, tn, min(tk, kmax), gemv=True) for tn, tk in ((2, 1024), (4, 1024))]
+    for tn, tk, occupancy in ((2, 1024, 8), (2, 2048, 8), (4, 1024, 6), (1, 4096, 8)):
+        out.append(TileConfig(1, tn, min(tk, kmax), occupancy=occupancy, gemv=True))
+    return list(dict.fromkeys(out))
+
+
 def gemv_candidates(m: int, k: int) -> list[TileConfig]:
     """GEMV configs for a decode shape: rows per block up to M (fewer rows re-read W from L2),
     a block's K in one or a few wide plain loads.
@@ -356,7 +366,7 @@ def _decode_candidates(m: int, n: int, k: int, gated: bool) -> list[TileConfig]:
                 occ = min(waves, 4) if waves > 1 else 0
                 out.append(TileConfig(tm, tn, tk, split, reduce="pdl", occupancy=occ, swap=True))
     if gated:
-        return out
+        return out + (gated_gemv_candidates(k) if m == 1 else [])
     if m == 1:
         out += gemv_candidates(m, k)
     if -(-n // 128) >= 2 * TARGET_SMS:
