@@ -595,6 +595,38 @@ def test_gemv_pdl_loads_w_before_the_wait_and_x_after(tiles, step):
     assert not any("griddepcontrol" in line for line in ptx(False))
 
 
+@pytest.mark.slow
+def test_gate_up_gemv_loads_both_weights_before_the_wait_and_x_after():
+    """sm_90 PTX of the gate/up GEMV for aligned arrays with 16-byte rows: with PDL both
+    weights' first tiles are loaded before `griddepcontrol.wait`, X read and Y written after
+    it; without PDL there is no wait."""
+    import dataclasses
+
+    from cuda.tile.compilation import KernelSignature
+
+    from tilegym.ops import gemm
+
+    kernel = gemm.tilegym_gate_up_gemv_kernel
+    aot = gemm.aot_signatures(("gated",), (torch.bfloat16,))[kernel]
+    (aligned, *_) = [s for s in aot if s.parameters[0].base_addr_divisible_by == 16]
+    arrays = [dataclasses.replace(a, shape_divisible_by=(1, 8)) for a in aligned.parameters[:4]]
+    x, wg, wu, y = 0, 1, 2, 3
+
+    def ptx(pdl: bool) -> list[str]:
+        params = [*arrays, 1, 2, 1024, gemm.GEMV_LATENCY, gemm.ACT_SILU, pdl]
+        return ptx_lines(kernel, KernelSignature(params, aligned.calling_convention))
+
+    lines = ptx(True)
+    (wait,) = instructions(lines, "griddepcontrol.wait")
+    accesses = global_accesses(lines)
+    before = [a for a in accesses if a.line < wait]
+    assert before and all(a.op.startswith("ld.") and a.arrays <= {wg, wu} for a in before)
+    assert {i for a in before for i in a.arrays} == {wg, wu}
+    after = [a.arrays for a in accesses if a.line > wait]
+    assert {x} in after and {y} in after
+    assert not any("griddepcontrol" in line for line in ptx(False))
+
+
 def test_tile_table_parses_and_rejects_bad_keys():
     table = gemm_configs.parse_table({"decode|1024|2048|False": [16, 64, 256, 8, 10, True]})
     cfg = table[("decode", 1024, 2048, False)]
