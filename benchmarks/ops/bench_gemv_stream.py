@@ -58,7 +58,6 @@ NORM_EPS = 1e-6
 NORM_PROBE_TILES = (
     TileConfig(1, 2, 1024, gemv=True),
     TileConfig(1, 2, 1024, occupancy=8, gemv=True),
-    TileConfig(1, 2, 2048, occupancy=8, gemv=True),
     TileConfig(1, 4, 1024, occupancy=6, gemv=True),
 )
 HEADER = ["model", "proj", "N", "K", "variant", "us/call", "min-max", "TB/s", "%copy", "%spec"]
