@@ -120,3 +120,20 @@ def test_tuned_table_puts_winners_under_their_keys(stream):
     changed = {key for key in doc if doc[key] != shipped.get(key)}
     assert changed == {"single|4096|4096|False"}
     assert parse_table(doc)[("single", 4096, 4096, False)] == fast
+
+
+def test_the_gpu_check_selects_the_gemv_tests():
+    """``gpu_check_gemv.sh``'s pytest selection (its ``-k``) collects the GEMV GPU tests of
+    both kernels and the hinted tiles (a typo would run none and pass)."""
+    script = (BENCH / "gpu_check_gemv.sh").read_text()
+    assert "tests/ops/test_gemm.py \\\n    -m gpu -k gemv " in script
+    root = BENCH.parents[1]
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    result = subprocess.run(
+        [*cmd, "tests/ops/test_gemm.py", "-m", "gpu", "-k", "gemv"],
+        cwd=root, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    ids = [line for line in result.stdout.splitlines() if "::" in line]
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert any("gated" in i and "O8" in i for i in ids)
+    assert any("pdl_waits" in i and "gated" in i for i in ids)
