@@ -627,6 +627,57 @@ def test_gate_up_gemv_loads_both_weights_before_the_wait_and_x_after():
     assert not any("griddepcontrol" in line for line in ptx(False))
 
 
+def _gemv_usages(kernel, op: str, cfg: TileConfig) -> list:
+    """sm_90a ptxas usage of a GEMV kernel at ``cfg`` (hints included), one per aligned AOT
+    signature of ``op`` (PDL on and off), the arrays' last dimensions multiples of 16 as the
+    models' weights are."""
+    import dataclasses
+
+    from cubin_ptx import ptxas_usage
+    from cuda.tile.compilation import KernelSignature
+
+    from tilegym.ops import gemm
+
+    aot = gemm.aot_signatures((op,), (torch.bfloat16,))[kernel]
+    out = []
+    for aligned in [s for s in aot if s.parameters[0].base_addr_divisible_by == 16]:
+        params = [
+            dataclasses.replace(p, shape_divisible_by=(1,) * (p.ndim - 1) + (16,))
+            if hasattr(p, "ndim")
+            else p
+            for p in aligned.parameters
+        ]
+        at = next(i for i, p in enumerate(params) if not hasattr(p, "ndim"))  # TM, TN, TK
+        params[at : at + 3] = [cfg.tm, cfg.tn, cfg.tk]
+        signature = KernelSignature(params, aligned.calling_convention)
+        out.append(ptxas_usage(ptx_lines(gemm.hinted(kernel, cfg, 1), signature)))
+    return out
+
+
+@pytest.mark.slow
+def test_hinted_gemv_candidates_fit_their_register_cap_without_spills():
+    """The blocks-per-SM hints the sweeps try (`GEMV_OCCUPANCY_TILES`, the gate/up GEMV's
+    hinted tiles) compile to at most 65536 / (128 x hint) registers with no spills; the
+    compiler's own choice for the default tile stays above the 8-blocks cap (why the hints)."""
+    from tilegym.ops import gemm
+
+    plain = [c for c in gemm_configs.gemv_candidates(1, 4096) if c.occupancy]
+    gated = [c for c in gemm_configs.gated_gemv_candidates(4096) if c.occupancy]
+    assert len(plain) == len(gemm_configs.GEMV_OCCUPANCY_TILES) and gated
+    for kernel, op, cfgs in (
+        (gemm.tilegym_gemv_kernel, "linear", plain),
+        (gemm.tilegym_gate_up_gemv_kernel, "gated", gated),
+    ):
+        for cfg in cfgs:
+            usages = _gemv_usages(kernel, op, cfg)
+            assert len(usages) == 2  # PDL off and on
+            for usage in usages:
+                assert usage.spill_stores == usage.spill_loads == 0, (cfg, usage)
+                assert usage.registers <= 65536 // (128 * cfg.occupancy), (cfg, usage)
+    default = TileConfig(1, 4, 1024, gemv=True)
+    assert all(u.registers > 64 for u in _gemv_usages(gemm.tilegym_gemv_kernel, "linear", default))
+
+
 def test_tile_table_parses_and_rejects_bad_keys():
     table = gemm_configs.parse_table({"decode|1024|2048|False": [16, 64, 256, 8, 10, True]})
     cfg = table[("decode", 1024, 2048, False)]
