@@ -248,21 +248,9 @@ def test_decode_kv_end_limits_keys(gen):
 
 
 def _bench_module():
-    import importlib.util
-    import pathlib
-    import sys
+    from bench_scripts import load_bench
 
-    bench_dir = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "ops"
-    sys.path.insert(0, str(bench_dir))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "bench_attention", bench_dir / "bench_attention.py"
-        )
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(bench_dir))
-    return mod
+    return load_bench("bench_attention")
 
 
 def test_bench_rows_fit_their_headers():

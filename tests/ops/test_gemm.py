@@ -14,6 +14,7 @@ import math
 import cuda.tile as ct
 import pytest
 import torch
+from bench_scripts import load_bench
 from cubin_ptx import global_accesses, instructions, ptx_lines
 
 from tilegym.ops import gemm_configs
@@ -714,20 +715,8 @@ def test_bad_inputs_raise_one_clear_error():
 
 
 def _bench_script(name: str = "bench_gemm"):
-    """benchmarks/ops/<name>.py as a module (the scripts import their sibling _timing)."""
-    import importlib.util
-    import pathlib
-    import sys
-
-    bench_dir = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "ops"
-    sys.path.insert(0, str(bench_dir))
-    try:
-        spec = importlib.util.spec_from_file_location(name, bench_dir / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(bench_dir))
-    return mod
+    """benchmarks/ops/<name>.py as a module."""
+    return load_bench(name)
 
 
 def test_bench_tuned_table_is_the_whole_table_with_the_winners():

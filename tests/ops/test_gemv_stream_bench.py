@@ -4,31 +4,19 @@ the one-line error without a GPU."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import subprocess
 import sys
 
 import pytest
 import torch
+from bench_scripts import BENCH, load_bench
 
 from tilegym.ops.gemm_configs import choose_config
-
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "ops"
 
 
 @pytest.fixture(scope="module")
 def stream():
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "bench_gemv_stream", BENCH / "bench_gemv_stream.py"
-        )
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(BENCH))
-    return mod
+    return load_bench("bench_gemv_stream")
 
 
 def test_olmo3_layer_projections(stream):

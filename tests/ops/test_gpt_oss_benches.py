@@ -5,35 +5,21 @@ the sink as a zero key, transformers' eager attention and experts) on small fp32
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import sys
 
 import pytest
 import torch
-
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "ops"
-
-
-def _load(name: str):
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(BENCH))
-    return mod
+from bench_scripts import BENCH, load_bench
 
 
 @pytest.fixture(scope="module")
 def att():
-    return _load("bench_attention_sinks")
+    return load_bench("bench_attention_sinks")
 
 
 @pytest.fixture(scope="module")
 def moe():
-    return _load("bench_moe_bias")
+    return load_bench("bench_moe_bias")
 
 
 def _stats(**medians):
