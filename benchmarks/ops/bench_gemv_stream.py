@@ -63,6 +63,10 @@ NORM_PROBE_TILES = (
 HEADER = ["model", "proj", "N", "K", "variant", "us/call", "min-max", "TB/s", "%copy", "%spec"]
 
 
+#: a decode layer's projections, in `projections`' order
+PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
+
+
 def projections(model: str) -> dict[str, tuple[str, int, int]]:
     """{name: (op, N, K)} of a decode layer; op as in `bench_gemm.rows_for`."""
     c = MODELS[model]
@@ -256,6 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-out", default=None)
     p.add_argument("--tuned-out", default=None, help="the tile table with the winners in place")
     args = p.parse_args(argv)
+    bad = [m for m in args.models.split(",") if m not in MODELS]
+    bad += [f"projection {x!r}" for x in args.projs.split(",") if x not in PROJECTIONS]
+    if bad:
+        print(
+            f"error: unknown {', '.join(bad)} (models: {', '.join(MODELS)}; "
+            f"projections: {', '.join(PROJECTIONS)})",
+            file=sys.stderr,
+        )
+        return 2
     if not torch.cuda.is_available():
         print("error: bench_gemv_stream.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -271,12 +284,6 @@ def main(argv: list[str] | None = None) -> int:
     for model in args.models.split(","):
         projs = projections(model)
         for proj in args.projs.split(","):
-            if proj not in projs:
-                print(
-                    f"error: unknown projection {proj!r} (one of {', '.join(projs)})",
-                    file=sys.stderr,
-                )
-                return 2
             op, n, k = projs[proj]
             got = bench_projection(model, proj, op, n, k, args, copy, spec)
             records += got

@@ -20,6 +20,7 @@ def stream():
 
 
 def test_olmo3_layer_projections(stream):
+    assert tuple(stream.projections("olmo3")) == stream.PROJECTIONS
     assert stream.projections("olmo3") == {
         "qkv": ("linear", 12288, 4096),
         "o_proj": ("residual", 4096, 4096),
@@ -125,3 +126,12 @@ def test_the_gpu_check_selects_the_gemv_tests():
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert any("gated" in i and "O8" in i for i in ids)
     assert any("pdl_waits" in i and "gated" in i for i in ids)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"), [(["--models", "olmo9"], "olmo9"), (["--projs", "qkv,lm"], "'lm'")]
+)
+def test_unknown_model_or_projection_is_one_error_line(stream, capsys, args, named):
+    assert stream.main(args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: unknown ") and named in line
