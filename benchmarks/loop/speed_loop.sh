@@ -14,7 +14,9 @@
 #                qwen3 ships with rope_heads 1 (this round's keep on an H100, 12-05): for it,
 #                SPEED_ROPE_HEADS=2 tries the next step
 #   norm-gemv    each pre-norm layer's input RMSNorm in its QKV GEMV's K loop (MODEL_PATCH_KWARGS
-#                norm_gemv 1; at decode one launch where the norm kernel and the GEMV were two)
+#                norm_gemv 1; at decode one launch where the norm kernel and the GEMV were two).
+#                llama ships with norm_gemv 1 (this round's keep on an H100, 12-06): for it the
+#                round changes nothing, norm-gemv-mlp is the next step
 #   norm-gemv-mlp  also the post-attention RMSNorm in the MLP's gate/up GEMV (norm_gemv 2)
 # OUT_DIR gets what family_loop.sh leaves (decisions, stderr, PR comments, metrics, ledger.md and
 # ledger.png after every round). On a GPU host source .gpu/activate.sh first; without a GPU pass

@@ -49,14 +49,14 @@ def test_unknown_flags_and_model_types_are_errors():
 
 def test_a_tuning_parameter_takes_an_integer_and_joins_the_entry():
     source = PATCH.read_text()
-    edited = _module().set_flags(source, "llama", {"rope_heads": 2})
+    edited = _module().set_flags(source, "mistral", {"rope_heads": 2})
     # too long for one line: one flag a line, as ruff formats it
     assert (
-        '    "llama": {\n        "rope": True,\n        "rms_norm": True,\n'
+        '    "mistral": {\n        "rope": True,\n        "rms_norm": True,\n'
         '        "swiglu": True,\n        "attn": True,\n        "linear": True,\n'
         '        "rope_heads": 2,\n    },\n' in edited
     )
-    again = _module().set_flags(edited, "llama", {"rope_heads": 0, "rope": False})
+    again = _module().set_flags(edited, "mistral", {"rope_heads": 0, "rope": False})
     assert '        "rope": False,\n' in again and '        "rope_heads": 0,\n' in again
     assert again.replace("False", "True").replace(": 0,", ": 2,") == edited
     assert _module().set_flags(source, "phi3", {"attn": False}).count("\n") == source.count("\n")
