@@ -279,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     copy = copy_tbps()
     print(f"# {name}: copy {copy:.2f} TB/s, spec {spec:.2f} TB/s; {args.layers} weights a graph")
-    print(format_table(HEADER, []))
     records = []
     for model in args.models.split(","):
         projs = projections(model)
