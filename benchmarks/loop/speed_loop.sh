@@ -18,6 +18,9 @@
 #                llama ships with norm_gemv 1 (this round's keep on an H100, 12-06): for it the
 #                round changes nothing, norm-gemv-mlp is the next step
 #   norm-gemv-mlp  also the post-attention RMSNorm in the MLP's gate/up GEMV (norm_gemv 2)
+#   rope-gemv    decode RoPE in the epilogue of the input norm + QKV GEMV (norm_gemv 1 and
+#                rope_gemv 1: norm, projection and RoPE in one launch at one row; heads without
+#                q/k norms only, so not qwen3)
 # OUT_DIR gets what family_loop.sh leaves (decisions, stderr, PR comments, metrics, ledger.md and
 # ledger.png after every round). On a GPU host source .gpu/activate.sh first; without a GPU pass
 # `--model-key tiny-<key> --device cpu` (the ops then run their PyTorch references: the loop's
@@ -28,7 +31,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 source "$root/benchmarks/loop/lib.sh"
 model_loop_start speed_loop.sh "$@"
 
-rounds="baseline rope-heads norm-gemv norm-gemv-mlp"
+rounds="baseline rope-heads norm-gemv norm-gemv-mlp rope-gemv"
 heads=${SPEED_ROPE_HEADS:-1}
 if wanted "$rounds" baseline; then baseline_round; fi
 if wanted "$rounds" rope-heads; then
@@ -39,4 +42,7 @@ if wanted "$rounds" norm-gemv; then
 fi
 if wanted "$rounds" norm-gemv-mlp; then
   round norm-gemv-mlp "the post-attention RMSNorm in the gate/up GEMV's K loop too" "norm_gemv=2"
+fi
+if wanted "$rounds" rope-gemv; then
+  round rope-gemv "decode RoPE in the norm + QKV GEMV's epilogue" "norm_gemv=1" "rope_gemv=1"
 fi

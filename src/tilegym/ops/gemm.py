@@ -432,24 +432,99 @@ def tilegym_norm_gate_up_gemv_kernel(
     weights' tiles loaded before the PDL wait, the products reduced every K step."""
     bn = ct.bid(0)
     bm = ct.bid(1)
-    k_tiles = ct.num_tiles(WG, axis=1, shape=(TN, TK))
-    wg = _gemv_w(WG, bn, 0, TN, TK, LATENCY)
-    wu = _gemv_w(WU, bn, 0, TN, TK, LATENCY)
+    gate, up = _norm_pair_dots(X, NW, WG, WU, bm, bn, bn, eps, TM, TN, TK, LATENCY, OFFSET, PDL)
+    _act_mul_store(gate, up, Y, bm, bn, ACT)
+
+
+@ct.function
+def _norm_pair_dots(
+    X,
+    NW,
+    WA,
+    WB,
+    bm,
+    bna,
+    bnb,
+    eps,
+    TM: ConstInt,
+    TN: ConstInt,
+    TK: ConstInt,
+    LATENCY: ConstInt,
+    OFFSET: ConstBool,
+    PDL: ConstBool,
+):
+    """fp32 (TM, TN) RMSNorm(X) @ WA[bna tile]^T and RMSNorm(X) @ WB[bnb tile]^T: one X tile a K
+    step for both, both weights' first tiles loaded before the PDL wait, the products reduced
+    every K step, the row's rsqrt applied once at the end."""
+    k_tiles = ct.num_tiles(WA, axis=1, shape=(TN, TK))
+    wa = _gemv_w(WA, bna, 0, TN, TK, LATENCY)
+    wb = _gemv_w(WB, bnb, 0, TN, TK, LATENCY)
     if PDL:
         ct.grid_dependency_control_wait()
     x, xw = _gemv_normed_x(X, NW, bm, 0, TM, TK, OFFSET)
     sq = x * x
-    gate = ct.sum(_gemv_scaled(xw, wg, TM, TN, TK), axis=2)
-    up = ct.sum(_gemv_scaled(xw, wu, TM, TN, TK), axis=2)
+    a = ct.sum(_gemv_scaled(xw, wa, TM, TN, TK), axis=2)
+    b = ct.sum(_gemv_scaled(xw, wb, TM, TN, TK), axis=2)
     for k in range(1, k_tiles):
-        wg = _gemv_w(WG, bn, k, TN, TK, LATENCY)
-        wu = _gemv_w(WU, bn, k, TN, TK, LATENCY)
+        wa = _gemv_w(WA, bna, k, TN, TK, LATENCY)
+        wb = _gemv_w(WB, bnb, k, TN, TK, LATENCY)
         x, xw = _gemv_normed_x(X, NW, bm, k, TM, TK, OFFSET)
         sq = sq + x * x
-        gate = gate + ct.sum(_gemv_scaled(xw, wg, TM, TN, TK), axis=2)
-        up = up + ct.sum(_gemv_scaled(xw, wu, TM, TN, TK), axis=2)
+        a = a + ct.sum(_gemv_scaled(xw, wa, TM, TN, TK), axis=2)
+        b = b + ct.sum(_gemv_scaled(xw, wb, TM, TN, TK), axis=2)
     inv = ct.rsqrt(ct.sum(sq, axis=1, keepdims=True) / X.shape[1] + eps)
-    _act_mul_store(gate * inv, up * inv, Y, bm, bn, ACT)
+    return a * inv, b * inv
+
+
+@ct.kernel
+def tilegym_norm_rope_gemv_kernel(
+    X,
+    NW,
+    W,
+    B,
+    COS,
+    SIN,
+    Y,
+    eps: float,
+    rot_heads: int,
+    HALF: ConstInt,
+    TM: ConstInt,
+    TN: ConstInt,
+    TK: ConstInt,
+    LATENCY: ConstInt,
+    HAS_BIAS: ConstBool,
+    OFFSET: ConstBool,
+    PDL: ConstBool,
+):
+    """Y = RMSNorm(X) @ W^T (+ B) for a packed [q; k; v] weight of heads ``2 * HALF`` wide, with
+    RoPE on the first ``rot_heads`` heads' outputs (q's and k's): the layer's input norm, QKV
+    GEMV and RoPE in one launch at decode.
+
+    A block computes ``TN`` outputs of one head's first half and the ``TN`` outputs ``HALF``
+    further on, the pairs ``rotate_half`` mixes, then rotates them in fp32 with the row's COS
+    and SIN (``[M, 2 * HALF]``): ``(a, b) -> (a cos1 - b sin1, b cos2 + a sin2)``, as
+    ``x * cos + rotate_half(x) * sin``. Rounded once, where upstream rounds the projection
+    before rotating."""
+    chunks = HALF // TN
+    h = ct.bid(0) // chunks
+    j = ct.bid(0) % chunks
+    bm = ct.bid(1)
+    bna = h * 2 * chunks + j
+    bnb = bna + chunks
+    a, b = _norm_pair_dots(X, NW, W, W, bm, bna, bnb, eps, TM, TN, TK, LATENCY, OFFSET, PDL)
+    if HAS_BIAS:
+        a = a + ct.load(B, (bna,), (TN,), padding_mode=_ZERO).astype(ct.float32).reshape((1, TN))
+        b = b + ct.load(B, (bnb,), (TN,), padding_mode=_ZERO).astype(ct.float32).reshape((1, TN))
+    if h < rot_heads:
+        c1 = ct.load(COS, (bm, j), (TM, TN), padding_mode=_ZERO).astype(ct.float32)
+        c2 = ct.load(COS, (bm, j + chunks), (TM, TN), padding_mode=_ZERO).astype(ct.float32)
+        s1 = ct.load(SIN, (bm, j), (TM, TN), padding_mode=_ZERO).astype(ct.float32)
+        s2 = ct.load(SIN, (bm, j + chunks), (TM, TN), padding_mode=_ZERO).astype(ct.float32)
+        ct.store(Y, index=(bm, bna), tile=ct.astype(a * c1 - b * s1, Y.dtype))
+        ct.store(Y, index=(bm, bnb), tile=ct.astype(b * c2 + a * s2, Y.dtype))
+    else:
+        ct.store(Y, index=(bm, bna), tile=ct.astype(a, Y.dtype))
+        ct.store(Y, index=(bm, bnb), tile=ct.astype(b, Y.dtype))
 
 
 @ct.kernel
@@ -985,6 +1060,72 @@ def rms_norm_linear(
     return out
 
 
+#: the norm + QKV + RoPE GEMV's tile: two accumulators a block (a head's two halves), as the
+#: norm-prologue gate/up GEMV's
+NORM_ROPE_TILE = TileConfig(1, 2, 1024, gemv=True)
+
+
+def _launch_norm_rope(x2, norm_weight, eps, weight, bias, cos2, sin2, rot, out2, cfg, offset):
+    """The norm + QKV + RoPE GEMV kernel, with PDL as `_launch_gemv` decides it."""
+    half = cos2.shape[1] // 2
+    pdl = GEMV_PDL and _pdl_ready(weight)
+    b = bias if bias is not None else _BUFFERS.dummies(x2.device, x2.dtype)[0]
+    args = (x2, norm_weight, weight, b, cos2, sin2, out2, float(eps), int(rot), half)
+    args += (*_gemv_tiles(cfg), bias is not None, bool(offset), pdl)
+    grid = (weight.shape[0] // (2 * cfg.tn), math.ceil(x2.shape[0] / cfg.tm), 1)
+    kernel = hinted(tilegym_norm_rope_gemv_kernel, cfg, grid[0])
+    ct.launch(stream(x2.device), grid, kernel, args, programmatic_dependent_launch=pdl)
+
+
+def rms_norm_linear_rope(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rotated_heads: int,
+    *,
+    unit_offset: bool = False,
+    out: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
+    """`linear(RMSNorm(x), weight, bias)` of a packed [q; k; v] projection whose heads are
+    ``D = cos.shape[-1]`` wide, with RoPE (``x * cos + rotate_half(x) * sin``) on its first
+    ``rotated_heads`` heads (q's and k's): a layer's input norm, QKV projection and RoPE in one
+    launch of `tilegym_norm_rope_gemv_kernel`. ``cos``/``sin``: one ``[D]`` row per row of x
+    (``[..., D]``, as a rotary module returns them). Meant for decode (a few rows): every row is
+    a GEMV (`NORM_ROPE_TILE` unless ``config``)."""
+    k = x.shape[-1]
+    _check(x, weight, k)
+    norm_weight = _norm_weight(norm_weight, k)
+    n, d = weight.shape[0], cos.shape[-1]
+    x2 = _as_2d(x)
+    m = x2.shape[0]
+    cfg = config or NORM_ROPE_TILE
+    if not cfg.gemv or d % (2 * cfg.tn) or n % d:
+        raise ValueError(
+            f"rms_norm_linear_rope: heads of {d} (cos's width) must split into two halves of "
+            f"{cfg.tn}-row GEMV tiles and divide the {n} output rows"
+        )
+    if sin.shape != cos.shape or cos.numel() != m * d or not 0 <= rotated_heads <= n // d:
+        raise ValueError(
+            f"rms_norm_linear_rope: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must be one "
+            f"[{d}] row per row of x ({m}); rotated heads {rotated_heads} of {n // d}"
+        )
+    if norm_weight.dtype != x.dtype:
+        raise ValueError(f"rms_norm_linear_rope: norm weight {norm_weight.dtype}, x {x.dtype}")
+    if out is None:
+        out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    cos2, sin2 = cos.reshape(m, d).contiguous(), sin.reshape(m, d).contiguous()
+    args = (x2, norm_weight, eps, weight, bias, cos2, sin2, rotated_heads, out.view(m, n), cfg)
+    _launch_norm_rope(*args, unit_offset)
+    return out
+
+
 #: the norm-prologue gate/up GEMV's tile at one row: both weights' products fit the
 #: keep-products budget of `GEMV_ACC_ELEMS` at 2 x 1 x 2 x 1024 (reduced every step here)
 NORM_GATE_UP_TILE = TileConfig(1, 2, 1024, gemv=True)
@@ -1160,6 +1301,35 @@ def _norm_gate_up_sigs(sigs: dict, arr, dt, cconv) -> None:
     for pdl in (False, True):
         sig = KernelSignature([*io, *consts, False, ACT_SILU, pdl], cconv)
         sigs.setdefault(kernel, []).append(sig)
+
+
+def norm_rope_signatures(
+    head_dim: int, dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,), cos_dtype=None
+) -> dict:
+    """`tilegym_norm_rope_gemv_kernel` at `NORM_ROPE_TILE` for heads ``head_dim`` wide: with and
+    without bias and PDL, the plain norm weight, 16-byte aligned tensors (what a model passes);
+    cos/sin in the activations' dtype unless ``cos_dtype``."""
+    from cuda.tile.compilation import CallingConvention, KernelSignature, ScalarConstraint
+
+    from tilegym.ops.attention import array_constraint
+
+    cfg = NORM_ROPE_TILE
+    kernel = hinted(tilegym_norm_rope_gemv_kernel, cfg, 1)
+    cconv = CallingConvention.cutile_python_v1()
+    ct_dtypes = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32}
+    sigs = []
+    for torch_dt in dtypes:
+        dt = ct_dtypes[torch_dt]
+        cdt = ct_dtypes[cos_dtype or torch_dt]
+        io = [array_constraint(dt, 2), array_constraint(dt, 1), array_constraint(dt, 2)]
+        io += [array_constraint(dt, 1), array_constraint(cdt, 2), array_constraint(cdt, 2)]
+        io += [array_constraint(dt, 2)]  # X, NW, W, B, COS, SIN, Y
+        scalars = [ScalarConstraint(ct.float32), ScalarConstraint(ct.int32), head_dim // 2]
+        for has_bias in (False, True):
+            for pdl in (False, True):
+                consts = [*_gemv_tiles(cfg), has_bias, False, pdl]
+                sigs.append(KernelSignature([*io, *scalars, *consts], cconv))
+    return {kernel: sigs}
 
 
 def aot_signatures(

@@ -388,6 +388,48 @@ def _(x, norm_weight, eps, weight, bias, unit_offset=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+@_op("rms_norm_linear_rope")
+def rms_norm_linear_rope_op(
+    x: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    weight: Tensor,
+    bias: Tensor | None,
+    cos: Tensor,
+    sin: Tensor,
+    rotated_heads: int,
+    unit_offset: bool = False,
+) -> Tensor:
+    with private_buffers():
+        return _gemm.rms_norm_linear_rope(
+            x, norm_weight, eps, weight, bias, cos, sin, rotated_heads, unit_offset=unit_offset
+        )
+
+
+@rms_norm_linear_rope_op.register_kernel("cpu")
+def _(x, norm_weight, eps, weight, bias, cos, sin, rotated_heads, unit_offset=False):
+    normed = _rms_norm.rms_norm_reference(x, norm_weight, eps, unit_offset)
+    return rms_norm_linear_rope_reference(normed, weight, bias, cos, sin, rotated_heads)
+
+
+def rms_norm_linear_rope_reference(normed, weight, bias, cos, sin, rotated_heads) -> Tensor:
+    """``linear(normed, weight, bias)`` with RoPE on its first ``rotated_heads`` heads (of
+    ``cos.shape[-1]``), as transformers' ``apply_rotary_pos_emb`` on the projection."""
+    qkv = torch.nn.functional.linear(normed, weight, bias)
+    d = cos.shape[-1]
+    heads = qkv.view(*qkv.shape[:-1], -1, d)
+    rot = heads[..., :rotated_heads, :]
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    halves = torch.cat((-rot[..., d // 2 :], rot[..., : d // 2]), dim=-1)
+    rotated = (rot * c + halves * s).to(qkv.dtype)
+    return torch.cat((rotated, heads[..., rotated_heads:, :]), dim=-2).reshape(qkv.shape)
+
+
+@rms_norm_linear_rope_op.register_fake
+def _(x, norm_weight, eps, weight, bias, cos, sin, rotated_heads, unit_offset=False):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
 @_op("rms_norm_gate_up")
 def rms_norm_gate_up_op(
     x: Tensor,
@@ -857,6 +899,25 @@ def rms_norm_linear(
     if _use_op(x):
         return rms_norm_linear_op(x, norm_weight, float(eps), weight, bias, bool(unit_offset))
     return _gemm.rms_norm_linear(x, norm_weight, eps, weight, bias, unit_offset=unit_offset)
+
+
+def rms_norm_linear_rope(
+    x: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    weight: Tensor,
+    bias: Tensor | None,
+    cos: Tensor,
+    sin: Tensor,
+    rotated_heads: int,
+    unit_offset: bool = False,
+) -> Tensor:
+    """``linear(RMSNorm(x), weight, bias)`` with RoPE on the first ``rotated_heads`` heads of
+    the packed [q; k; v] output: one launch (``gemm.rms_norm_linear_rope``; for decode)."""
+    args = (x, norm_weight, float(eps), weight, bias, cos, sin, int(rotated_heads))
+    if _use_op(x):
+        return rms_norm_linear_rope_op(*args, bool(unit_offset))
+    return _gemm.rms_norm_linear_rope(*args, unit_offset=unit_offset)
 
 
 def rms_norm_gate_up(

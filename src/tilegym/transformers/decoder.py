@@ -52,6 +52,7 @@ class Routes:
     act: str = "silu"  # the gated MLP activation's kernels (a value of GATED_ACTS)
     rope_heads: int = 0  # decode RoPE kernels' heads a block (0: per-token; monkey_patch.TUNING)
     norm_gemv: int = 0  # norms in the next GEMV's K loop: 1 QKV's, 2 and gate/up's (TUNING)
+    rope_gemv: int = 0  # 1: a decode row's RoPE in the norm + QKV GEMV's epilogue (TUNING)
 
 
 _ACT_KERNELS = {
@@ -190,10 +191,17 @@ def make_attention_forward(
         d = self.head_dim
         hq, hk = self.config.num_attention_heads, self.config.num_key_value_heads
         qkv, gate = None, None
+        cos, sin = position_embeddings
+        rope = family.rope_switch is None or bool(getattr(self, family.rope_switch))
+        rotated = False
         if routes.linear:
             w, b = fused.get(self, names)
             if pre_norm is None:
                 qkv = gemm.linear(hidden_states, w, b)
+            elif rope and rope_in_gemv(routes, family, self, pre_norm, hidden_states, cos):
+                eps, offset = norm_eps(pre_norm), family.norm_unit_offset
+                args = (hidden_states, pre_norm.weight, eps, w, b, cos, sin, hq + hk)
+                qkv, rotated = gemm.rms_norm_linear_rope(*args, offset), True
             else:
                 eps, offset = norm_eps(pre_norm), family.norm_unit_offset
                 qkv = gemm.rms_norm_linear(hidden_states, pre_norm.weight, eps, w, b, offset)
@@ -210,16 +218,16 @@ def make_attention_forward(
             k, v = k.view(bsz, seq, hk, d), v.view(bsz, seq, hk, d)
         if family.attn_output_gate:  # upstream's chunk of the [q; gate] head
             q, gate = q[..., :d], q[..., d:]  # [B, S, H, D] views of each head's halves
-        cos, sin = position_embeddings
         if family.rope_half_table and routes.rope:  # the kernels take head_dim-wide tables
             cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
         per_head = family.qk_norm and not family.qk_norm_whole
         whole = family.qk_norm and family.qk_norm_whole
-        rope = family.rope_switch is None or bool(getattr(self, family.rope_switch))
         clip = getattr(self.config, "clip_qkv", None) if family.clip_qkv else None
         one_launch = rope and routes.rope and routes.rms_norm and clip is None
         one_launch = one_launch and cos.shape[-1] == d
-        if one_launch and whole and whole_rope_fits(d):
+        if rotated:  # the GEMV's epilogue rotated q and k
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+        elif one_launch and whole and whole_rope_fits(d):
             qw, kw, eps = self.q_norm.weight, self.k_norm.weight, norm_eps(self.q_norm)
             q, k = qk_norm_whole_rope(q, k, qw, kw, eps, cos, sin, family.qk_norm_round_once)
         elif one_launch and per_head:
@@ -285,6 +293,19 @@ def make_attention_forward(
         return add_scaled(residual, out, residual_scale(self, family)), attn_weights
 
     return forward
+
+
+def rope_in_gemv(routes: Routes, family: Family, attn, pre_norm, hidden, cos) -> bool:
+    """Whether this call's RoPE rides in the norm + QKV GEMV's epilogue (``rope_gemv``): one
+    decode row, whole-head tables, no q/k norm, output gate, clamp or half tables between the
+    projection and RoPE, and the norm weight in the activations' dtype."""
+    if not (routes.rope_gemv and routes.rope and hidden.shape[:-1].numel() == 1):
+        return False
+    if family.qk_norm or family.attn_output_gate or family.rope_half_table:
+        return False
+    if family.clip_qkv and getattr(attn.config, "clip_qkv", None) is not None:
+        return False
+    return cos.shape[-1] == attn.head_dim and pre_norm.weight.dtype == hidden.dtype
 
 
 def upstream_rope(family: Family) -> Callable:

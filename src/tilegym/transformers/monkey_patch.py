@@ -1,12 +1,13 @@
 """Apply (and undo) cuTile kernels on transformers models, per instance or per class.
 
 ``apply_tilegym_kernel_to_<model_key>(rope=..., rms_norm=..., swiglu=..., attn=..., linear=...,
-model=None, rope_heads=0, norm_gemv=0)`` returns a ``PatchHandle``: ``.applied`` lists the flags now
-routed through cuTile, ``.not_applied`` maps every other flag to the reason, and ``.undo()``
-restores the exact original forwards (and frees repacked weights). With ``model`` only that
-instance's modules change, so a baseline and a kernelized model can run side by side; without it the
-transformers classes are patched (before instantiation) and ``undo()`` puts the original function
-objects back. ``rope_heads`` and ``norm_gemv`` tune how routed parts run (``TUNING``).
+model=None, rope_heads=0, norm_gemv=0, rope_gemv=0)`` returns a ``PatchHandle``: ``.applied``
+lists the flags now routed through cuTile, ``.not_applied`` maps every other flag to the
+reason, and ``.undo()`` restores the exact original forwards (and frees repacked weights). With
+``model`` only that instance's modules change, so a baseline and a kernelized model can run side
+by side; without it the transformers classes are patched (before instantiation) and ``undo()``
+puts the original function objects back. ``rope_heads``, ``norm_gemv`` and ``rope_gemv`` tune
+how routed parts run (``TUNING``).
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ FLAGS = ("rope", "rms_norm", "swiglu", "attn", "linear")
 #: before it; 2: also its post-attention norm in the MLP's gate/up GEMM with the activation
 #: (``rms_norm_gate_up``; with ``swiglu``, where o_proj takes the residual). Layers with their
 #: own forwards (post-norm, sandwich-norm, a family's own attention, MLP or layer builder, MoE
-#: blocks, linear-attention mixers) keep the norm launches.
-TUNING = {"rope_heads": 0, "norm_gemv": 0}
+#: blocks, linear-attention mixers) keep the norm launches. ``rope_gemv`` 1: with ``norm_gemv``
+#: and ``rope`` routed, a decode row's RoPE runs in the epilogue of that QKV GEMV
+#: (``rms_norm_linear_rope``: norm, projection and RoPE in one launch) where the heads carry no
+#: q/k norm, output gate or partial rotary; other calls keep the RoPE kernel.
+TUNING = {"rope_heads": 0, "norm_gemv": 0, "rope_gemv": 0}
 MAX_ROPE_HEADS = 64
 GEMM_API = (
     "linear",
@@ -46,6 +50,7 @@ GEMM_API = (
     "linear_residual",
     "rms_norm_linear",
     "rms_norm_gate_up",
+    "rms_norm_linear_rope",
 )
 _MARK = "_tilegym_patched"
 
@@ -290,6 +295,7 @@ def _apply_description(
         act=act,
         rope_heads=tuning["rope_heads"],
         norm_gemv=tuning["norm_gemv"] if _norm_gemv_fits(desc, flags, gemm) else 0,
+        rope_gemv=tuning["rope_gemv"] if _norm_gemv_fits(desc, flags, gemm) else 0,
     )
     fused = FusedWeights()
     handle.repacked = fused
@@ -474,9 +480,10 @@ def _entry_point(key: str, what: str) -> Callable[..., PatchHandle]:
         model=None,
         rope_heads=0,
         norm_gemv=0,
+        rope_gemv=0,
     ) -> PatchHandle:
         flags = _flags(rope, rms_norm, swiglu, attn, linear)
-        tuning = {"rope_heads": rope_heads, "norm_gemv": norm_gemv}
+        tuning = {"rope_heads": rope_heads, "norm_gemv": norm_gemv, "rope_gemv": rope_gemv}
         check_tuning(tuning)
         handle = _apply(FAMILIES[key], flags, model, tuning)
         use_tile_kv_cache(handle, model)
@@ -546,6 +553,9 @@ def check_tuning(tuning: dict) -> None:
     norm_gemv = tuning.get("norm_gemv", 0)
     if type(norm_gemv) is not int or norm_gemv not in (0, 1, 2):
         raise ValueError(f"norm_gemv must be 0, 1 or 2, got {norm_gemv!r}")
+    rope_gemv = tuning.get("rope_gemv", 0)
+    if type(rope_gemv) is not int or rope_gemv not in (0, 1):
+        raise ValueError(f"rope_gemv must be 0 or 1, got {rope_gemv!r}")
 
 
 def parse_setting(item: str) -> tuple[str, bool | int]:

@@ -1,0 +1,188 @@
+"""``gemm.rms_norm_linear_rope``: a layer's input RMSNorm, packed QKV projection and RoPE in one
+GEMV launch (``tilegym_norm_rope_gemv_kernel``).
+
+GPU tests: against an fp64 norm, GEMM and rotation on fresh random inputs and real RoPE angles
+(head widths 64 and 128, GQA head counts, some heads unrotated, bias, Gemma's ``1 + weight``,
+one and three rows, bf16 and fp16, outputs poisoned); against transformers' rounded three-step
+form; the programmatic-dependent launch's wait; bad shapes as one ``ValueError``. CPU tests: the
+AOT signatures compile for sm_90, and the op's CPU reference is transformers' own RoPE.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+from test_gemm import GEMM_TOL
+from test_rms_norm_linear import EPS, _check_with_x_written_late, _inputs, _reference
+
+from tilegym.ops.gemm_configs import TileConfig
+from tilegym.ops.testing import assert_close_rel
+
+#: (rows, q heads, kv heads, head dim, hidden): llama-3.2-1B's and Qwen2.5-7B's decode, odd K
+#: and head counts, a few rows
+CASES = [
+    (1, 32, 8, 64, 2048),
+    (1, 28, 4, 128, 3584),
+    (1, 3, 1, 64, 1000),
+    (3, 5, 5, 128, 3000),
+]
+CONFIGS = [None, TileConfig(1, 4, 512, gemv=True), TileConfig(2, 8, 256, gemv=True)]
+
+
+def _angles(m: int, d: int, gen, dtype):
+    """cos/sin ``[m, d]`` of positions up to 8K at rope_theta 500000, both halves equal."""
+    pos = torch.randint(0, 8192, (m, 1), device="cuda", generator=gen).double()
+    inv = 500000.0 ** (-torch.arange(0, d, 2, device="cuda").double() / d)
+    freqs = torch.cat((pos * inv, pos * inv), dim=-1)
+    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+
+
+def _rope_reference(qkv, cos, sin, rotated: int):
+    """fp64 ``x * cos + rotate_half(x) * sin`` on the first ``rotated`` heads."""
+    d = cos.shape[-1]
+    heads = qkv.view(qkv.shape[0], -1, d).clone()
+    c, s = cos.double()[:, None, :], sin.double()[:, None, :]
+    rot = heads[:, :rotated]
+    halves = torch.cat((-rot[..., d // 2 :], rot[..., : d // 2]), dim=-1)
+    heads[:, :rotated] = rot * c + halves * s
+    return heads.view(qkv.shape)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "cfg", CONFIGS, ids=lambda c: "own" if c is None else f"{c.tm}x{c.tn}x{c.tk}"
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("unit_offset", [False, True])
+def test_norm_rope_gemv_matches_fp64(cfg, dtype, unit_offset, gen):
+    from tilegym.ops import gemm
+
+    for m, hq, hk, d, k in CASES:
+        n = (hq + 2 * hk) * d
+        for bias in (False, True):
+            for rotated in (hq + hk, hq):
+                x, nw, w, b = _inputs(m, n, k, gen, dtype, bias)
+                cos, sin = _angles(m, d, gen, dtype)
+                out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+                res = gemm.rms_norm_linear_rope(
+                    x,
+                    nw,
+                    EPS,
+                    w,
+                    b,
+                    cos,
+                    sin,
+                    rotated,
+                    unit_offset=unit_offset,
+                    out=out,
+                    config=cfg,
+                )
+                assert res.data_ptr() == out.data_ptr()
+                want = _rope_reference(_reference(x, nw, w, b, unit_offset), cos, sin, rotated)
+                assert_close_rel(out, want, tol=GEMM_TOL[dtype])
+
+
+@pytest.mark.gpu
+def test_norm_rope_gemv_against_the_three_launches(gen):
+    """Against RMSNorm then the GEMM (each rounded) then transformers' RoPE in bf16: within
+    about two bf16 roundings of the projection."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from tilegym.ops import gemm
+    from tilegym.ops.rms_norm import rms_norm
+
+    m, hq, hk, d, k = CASES[0]
+    x, nw, w, _ = _inputs(m, (hq + 2 * hk) * d, k, gen, torch.bfloat16, False)
+    cos, sin = _angles(m, d, gen, torch.bfloat16)
+    fused = gemm.rms_norm_linear_rope(x, nw, EPS, w, None, cos, sin, hq + hk)
+    qkv = gemm.linear(rms_norm(x, nw, EPS), w)
+    q = qkv[:, : hq * d].view(1, m, hq, d).transpose(1, 2)
+    kk = qkv[:, hq * d : (hq + hk) * d].view(1, m, hk, d).transpose(1, 2)
+    q, kk = apply_rotary_pos_emb(q, kk, cos[None], sin[None])
+    three = torch.cat(
+        (q.transpose(1, 2).reshape(m, -1), kk.transpose(1, 2).reshape(m, -1), qkv[:, -hk * d :]),
+        dim=-1,
+    )
+    assert_close_rel(fused, three.float(), tol=2 * GEMM_TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+def test_norm_rope_gemv_pdl_waits_for_the_kernel_writing_x(gen, monkeypatch):
+    """Both halves' first W tiles before the wait, X (written late) after it; the first call
+    reads the weight without PDL, the next ones with it."""
+    from tilegym.ops import gemm
+
+    monkeypatch.setattr(gemm, "GEMV_PDL", True)
+    m, hq, hk, d, k = 1, 8, 2, 128, 3072
+    src, nw, w, b = _inputs(m, (hq + 2 * hk) * d, k, gen, torch.bfloat16, True)
+    cos, sin = _angles(m, d, gen, torch.bfloat16)
+    ref = _rope_reference(_reference(src, nw, w, b, False), cos, sin, hq + hk)
+    _check_with_x_written_late(
+        src,
+        ref,
+        lambda x, out: gemm.rms_norm_linear_rope(x, nw, EPS, w, b, cos, sin, hq + hk, out=out),
+    )
+
+
+@pytest.mark.gpu
+def test_bad_shapes_are_one_clear_error(gen):
+    from tilegym.ops import gemm
+
+    x, nw, w, _ = _inputs(1, 12 * 64, 256, gen, torch.bfloat16, False)
+    cos, sin = _angles(1, 64, gen, torch.bfloat16)
+    with pytest.raises(ValueError, match="rotated heads 13 of 12"):
+        gemm.rms_norm_linear_rope(x, nw, EPS, w, None, cos, sin, 13)
+    with pytest.raises(ValueError, match="heads of 96"):
+        wide_cos, wide_sin = _angles(1, 96, gen, torch.bfloat16)
+        gemm.rms_norm_linear_rope(x, nw, EPS, w, None, wide_cos, wide_sin, 4)
+    with pytest.raises(ValueError, match=r"one \[64\] row per row of x \(1\)"):
+        two_cos, two_sin = _angles(2, 64, gen, torch.bfloat16)
+        gemm.rms_norm_linear_rope(x, nw, EPS, w, None, two_cos, two_sin, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_norm_rope_signatures_compile(head_dim):
+    """The AOT signatures (bias x PDL) compile for sm_90."""
+    from cuda.tile.compilation import export_kernel
+
+    from tilegym.ops import gemm
+
+    sigs = gemm.norm_rope_signatures(head_dim)
+    (kernel,) = sigs
+    assert len(sigs[kernel]) == 4
+    buf = io.BytesIO()
+    export_kernel(kernel, sigs[kernel], buf, gpu_code="sm_90", output_format="cubin")
+    assert len(buf.getvalue()) > 1000
+
+
+def test_the_cpu_reference_is_transformers_rope_on_the_projection():
+    """On a CPU the op runs norm, projection and transformers' ``apply_rotary_pos_emb`` on the
+    first heads, rounding where transformers does; the value heads stay as projected."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from tilegym.ops import library
+    from tilegym.ops.rms_norm import rms_norm_reference
+
+    gen = torch.Generator().manual_seed(0)
+    hq, hk, d, k = 4, 2, 16, 48
+    dt = torch.bfloat16
+    x = torch.randn(1, 1, k, generator=gen).to(dt)
+    nw = (1 + 0.1 * torch.randn(k, generator=gen)).to(dt)
+    w = (torch.randn((hq + 2 * hk) * d, k, generator=gen) / math.sqrt(k)).to(dt)
+    ang = torch.rand(1, 1, d // 2, generator=gen) * 100
+    cos, sin = torch.cat((ang, ang), -1).cos().to(dt), torch.cat((ang, ang), -1).sin().to(dt)
+    got = library.rms_norm_linear_rope(x, nw, EPS, w, None, cos, sin, hq + hk)
+    qkv = torch.nn.functional.linear(rms_norm_reference(x, nw, EPS, False), w)
+    q = qkv[..., : hq * d].view(1, 1, hq, d).transpose(1, 2)
+    kk = qkv[..., hq * d : (hq + hk) * d].view(1, 1, hk, d).transpose(1, 2)
+    q, kk = apply_rotary_pos_emb(q, kk, cos, sin)
+    want = torch.cat(
+        (q.transpose(1, 2).reshape(1, 1, -1), kk.transpose(1, 2).reshape(1, 1, -1)), dim=-1
+    )
+    assert torch.equal(got[..., : (hq + hk) * d], want)
+    assert torch.equal(got[..., (hq + hk) * d :], qkv[..., (hq + hk) * d :])
+    assert not torch.equal(got[..., : hq * d], qkv[..., : hq * d])  # something rotated
