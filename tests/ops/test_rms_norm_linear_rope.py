@@ -186,3 +186,58 @@ def test_the_cpu_reference_is_transformers_rope_on_the_projection():
     assert torch.equal(got[..., : (hq + hk) * d], want)
     assert torch.equal(got[..., (hq + hk) * d :], qkv[..., (hq + hk) * d :])
     assert not torch.equal(got[..., : hq * d], qkv[..., : hq * d])  # something rotated
+
+
+def _norm_rope_ptx(pdl: bool, has_bias: bool = True) -> list[str]:
+    """sm_90 PTX of the kernel at `NORM_ROPE_TILE`, heads of 64, its aligned AOT arrays with
+    rows a multiple of 16 elements (as the models' tensors are)."""
+    import dataclasses
+
+    from cubin_ptx import ptx_lines
+    from cuda.tile.compilation import KernelSignature
+
+    from tilegym.ops import gemm
+
+    (sigs,) = gemm.norm_rope_signatures(64).values()
+    sig = next(s for s in sigs if s.parameters[-3].value == has_bias and s.parameters[-1].value)
+    params = [
+        dataclasses.replace(p, shape_divisible_by=(1,) * (p.ndim - 1) + (16,))
+        if hasattr(p, "ndim")
+        else p
+        for p in sig.parameters
+    ]
+    params[-1] = pdl
+    return ptx_lines(
+        gemm.hinted(gemm.tilegym_norm_rope_gemv_kernel, gemm.NORM_ROPE_TILE, 1),
+        KernelSignature(params, sig.calling_convention),
+    )
+
+
+@pytest.mark.slow
+def test_norm_rope_gemv_loads_both_halves_before_the_wait_and_the_rest_after():
+    """With PDL the block's two first W tiles (one weight, two rows of tiles) are the only
+    loads before `griddepcontrol.wait`; X, the norm weight, the bias, cos and sin are read and Y
+    written after it. Without PDL there is no wait."""
+    from cubin_ptx import global_accesses, instructions
+
+    x, nw, w, b, cos, sin, y = range(7)
+    lines = _norm_rope_ptx(True)
+    (wait,) = instructions(lines, "griddepcontrol.wait")
+    accesses = global_accesses(lines)
+    before = [a for a in accesses if a.line < wait]
+    assert len(before) >= 2 and all(a.op.startswith("ld.") and a.arrays == {w} for a in before)
+    after = [a.arrays for a in accesses if a.line > wait]
+    assert all({i} in after for i in (x, nw, b, cos, sin, y))
+    assert not any("griddepcontrol" in line for line in _norm_rope_ptx(False))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pdl", [False, True])
+def test_norm_rope_gemv_fits_eight_blocks_an_sm_without_spills(pdl):
+    """Two accumulators of 2 x 1024 products reduced every step, hinted to 8 blocks an SM: no
+    spills, and at most 65536 / (8 x 128) registers."""
+    from cubin_ptx import ptxas_usage
+
+    usage = ptxas_usage(_norm_rope_ptx(pdl))
+    assert usage.spill_stores == usage.spill_loads == 0, usage
+    assert usage.registers <= 64, usage
