@@ -55,16 +55,16 @@ from tilegym.ops.gemm_configs import (  # noqa: E402
 )
 
 MODELS = {
-    "qwen3": dict(hidden=1024, q=16 * 128, kv=8 * 128, inter=3072, vocab=151936),
-    "llama": dict(hidden=2048, q=32 * 64, kv=8 * 64, inter=8192, vocab=128256),
+    "qwen3": dict(hidden=1024, q=16 * 128, kv=8 * 128, inter=3072, vocab=151936, head=128),
+    "llama": dict(hidden=2048, q=32 * 64, kv=8 * 64, inter=8192, vocab=128256, head=64),
     # the other families' presets (their configs under tilegym_hf_bench/configs), --models
-    "mistral": dict(hidden=4096, q=32 * 128, kv=8 * 128, inter=14336, vocab=32768),
-    "qwen2": dict(hidden=1536, q=12 * 128, kv=2 * 128, inter=8960, vocab=151936),
-    "phi3": dict(hidden=3072, q=32 * 96, kv=32 * 96, inter=8192, vocab=32064),
-    "gemma3": dict(hidden=1152, q=4 * 256, kv=1 * 256, inter=6912, vocab=262144),
-    "olmo2": dict(hidden=2048, q=16 * 128, kv=16 * 128, inter=8192, vocab=100352),
-    "olmo3": dict(hidden=4096, q=32 * 128, kv=32 * 128, inter=11008, vocab=100278),
-    "smollm3": dict(hidden=2048, q=16 * 128, kv=4 * 128, inter=11008, vocab=128256),
+    "mistral": dict(hidden=4096, q=32 * 128, kv=8 * 128, inter=14336, vocab=32768, head=128),
+    "qwen2": dict(hidden=1536, q=12 * 128, kv=2 * 128, inter=8960, vocab=151936, head=128),
+    "phi3": dict(hidden=3072, q=32 * 96, kv=32 * 96, inter=8192, vocab=32064, head=96),
+    "gemma3": dict(hidden=1152, q=4 * 256, kv=1 * 256, inter=6912, vocab=262144, head=256),
+    "olmo2": dict(hidden=2048, q=16 * 128, kv=16 * 128, inter=8192, vocab=100352, head=128),
+    "olmo3": dict(hidden=4096, q=32 * 128, kv=32 * 128, inter=11008, vocab=100278, head=128),
+    "smollm3": dict(hidden=2048, q=16 * 128, kv=4 * 128, inter=11008, vocab=128256, head=128),
 }
 #: models the table is timed on when --models is not given
 DEFAULT_MODELS = ("qwen3", "llama")

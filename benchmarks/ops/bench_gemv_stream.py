@@ -17,7 +17,8 @@ against an fp32 reference first (outputs poisoned with NaN before the check).
 Candidates: ``table`` (cuBLAS and the table's config), ``gemv`` (also every GEMV config of
 `gemm_configs.gemv_candidates`, blocks-per-SM hints included; the
 gated projection gets the swapped and GEMV tiles of `candidate_configs`, plus the probe
-`NORM_PROBE_TILES`), ``all``
+`NORM_PROBE_TILES`; the QKV projection the probes of RoPE in the norm GEMV's epilogue,
+`rms_norm_linear_rope`, against the norm GEMV then the RoPE kernel it replaces), ``all``
 (every `candidate_configs` config). ``--tuned-out`` writes the shipped tile table with a
 projection's fastest config in place of the table's where its slowest replay beat the table
 config's fastest (`winner`): a whole table for TILEGYM_GEMM_TILES.
@@ -39,6 +40,7 @@ from _timing import copy_tbps, format_table, running_gpu_tbps  # noqa: E402
 from bench_gemm import MODELS  # noqa: E402
 
 from tilegym.ops import gemm  # noqa: E402
+from tilegym.ops import rope as rope_ops  # noqa: E402
 from tilegym.ops.gemm_configs import (  # noqa: E402
     TileConfig,
     candidate_configs,
@@ -60,11 +62,23 @@ NORM_PROBE_TILES = (
     TileConfig(1, 2, 1024, occupancy=8, gemv=True),
     TileConfig(1, 4, 1024, occupancy=6, gemv=True),
 )
+#: the QKV probes' names: the norm + QKV GEMV then the RoPE kernel (what `norm_gemv` 1 runs), and
+#: `rms_norm_linear_rope`'s one launch (`rope_gemv` 1)
+ROPE_PROBES = ("probe: norm gemv, then rope kernel", "probe: norm + rope gemv")
+#: the decode position the probes' cos/sin are taken at
+ROPE_POSITION = 2112
 HEADER = ["model", "proj", "N", "K", "variant", "us/call", "min-max", "TB/s", "%copy", "%spec"]
 
 
 #: a decode layer's projections, in `projections`' order
 PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
+
+
+def rope_tables(d: int, device="cuda") -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 cos/sin ``[1, d]`` of one decode position (both halves equal, as HF's tables)."""
+    inv = 500000.0 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float64) / d)
+    freqs = torch.cat((ROPE_POSITION * inv, ROPE_POSITION * inv))[None]
+    return freqs.cos().to(torch.bfloat16), freqs.sin().to(torch.bfloat16)
 
 
 def projections(model: str) -> dict[str, tuple[str, int, int]]:
@@ -107,6 +121,45 @@ class Stream:
         self.out = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
         self.nw = 1 + 0.1 * torch.randn(k, device="cuda", dtype=torch.bfloat16)
         self.nbytes = rows * k * 2
+        self.heads = (0, 0, 1)  # (q heads, kv heads, head width) of a QKV projection
+
+    def set_heads(self, hq: int, hk: int, d: int) -> None:
+        """The QKV projection's head layout, for the RoPE probes."""
+        self.heads = (hq, hk, d)
+        self.cos, self.sin = rope_tables(d)
+
+    def normed_x(self) -> torch.Tensor:
+        x = self.x.float()
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * self.nw.float()
+
+    def rope_reference(self, w: torch.Tensor) -> torch.Tensor:
+        """fp32 RMSNorm(x) @ w^T with q's and k's heads rotated."""
+        hq, hk, d = self.heads
+        heads = (self.normed_x() @ w.float().t()).view(1, -1, d)
+        rot = heads[:, : hq + hk]
+        halves = torch.cat((-rot[..., d // 2 :], rot[..., : d // 2]), dim=-1)
+        rotated = rot * self.cos.float()[:, None] + halves * self.sin.float()[:, None]
+        return torch.cat((rotated, heads[:, hq + hk :]), dim=1).view(1, -1)
+
+    def norm_rope(self, w: torch.Tensor) -> torch.Tensor:
+        hq, hk, _ = self.heads
+        args = (self.x, self.nw, NORM_EPS, w, None, self.cos, self.sin, hq + hk)
+        return gemm.rms_norm_linear_rope(*args, out=self.out)
+
+    def norm_then_rope(self, w: torch.Tensor):
+        """The two launches `norm_rope` replaces: (rotated q, rotated k), v left in ``out``."""
+        hq, hk, d = self.heads
+        y = gemm.rms_norm_linear(self.x, self.nw, NORM_EPS, w, out=self.out)
+        q = y[:, : hq * d].view(1, 1, hq, d).transpose(1, 2)
+        k = y[:, hq * d : (hq + hk) * d].view(1, 1, hk, d).transpose(1, 2)
+        return rope_ops.apply_rope(q, k, self.cos[None], self.sin[None])
+
+    def norm_then_rope_joined(self, w: torch.Tensor) -> torch.Tensor:
+        """`norm_then_rope`'s result as one row, for its error (outside the timed graph)."""
+        hq, hk, d = self.heads
+        q, k = self.norm_then_rope(w)
+        parts = (q.transpose(1, 2).reshape(1, -1), k.transpose(1, 2).reshape(1, -1))
+        return torch.cat((*parts, self.out[:, (hq + hk) * d :]), dim=-1)
 
     def reference(self, w: torch.Tensor) -> torch.Tensor:
         y = self.x.float() @ w.float().t()
@@ -124,9 +177,7 @@ class Stream:
 
     def normed_reference(self, w: torch.Tensor) -> torch.Tensor:
         """The gated reference on RMSNorm(x) (the norm-prologue probe's op)."""
-        x = self.x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * self.nw.float()
-        g, u = (x @ w.float().t()).chunk(2, dim=-1)
+        g, u = (self.normed_x() @ w.float().t()).chunk(2, dim=-1)
         return F.silu(g) * u
 
     def norm_gate_up(self, w: torch.Tensor, cfg: TileConfig) -> torch.Tensor:
@@ -139,11 +190,12 @@ class Stream:
             return gemm.linear_residual(self.x, w, self.r, out=self.out, config=cfg)
         return gemm.linear(self.x, w, out=self.out, config=cfg)
 
-    def error(self, call, normed: bool = False) -> float:
-        """Relative error of one call on the first weight against fp32 (NaN-poisoned output)."""
+    def error(self, call, reference=None) -> float:
+        """Relative error of one call on the first weight against fp32 (NaN-poisoned output);
+        ``reference`` (of a weight) for a probe whose op is not the projection's."""
         self.out.fill_(float("nan"))
         got = call(self.ws[0]).float()
-        ref = (self.normed_reference if normed else self.reference)(self.ws[0])
+        ref = (reference or self.reference)(self.ws[0])
         if not torch.isfinite(got).all():
             return float("inf")
         return ((got - ref).norm() / ref.norm()).item()
@@ -160,6 +212,7 @@ def bench_projection(model, proj, op, n, k, args, copy, spec) -> list[dict]:
     """The rows of one projection, fastest first (its weights are freed on return)."""
     stream = Stream(op, n, k, args.layers)
     calls = {"cuBLAS": stream.cublas}
+    checks = {}  # probes: name -> (the call whose output is checked, its fp32 reference)
     configs_by_name: dict[str, TileConfig] = {}
     for i, cfg in enumerate(configs(op, n, k, args.candidates)):
         name = ("table " if i == 0 else "") + config_name(cfg)
@@ -169,10 +222,18 @@ def bench_projection(model, proj, op, n, k, args, copy, spec) -> list[dict]:
         for cfg in NORM_PROBE_TILES:
             name = "probe: norm + " + config_name(cfg)
             calls[name] = lambda w, cfg=cfg: stream.norm_gate_up(w, cfg)
+            checks[name] = (calls[name], stream.normed_reference)
+    if proj == "qkv" and args.candidates != "table":
+        c = MODELS[model]
+        stream.set_heads(c["q"] // c["head"], c["kv"] // c["head"], c["head"])
+        two, one = ROPE_PROBES
+        calls[two], calls[one] = stream.norm_then_rope, stream.norm_rope
+        checks[two] = (stream.norm_then_rope_joined, stream.rope_reference)
+        checks[one] = (stream.norm_rope, stream.rope_reference)
     good = {}
     for name, call in calls.items():
         try:
-            err = stream.error(call, normed=name.startswith("probe: norm"))
+            err = stream.error(*checks.get(name, (call, None)))
         except Exception as exc:  # a config that does not compile or launch is reported, skipped
             print(f"# FAILED {model} {proj} {name}: {type(exc).__name__}: {exc}", flush=True)
             continue

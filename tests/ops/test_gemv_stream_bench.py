@@ -47,6 +47,23 @@ def test_configs_start_with_the_table_choice(stream, which, proj):
         assert {c.occupancy for c in gemv} == {0, 6, 8}
 
 
+def test_every_model_names_a_head_width_that_splits_its_projections(stream):
+    """The QKV RoPE probes take q's and kv's head counts from ``head``."""
+    for name, c in stream.MODELS.items():
+        assert c["q"] % c["head"] == 0 and c["kv"] % c["head"] == 0, name
+        assert c["head"] % 4 == 0, name  # two halves of whole 2-row GEMV tiles
+
+
+def test_rope_tables_are_one_position_with_equal_halves(stream):
+    cos, sin = stream.rope_tables(64, device="cpu")
+    assert cos.shape == sin.shape == (1, 64) and cos.dtype == torch.bfloat16
+    assert torch.equal(cos[:, :32], cos[:, 32:]) and torch.equal(sin[:, :32], sin[:, 32:])
+    assert cos[0, 0] == torch.tensor(stream.ROPE_POSITION, dtype=torch.float64).cos().bfloat16()
+    torch.testing.assert_close(
+        cos.float() ** 2 + sin.float() ** 2, torch.ones(1, 64), atol=1e-2, rtol=0
+    )
+
+
 def test_without_a_gpu_one_error_line(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("the error path is the one without a GPU")
