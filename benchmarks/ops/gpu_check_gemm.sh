@@ -11,6 +11,7 @@ set -o pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT="${OUT:-gpu_check_out}"
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: TILEGYM_GEMM_TILES below must name the file from anywhere
 PY="${PYTHON:-python3}"
 SHARDS="${SHARDS:-6}"
 WARM_SHARDS="${WARM_SHARDS:-12}"

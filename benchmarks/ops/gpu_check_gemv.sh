@@ -13,6 +13,7 @@ set -o pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT="${OUT:-gpu_check_out}"
 mkdir -p "$OUT" build/cutile-cache
+OUT=$(cd "$OUT" && pwd)  # absolute: TILEGYM_GEMM_TILES below must name the file from anywhere
 export CUDA_TILE_CACHE_DIR="$PWD/build/cutile-cache"
 export PYTHONPATH="$PWD/src:$PWD/modeling/transformers/src:$PWD/tests/ops${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
@@ -37,7 +38,7 @@ if [ -s "$OUT/tiles.json" ] && ! cmp -s "$OUT/tiles.json" src/tilegym/ops/gemm_t
     for model in "${models[@]}"; do
         for side in shipped tuned; do
             tiles=()
-            [ "$side" = tuned ] && tiles=(env TILEGYM_GEMM_TILES="$PWD/$OUT/tiles.json")
+            [ "$side" = tuned ] && tiles=(env TILEGYM_GEMM_TILES="$OUT/tiles.json")
             timeout "${E2E_TIMEOUT:-150}" "${tiles[@]}" "$PY" benchmarks/e2e/static_generate.py \
                 --models "$model" --workloads default --runs "${RUNS:-5}" \
                 > "$OUT/e2e_${model}_$side.txt" 2>&1 || status=1

@@ -679,6 +679,32 @@ def test_hinted_gemv_candidates_fit_their_register_cap_without_spills():
     assert all(u.registers > 64 for u in _gemv_usages(gemm.tilegym_gemv_kernel, "linear", default))
 
 
+@pytest.mark.parametrize("named", ["missing.json", ""])
+def test_a_tile_table_the_environment_names_must_exist(tmp_path, named):
+    """TILEGYM_GEMM_TILES naming no file stops the import with one line naming it (it used to
+    load as an empty table: every GEMM at its default config); unset or empty, the shipped
+    table loads."""
+    import os
+    import subprocess
+    import sys
+
+    path = str(tmp_path / named) if named else ""
+    env = {**os.environ, "TILEGYM_GEMM_TILES": path}
+    code = "from tilegym.ops import gemm_configs as g; print(len(g.TUNED))"
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    if named:
+        assert run.returncode != 0
+        last = run.stderr.strip().splitlines()[-1]
+        assert (
+            last
+            == f"tilegym.ops.gemm_configs.TileTableMissing: TILEGYM_GEMM_TILES={path}: no such tile table"
+        )
+    else:
+        assert run.returncode == 0 and int(run.stdout) == len(gemm_configs.TUNED) > 0
+
+
 def test_tile_table_parses_and_rejects_bad_keys():
     table = gemm_configs.parse_table({"decode|1024|2048|False": [16, 64, 256, 8, 10, True]})
     cfg = table[("decode", 1024, 2048, False)]

@@ -191,9 +191,19 @@ def parse_table(doc: dict) -> dict[tuple[str, int, int, bool], TileConfig]:
     return table
 
 
+class TileTableMissing(FileNotFoundError):
+    """TILEGYM_GEMM_TILES names no file."""
+
+
 def table_doc() -> dict[str, list]:
-    """The tile table's JSON document as stored (empty when there is no table file)."""
-    return json.loads(TILE_TABLE.read_text()) if TILE_TABLE.exists() else {}
+    """The tile table's JSON document as stored (empty when the shipped file is absent). A
+    TILEGYM_GEMM_TILES that names no file is an error, not an empty table: run that way, a
+    "tuned" table's end-to-end check measured every GEMM at the default configs (H100, 12-06)."""
+    if TILE_TABLE.exists():
+        return json.loads(TILE_TABLE.read_text())
+    if os.environ.get("TILEGYM_GEMM_TILES"):
+        raise TileTableMissing(f"TILEGYM_GEMM_TILES={TILE_TABLE}: no such tile table")
+    return {}
 
 
 def table_text(doc: dict[str, list]) -> str:
