@@ -697,10 +697,8 @@ def test_a_tile_table_the_environment_names_must_exist(tmp_path, named):
     if named:
         assert run.returncode != 0
         last = run.stderr.strip().splitlines()[-1]
-        assert (
-            last
-            == f"tilegym.ops.gemm_configs.TileTableMissing: TILEGYM_GEMM_TILES={path}: no such tile table"
-        )
+        error = "tilegym.ops.gemm_configs.TileTableMissing"
+        assert last == f"{error}: TILEGYM_GEMM_TILES={path}: no such tile table"
     else:
         assert run.returncode == 0 and int(run.stdout) == len(gemm_configs.TUNED) > 0
 
