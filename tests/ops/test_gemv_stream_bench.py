@@ -152,3 +152,27 @@ def test_unknown_model_or_projection_is_one_error_line(stream, capsys, args, nam
     assert stream.main(args) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: unknown ") and named in line
+
+
+def test_the_rope_gemv_check_selects_its_tests():
+    """``gpu_check_rope_gemv.sh``'s ``-k`` collects the fused kernel's GPU tests, the norm
+    gate/up GEMV's (their shared K loop) and llama's Solution parity (a typo would run none)."""
+    script = (BENCH / "gpu_check_rope_gemv.sh").read_text()
+    (line,) = [s for s in script.splitlines() if s.startswith("TESTS=")]
+    selection = line.partition("=")[2].strip('"')
+    files = [
+        "tests/ops/test_rms_norm_linear_rope.py",
+        "tests/ops/test_rms_norm_linear.py",
+        "tests/transformers/test_kernel_inventory.py",
+    ]
+    assert all(f in script for f in files)
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    result = subprocess.run(
+        [*cmd, *files, "-m", "gpu", "-k", selection],
+        cwd=BENCH.parents[1], capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    ids = [line for line in result.stdout.splitlines() if "::" in line]
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert any("test_norm_rope_gemv_matches_fp64" in i for i in ids)
+    assert any("test_norm_gate_up_matches_fp64" in i for i in ids)
+    assert any("llama_rms_norm_linear_rope_qkv" in i for i in ids)
