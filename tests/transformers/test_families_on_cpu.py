@@ -100,9 +100,10 @@ def test_norm_gemv_moves_each_norm_into_the_next_gemm(model_type, norm_gemv):
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_rope_gemv_rotates_in_the_qkv_gemv_at_one_row(model_type):
     """``rope_gemv=1`` (with ``norm_gemv``): a one-row call of a layer on the shared pre-norm
-    forwards whose heads have no q/k norm or output gate runs ``rms_norm_linear_rope`` (norm,
-    QKV and RoPE in one op) and no RoPE op; more rows keep ``rms_norm_linear`` and the RoPE op.
-    Batch-1 greedy decode, eager and compiled with a static cache, computes upstream's."""
+    forwards whose heads have at most per-head q/k norms before RoPE (no whole-projection norm
+    or output gate) runs ``rms_norm_linear_rope`` (norm, QKV, q/k norms and RoPE in one op)
+    and no RoPE or q/k-norm op; more rows keep ``rms_norm_linear`` and those ops. Batch-1
+    greedy decode, eager and compiled with a static cache, computes upstream's."""
     torch._dynamo.reset()
     ids, mask = left_padded_batch(pads=(0,))
     base, fused, handle = _pair(model_type, norm_gemv=1, rope_gemv=1)
@@ -113,11 +114,10 @@ def test_rope_gemv_rotates_in_the_qkv_gemv_at_one_row(model_type):
     assert "tilegym::rms_norm_linear_rope" not in prompt
     rotated = one_row.get("tilegym::rms_norm_linear_rope", 0)
     layers = fused.config.num_hidden_layers
-    if model_type in PLAIN_PRE_NORM and model_type != "qwen3":
-        assert rotated == layers and "tilegym::apply_rope" not in one_row, one_row
+    if model_type in PLAIN_PRE_NORM:
+        assert rotated == layers, one_row
+        assert not {"tilegym::apply_rope", "tilegym::qk_norm_rope"} & set(one_row), one_row
         assert prompt.get("tilegym::rms_norm_linear", 0) == layers
-    if model_type == "qwen3":  # per-head q/k norms sit between the projection and RoPE
-        assert rotated == 0
     cfg = CompileConfig(fullgraph=True, backend="aot_eager")
     cfg._compile_all_devices = True
     got = greedy(fused, ids, mask, cache_implementation="static", compile_config=cfg)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from dataclasses import dataclass
 
 import cuda.tile as ct
 import torch
@@ -484,9 +485,15 @@ def tilegym_norm_rope_gemv_kernel(
     B,
     COS,
     SIN,
+    QW,
+    KW,
+    WS,
+    CNT,
     Y,
     eps: float,
+    head_eps: float,
     rot_heads: int,
+    q_heads: int,
     HALF: ConstInt,
     TM: ConstInt,
     TN: ConstInt,
@@ -494,17 +501,25 @@ def tilegym_norm_rope_gemv_kernel(
     LATENCY: ConstInt,
     HAS_BIAS: ConstBool,
     OFFSET: ConstBool,
+    HEAD_NORM: ConstBool,
+    HEAD_OFFSET: ConstBool,
     PDL: ConstBool,
 ):
     """Y = RMSNorm(X) @ W^T (+ B) for a packed [q; k; v] weight of heads ``2 * HALF`` wide, with
-    RoPE on the first ``rot_heads`` heads' outputs (q's and k's): the layer's input norm, QKV
-    GEMV and RoPE in one launch at decode.
+    RoPE on the first ``rot_heads`` heads' outputs (q's and k's), and with HEAD_NORM each of
+    those heads RMS-normed first (Qwen3's per-head q_norm / k_norm, weights QW for the first
+    ``q_heads`` heads and KW after; HEAD_OFFSET: ``1 + weight``): the layer's input norm, QKV
+    GEMV, q/k norms and RoPE in one launch at decode.
 
     A block computes ``TN`` outputs of one head's first half and the ``TN`` outputs ``HALF``
     further on, the pairs ``rotate_half`` mixes, then rotates them in fp32 with the row's COS
     and SIN (``[M, 2 * HALF]``): ``(a, b) -> (a cos1 - b sin1, b cos2 + a sin2)``, as
-    ``x * cos + rotate_half(x) * sin``. Rounded once, where upstream rounds the projection
-    before rotating."""
+    ``x * cos + rotate_half(x) * sin``. A head's norm needs all of its outputs, which span
+    ``HALF / TN`` blocks: with HEAD_NORM each block stores its fp32 outputs in WS (``[M,
+    rot_heads, 2 * HALF]``, plain stores) and counts in on the head's counter in CNT; the last
+    of them to arrive reads the whole head back, norms, rotates and stores it, and resets the
+    counter (the split-K GEMM's last-CTA pattern). Rounded once, where upstream rounds the
+    projection (and the norm) before rotating. HEAD_NORM takes one row a block (TM 1)."""
     chunks = HALF // TN
     h = ct.bid(0) // chunks
     j = ct.bid(0) % chunks
@@ -513,18 +528,61 @@ def tilegym_norm_rope_gemv_kernel(
     bnb = bna + chunks
     a, b = _norm_pair_dots(X, NW, W, W, bm, bna, bnb, eps, TM, TN, TK, LATENCY, OFFSET, PDL)
     if HAS_BIAS:
-        a = a + ct.load(B, (bna,), (TN,), padding_mode=_ZERO).astype(ct.float32).reshape((1, TN))
-        b = b + ct.load(B, (bnb,), (TN,), padding_mode=_ZERO).astype(ct.float32).reshape((1, TN))
-    if h < rot_heads:
-        c1 = ct.load(COS, (bm, j), (TM, TN), padding_mode=_ZERO).astype(ct.float32)
-        c2 = ct.load(COS, (bm, j + chunks), (TM, TN), padding_mode=_ZERO).astype(ct.float32)
-        s1 = ct.load(SIN, (bm, j), (TM, TN), padding_mode=_ZERO).astype(ct.float32)
-        s2 = ct.load(SIN, (bm, j + chunks), (TM, TN), padding_mode=_ZERO).astype(ct.float32)
-        ct.store(Y, index=(bm, bna), tile=ct.astype(a * c1 - b * s1, Y.dtype))
-        ct.store(Y, index=(bm, bnb), tile=ct.astype(b * c2 + a * s2, Y.dtype))
-    else:
+        a = a + ct.load(B, (bna,), (TN,), padding_mode=_ZERO, allow_tma=False).astype(
+            ct.float32
+        ).reshape((1, TN))
+        b = b + ct.load(B, (bnb,), (TN,), padding_mode=_ZERO, allow_tma=False).astype(
+            ct.float32
+        ).reshape((1, TN))
+    if h >= rot_heads:
         ct.store(Y, index=(bm, bna), tile=ct.astype(a, Y.dtype))
         ct.store(Y, index=(bm, bnb), tile=ct.astype(b, Y.dtype))
+    elif HEAD_NORM:
+        ct.store(WS, index=(bm, h, j), tile=a.reshape((1, 1, TN)), allow_tma=False)
+        ct.store(WS, index=(bm, h, j + chunks), tile=b.reshape((1, 1, TN)), allow_tma=False)
+        slot = bm * rot_heads + h
+        if ct.atomic_add(CNT, slot, 1) == chunks - 1:
+            _head_norm_rope(WS, COS, SIN, QW, KW, Y, bm, h, head_eps, q_heads, HALF, HEAD_OFFSET)
+            ct.atomic_xchg(CNT, slot, 0)
+    else:
+        c1 = ct.load(COS, (bm, j), (TM, TN), padding_mode=_ZERO, allow_tma=False).astype(ct.float32)
+        c2 = ct.load(COS, (bm, j + chunks), (TM, TN), padding_mode=_ZERO, allow_tma=False).astype(
+            ct.float32
+        )
+        s1 = ct.load(SIN, (bm, j), (TM, TN), padding_mode=_ZERO, allow_tma=False).astype(ct.float32)
+        s2 = ct.load(SIN, (bm, j + chunks), (TM, TN), padding_mode=_ZERO, allow_tma=False).astype(
+            ct.float32
+        )
+        ct.store(Y, index=(bm, bna), tile=ct.astype(a * c1 - b * s1, Y.dtype))
+        ct.store(Y, index=(bm, bnb), tile=ct.astype(b * c2 + a * s2, Y.dtype))
+
+
+@ct.function
+def _head_norm_rope(
+    WS, COS, SIN, QW, KW, Y, bm, h, head_eps, q_heads, HALF: ConstInt, OFFSET: ConstBool
+):
+    """Row ``bm``'s head ``h`` from WS (fp32, both halves): RMS-normed with QW (q heads) or KW,
+    rotated with the row's COS / SIN, stored to Y's head ``h``."""
+    lo = ct.load(WS, (bm, h, 0), (1, 1, HALF), allow_tma=False).reshape((1, HALF))
+    hi = ct.load(WS, (bm, h, 1), (1, 1, HALF), allow_tma=False).reshape((1, HALF))
+    inv = ct.rsqrt((ct.sum(lo * lo) + ct.sum(hi * hi)) / (2 * HALF) + head_eps)
+    if h < q_heads:
+        w_lo = ct.load(QW, (0,), (HALF,), allow_tma=False).astype(ct.float32).reshape((1, HALF))
+        w_hi = ct.load(QW, (1,), (HALF,), allow_tma=False).astype(ct.float32).reshape((1, HALF))
+    else:
+        w_lo = ct.load(KW, (0,), (HALF,), allow_tma=False).astype(ct.float32).reshape((1, HALF))
+        w_hi = ct.load(KW, (1,), (HALF,), allow_tma=False).astype(ct.float32).reshape((1, HALF))
+    if OFFSET:
+        w_lo = w_lo + 1.0
+        w_hi = w_hi + 1.0
+    n_lo = lo * inv * w_lo
+    n_hi = hi * inv * w_hi
+    c1 = ct.load(COS, (bm, 0), (1, HALF), allow_tma=False).astype(ct.float32)
+    c2 = ct.load(COS, (bm, 1), (1, HALF), allow_tma=False).astype(ct.float32)
+    s1 = ct.load(SIN, (bm, 0), (1, HALF), allow_tma=False).astype(ct.float32)
+    s2 = ct.load(SIN, (bm, 1), (1, HALF), allow_tma=False).astype(ct.float32)
+    ct.store(Y, index=(bm, 2 * h), tile=ct.astype(n_lo * c1 - n_hi * s1, Y.dtype))
+    ct.store(Y, index=(bm, 2 * h + 1), tile=ct.astype(n_hi * c2 + n_lo * s2, Y.dtype))
 
 
 @ct.kernel
@@ -1061,20 +1119,46 @@ def rms_norm_linear(
 
 
 #: the norm + QKV + RoPE GEMV's tile: two accumulators a block (a head's two halves), as the
-#: norm-prologue gate/up GEMV's, hinted to 8 blocks an SM: sm_90 ptxas gives 92-102 registers
-#: (5 blocks) without the hint and 63-64 with it, no spills either way. The same hint took the
+#: norm-prologue gate/up GEMV's, hinted to 8 blocks an SM: sm_90 ptxas gives 92-104 registers
+#: (5 blocks) without the hint and 63-64 with it, per-head norms or not, no spills either way
+#: (every load plain: a TMA load of the small norm weights made the compiler specialize warps,
+#: 256 threads and spills under the hint). The same hint took the
 #: norm-prologue gate/up GEMV from 28.9 to 26.6 us at llama's gate/up and 67.7 to 63.1 at
 #: olmo3's on an H100 (`bench_gemv_stream.py` probe, 12-06)
 NORM_ROPE_TILE = TileConfig(1, 2, 1024, gemv=True, occupancy=8)
 
 
-def _launch_norm_rope(x2, norm_weight, eps, weight, bias, cos2, sin2, rot, out2, cfg, offset):
-    """The norm + QKV + RoPE GEMV kernel, with PDL as `_launch_gemv` decides it."""
-    half = cos2.shape[1] // 2
+@dataclass(frozen=True)
+class HeadNorms:
+    """Per-head q/k RMSNorms between the QKV projection and RoPE (Qwen3's ``q_norm`` /
+    ``k_norm``): their ``[D]`` weights, eps, the number of q heads (k's follow), and Gemma's
+    ``1 + weight`` form."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+    q_heads: int
+    unit_offset: bool = False
+
+
+def _launch_norm_rope(x2, norm_weight, eps, weight, bias, tables, rot, out2, cfg, offset, heads):
+    """The norm + QKV + RoPE GEMV kernel (with ``heads``, the per-head norms too), with PDL as
+    `_launch_gemv` decides it."""
+    cos2, sin2 = tables
+    m, d = cos2.shape
     pdl = GEMV_PDL and _pdl_ready(weight)
     b = bias if bias is not None else _BUFFERS.dummies(x2.device, x2.dtype)[0]
-    args = (x2, norm_weight, weight, b, cos2, sin2, out2, float(eps), int(rot), half)
-    args += (*_gemv_tiles(cfg), bias is not None, bool(offset), pdl)
+    if heads is None:
+        ws, cnt = _BUFFERS.placeholders(x2.device)
+        ws, qw, kw, head_eps, q_heads = ws.view(1, 1, -1), b, b, 0.0, 0
+    else:
+        ws = _BUFFERS.workspace(x2.device, m * rot * d)[: m * rot * d].view(m, rot, d)
+        cnt = _BUFFERS.counters(x2.device, m * rot)
+        qw, kw, head_eps, q_heads = heads.q_weight, heads.k_weight, heads.eps, heads.q_heads
+    args = (x2, norm_weight, weight, b, cos2, sin2, qw, kw, ws, cnt, out2)
+    args += (float(eps), float(head_eps), int(rot), int(q_heads), d // 2, *_gemv_tiles(cfg))
+    args += (bias is not None, bool(offset), heads is not None)
+    args += (bool(heads is not None and heads.unit_offset), pdl)
     grid = (weight.shape[0] // (2 * cfg.tn), math.ceil(x2.shape[0] / cfg.tm), 1)
     kernel = hinted(tilegym_norm_rope_gemv_kernel, cfg, grid[0])
     ct.launch(stream(x2.device), grid, kernel, args, programmatic_dependent_launch=pdl)
@@ -1091,15 +1175,17 @@ def rms_norm_linear_rope(
     rotated_heads: int,
     *,
     unit_offset: bool = False,
+    head_norms: HeadNorms | None = None,
     out: torch.Tensor | None = None,
     config: TileConfig | None = None,
 ) -> torch.Tensor:
     """`linear(RMSNorm(x), weight, bias)` of a packed [q; k; v] projection whose heads are
     ``D = cos.shape[-1]`` wide, with RoPE (``x * cos + rotate_half(x) * sin``) on its first
-    ``rotated_heads`` heads (q's and k's): a layer's input norm, QKV projection and RoPE in one
-    launch of `tilegym_norm_rope_gemv_kernel`. ``cos``/``sin``: one ``[D]`` row per row of x
-    (``[..., D]``, as a rotary module returns them). Meant for decode (a few rows): every row is
-    a GEMV (`NORM_ROPE_TILE` unless ``config``)."""
+    ``rotated_heads`` heads (q's and k's), each RMS-normed first with ``head_norms``: a layer's
+    input norm, QKV projection, q/k norms and RoPE in one launch of
+    `tilegym_norm_rope_gemv_kernel`. ``cos``/``sin``: one ``[D]`` row per row of x (``[...,
+    D]``, as a rotary module returns them). Meant for decode (a few rows): every row is a GEMV
+    (`NORM_ROPE_TILE` unless ``config``; with ``head_norms`` one row a block)."""
     k = x.shape[-1]
     _check(x, weight, k)
     norm_weight = _norm_weight(norm_weight, k)
@@ -1107,10 +1193,11 @@ def rms_norm_linear_rope(
     x2 = _as_2d(x)
     m = x2.shape[0]
     cfg = config or NORM_ROPE_TILE
-    if not cfg.gemv or d % (2 * cfg.tn) or n % d:
+    if not cfg.gemv or d % (2 * cfg.tn) or n % d or (head_norms is not None and cfg.tm != 1):
         raise ValueError(
             f"rms_norm_linear_rope: heads of {d} (cos's width) must split into two halves of "
-            f"{cfg.tn}-row GEMV tiles and divide the {n} output rows"
+            f"{cfg.tn}-row GEMV tiles and divide the {n} output rows (one row a block with "
+            "head norms)"
         )
     if sin.shape != cos.shape or cos.numel() != m * d or not 0 <= rotated_heads <= n // d:
         raise ValueError(
@@ -1119,13 +1206,24 @@ def rms_norm_linear_rope(
         )
     if norm_weight.dtype != x.dtype:
         raise ValueError(f"rms_norm_linear_rope: norm weight {norm_weight.dtype}, x {x.dtype}")
+    if head_norms is not None:
+        for w in (head_norms.q_weight, head_norms.k_weight):
+            if w.shape != (d,) or w.dtype != x.dtype or w.stride(0) != 1:
+                raise ValueError(
+                    f"rms_norm_linear_rope: head norm weights must be contiguous ({d},) "
+                    f"{x.dtype}, got {tuple(w.shape)} {w.dtype}"
+                )
+        if not 0 < head_norms.q_heads <= rotated_heads <= 2 * head_norms.q_heads:
+            raise ValueError(
+                f"rms_norm_linear_rope: {head_norms.q_heads} q heads of {rotated_heads} rotated"
+            )
     if out is None:
         out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    cos2, sin2 = cos.reshape(m, d).contiguous(), sin.reshape(m, d).contiguous()
-    args = (x2, norm_weight, eps, weight, bias, cos2, sin2, rotated_heads, out.view(m, n), cfg)
-    _launch_norm_rope(*args, unit_offset)
+    tables = cos.reshape(m, d).contiguous(), sin.reshape(m, d).contiguous()
+    args = (x2, norm_weight, eps, weight, bias, tables, rotated_heads, out.view(m, n), cfg)
+    _launch_norm_rope(*args, unit_offset, head_norms)
     return out
 
 
@@ -1307,31 +1405,37 @@ def _norm_gate_up_sigs(sigs: dict, arr, dt, cconv) -> None:
 
 
 def norm_rope_signatures(
-    head_dim: int, dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,), cos_dtype=None
+    head_dim: int,
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,),
+    cos_dtype=None,
+    *,
+    head_norm: bool = False,
+    head_offset: bool = False,
 ) -> dict:
     """`tilegym_norm_rope_gemv_kernel` at `NORM_ROPE_TILE` for heads ``head_dim`` wide: with and
-    without bias and PDL, the plain norm weight, 16-byte aligned tensors (what a model passes);
-    cos/sin in the activations' dtype unless ``cos_dtype``."""
+    without bias and PDL, the plain input norm weight, 16-byte aligned tensors (what a model
+    passes); cos/sin in the activations' dtype unless ``cos_dtype``; ``head_norm`` (and
+    ``head_offset``): the per-head q/k norms' form."""
     from cuda.tile.compilation import CallingConvention, KernelSignature, ScalarConstraint
 
-    from tilegym.ops.attention import array_constraint
+    from tilegym.ops.attention import array_constraint as arr
 
     cfg = NORM_ROPE_TILE
     kernel = hinted(tilegym_norm_rope_gemv_kernel, cfg, 1)
     cconv = CallingConvention.cutile_python_v1()
     ct_dtypes = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32}
+    f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
     sigs = []
     for torch_dt in dtypes:
         dt = ct_dtypes[torch_dt]
         cdt = ct_dtypes[cos_dtype or torch_dt]
-        io = [array_constraint(dt, 2), array_constraint(dt, 1), array_constraint(dt, 2)]
-        io += [array_constraint(dt, 1), array_constraint(cdt, 2), array_constraint(cdt, 2)]
-        io += [array_constraint(dt, 2)]  # X, NW, W, B, COS, SIN, Y
-        scalars = [ScalarConstraint(ct.float32), ScalarConstraint(ct.int32), head_dim // 2]
+        io = [arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 1), arr(cdt, 2), arr(cdt, 2)]
+        io += [arr(dt, 1), arr(dt, 1), arr(ct.float32, 3), arr(ct.int32, 1), arr(dt, 2)]
+        scalars = [f32, f32, i32, i32, head_dim // 2, *_gemv_tiles(cfg)]
         for has_bias in (False, True):
             for pdl in (False, True):
-                consts = [*_gemv_tiles(cfg), has_bias, False, pdl]
-                sigs.append(KernelSignature([*io, *scalars, *consts], cconv))
+                flags = [has_bias, False, head_norm, head_norm and head_offset, pdl]
+                sigs.append(KernelSignature([*io, *scalars, *flags], cconv))
     return {kernel: sigs}
 
 

@@ -399,26 +399,73 @@ def rms_norm_linear_rope_op(
     sin: Tensor,
     rotated_heads: int,
     unit_offset: bool = False,
+    q_norm_weight: Tensor | None = None,
+    k_norm_weight: Tensor | None = None,
+    head_eps: float = 0.0,
+    q_heads: int = 0,
+    head_unit_offset: bool = False,
 ) -> Tensor:
+    heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, head_unit_offset)
     with private_buffers():
         return _gemm.rms_norm_linear_rope(
-            x, norm_weight, eps, weight, bias, cos, sin, rotated_heads, unit_offset=unit_offset
+            x,
+            norm_weight,
+            eps,
+            weight,
+            bias,
+            cos,
+            sin,
+            rotated_heads,
+            unit_offset=unit_offset,
+            head_norms=heads,
         )
 
 
+def _head_norms(q_weight, k_weight, eps, q_heads, unit_offset):
+    if q_weight is None:
+        return None
+    return _gemm.HeadNorms(q_weight, k_weight, eps, q_heads, unit_offset)
+
+
 @rms_norm_linear_rope_op.register_kernel("cpu")
-def _(x, norm_weight, eps, weight, bias, cos, sin, rotated_heads, unit_offset=False):
+def _(
+    x,
+    norm_weight,
+    eps,
+    weight,
+    bias,
+    cos,
+    sin,
+    rotated_heads,
+    unit_offset=False,
+    q_norm_weight=None,
+    k_norm_weight=None,
+    head_eps=0.0,
+    q_heads=0,
+    head_unit_offset=False,
+):
     normed = _rms_norm.rms_norm_reference(x, norm_weight, eps, unit_offset)
-    return rms_norm_linear_rope_reference(normed, weight, bias, cos, sin, rotated_heads)
+    heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, head_unit_offset)
+    return rms_norm_linear_rope_reference(normed, weight, bias, cos, sin, rotated_heads, heads)
 
 
-def rms_norm_linear_rope_reference(normed, weight, bias, cos, sin, rotated_heads) -> Tensor:
-    """``linear(normed, weight, bias)`` with RoPE on its first ``rotated_heads`` heads (of
-    ``cos.shape[-1]``), as transformers' ``apply_rotary_pos_emb`` on the projection."""
+def rms_norm_linear_rope_reference(
+    normed, weight, bias, cos, sin, rotated_heads, head_norms=None
+) -> Tensor:
+    """``linear(normed, weight, bias)`` with its first ``rotated_heads`` heads (of
+    ``cos.shape[-1]``) RMS-normed per head (``head_norms``: q's weight, then k's) and rotated,
+    as transformers' q_norm / k_norm and ``apply_rotary_pos_emb`` on the projection."""
     qkv = torch.nn.functional.linear(normed, weight, bias)
     d = cos.shape[-1]
     heads = qkv.view(*qkv.shape[:-1], -1, d)
     rot = heads[..., :rotated_heads, :]
+    if head_norms is not None:
+        nq = head_norms.q_heads
+        q, k = rot[..., :nq, :], rot[..., nq:, :]
+        norm = _rms_norm.rms_norm_reference
+        q = norm(q, head_norms.q_weight, head_norms.eps, head_norms.unit_offset)
+        k = norm(k, head_norms.k_weight, head_norms.eps, head_norms.unit_offset)
+        rot = torch.cat((q, k), dim=-2)
     c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
     halves = torch.cat((-rot[..., d // 2 :], rot[..., : d // 2]), dim=-1)
     rotated = (rot * c + halves * s).to(qkv.dtype)
@@ -426,7 +473,7 @@ def rms_norm_linear_rope_reference(normed, weight, bias, cos, sin, rotated_heads
 
 
 @rms_norm_linear_rope_op.register_fake
-def _(x, norm_weight, eps, weight, bias, cos, sin, rotated_heads, unit_offset=False):
+def _(x, norm_weight, eps, weight, bias, cos, sin, rotated_heads, *args):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -911,13 +958,19 @@ def rms_norm_linear_rope(
     sin: Tensor,
     rotated_heads: int,
     unit_offset: bool = False,
+    head_norms=None,
 ) -> Tensor:
     """``linear(RMSNorm(x), weight, bias)`` with RoPE on the first ``rotated_heads`` heads of
-    the packed [q; k; v] output: one launch (``gemm.rms_norm_linear_rope``; for decode)."""
+    the packed [q; k; v] output, each RMS-normed first with ``head_norms`` (a
+    ``gemm.HeadNorms``): one launch (``gemm.rms_norm_linear_rope``; for decode)."""
     args = (x, norm_weight, float(eps), weight, bias, cos, sin, int(rotated_heads))
     if _use_op(x):
-        return rms_norm_linear_rope_op(*args, bool(unit_offset))
-    return _gemm.rms_norm_linear_rope(*args, unit_offset=unit_offset)
+        heads = ()
+        if head_norms is not None:
+            h = head_norms
+            heads = (h.q_weight, h.k_weight, float(h.eps), int(h.q_heads), bool(h.unit_offset))
+        return rms_norm_linear_rope_op(*args, bool(unit_offset), *heads)
+    return _gemm.rms_norm_linear_rope(*args, unit_offset=unit_offset, head_norms=head_norms)
 
 
 def rms_norm_gate_up(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tilegym.ops.gemm import HeadNorms
 from tilegym.ops.library import (
     add_rms_norm,
     apply_rope,
@@ -200,8 +201,9 @@ def make_attention_forward(
                 qkv = gemm.linear(hidden_states, w, b)
             elif rope and rope_in_gemv(routes, family, self, pre_norm, hidden_states, cos):
                 eps, offset = norm_eps(pre_norm), family.norm_unit_offset
-                args = (hidden_states, pre_norm.weight, eps, w, b, cos, sin, hq + hk)
-                qkv, rotated = gemm.rms_norm_linear_rope(*args, offset), True
+                args = (hidden_states, pre_norm.weight, eps, w, b, cos, sin, hq + hk, offset)
+                heads = head_norms(family, self, hq)
+                qkv, rotated = gemm.rms_norm_linear_rope(*args, heads), True
             else:
                 eps, offset = norm_eps(pre_norm), family.norm_unit_offset
                 qkv = gemm.rms_norm_linear(hidden_states, pre_norm.weight, eps, w, b, offset)
@@ -297,15 +299,29 @@ def make_attention_forward(
 
 def rope_in_gemv(routes: Routes, family: Family, attn, pre_norm, hidden, cos) -> bool:
     """Whether this call's RoPE rides in the norm + QKV GEMV's epilogue (``rope_gemv``): one
-    decode row, whole-head tables, no q/k norm, output gate, clamp or half tables between the
-    projection and RoPE, and the norm weight in the activations' dtype."""
-    if not (routes.rope_gemv and routes.rope and hidden.shape[:-1].numel() == 1):
+    decode row, whole-head tables, nothing between the projection and RoPE but per-head q/k
+    norms (no whole-projection norms, output gate, clamp or half tables), and the norm weights
+    in the activations' dtype."""
+    if not (routes.rope_gemv and routes.rope and routes.rms_norm):
         return False
-    if family.qk_norm or family.attn_output_gate or family.rope_half_table:
+    if hidden.shape[:-1].numel() != 1 or cos.shape[-1] != attn.head_dim:
+        return False
+    if family.qk_norm_whole or family.attn_output_gate or family.rope_half_table:
         return False
     if family.clip_qkv and getattr(attn.config, "clip_qkv", None) is not None:
         return False
-    return cos.shape[-1] == attn.head_dim and pre_norm.weight.dtype == hidden.dtype
+    weights = [pre_norm.weight]
+    if family.qk_norm:
+        weights += [attn.q_norm.weight, attn.k_norm.weight]
+    return all(w.dtype == hidden.dtype for w in weights)
+
+
+def head_norms(family: Family, attn, q_heads: int):
+    """The per-head q/k norms `rms_norm_linear_rope` applies before RoPE (None without)."""
+    if not family.qk_norm:
+        return None
+    eps = norm_eps(attn.q_norm)
+    return HeadNorms(attn.q_norm.weight, attn.k_norm.weight, eps, q_heads, family.norm_unit_offset)
 
 
 def upstream_rope(family: Family) -> Callable:
