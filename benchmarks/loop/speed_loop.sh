@@ -19,8 +19,8 @@
 #                round changes nothing, norm-gemv-mlp is the next step
 #   norm-gemv-mlp  also the post-attention RMSNorm in the MLP's gate/up GEMV (norm_gemv 2)
 #   rope-gemv    decode RoPE in the epilogue of the input norm + QKV GEMV (norm_gemv 1 and
-#                rope_gemv 1: norm, projection and RoPE in one launch at one row; heads without
-#                q/k norms only, so not qwen3)
+#                rope_gemv 1: norm, projection, per-head q/k norms and RoPE in one launch at one
+#                row)
 # OUT_DIR gets what family_loop.sh leaves (decisions, stderr, PR comments, metrics, ledger.md and
 # ledger.png after every round). On a GPU host source .gpu/activate.sh first; without a GPU pass
 # `--model-key tiny-<key> --device cpu` (the ops then run their PyTorch references: the loop's

@@ -39,8 +39,9 @@ FLAGS = ("rope", "rms_norm", "swiglu", "attn", "linear")
 #: own forwards (post-norm, sandwich-norm, a family's own attention, MLP or layer builder, MoE
 #: blocks, linear-attention mixers) keep the norm launches. ``rope_gemv`` 1: with ``norm_gemv``
 #: and ``rope`` routed, a decode row's RoPE runs in the epilogue of that QKV GEMV
-#: (``rms_norm_linear_rope``: norm, projection and RoPE in one launch) where the heads carry no
-#: q/k norm, output gate or partial rotary; other calls keep the RoPE kernel.
+#: (``rms_norm_linear_rope``: norm, projection, per-head q/k norms and RoPE in one launch)
+#: where nothing else sits between them (no whole-projection q/k norm, output gate or partial
+#: rotary); other calls keep the RoPE kernels.
 TUNING = {"rope_heads": 0, "norm_gemv": 0, "rope_gemv": 0}
 MAX_ROPE_HEADS = 64
 GEMM_API = (
