@@ -55,7 +55,9 @@ from tilegym.ops.gemm_configs import (  # noqa: E402
 )
 
 MODELS = {
-    "qwen3": dict(hidden=1024, q=16 * 128, kv=8 * 128, inter=3072, vocab=151936, head=128),
+    "qwen3": dict(
+        hidden=1024, q=16 * 128, kv=8 * 128, inter=3072, vocab=151936, head=128, qk_norm=True
+    ),
     "llama": dict(hidden=2048, q=32 * 64, kv=8 * 64, inter=8192, vocab=128256, head=64),
     # the other families' presets (their configs under tilegym_hf_bench/configs), --models
     "mistral": dict(hidden=4096, q=32 * 128, kv=8 * 128, inter=14336, vocab=32768, head=128),

@@ -62,8 +62,9 @@ NORM_PROBE_TILES = (
     TileConfig(1, 2, 1024, occupancy=8, gemv=True),
     TileConfig(1, 4, 1024, occupancy=6, gemv=True),
 )
-#: the QKV probes' names: the norm + QKV GEMV then the RoPE kernel (what `norm_gemv` 1 runs), and
-#: `rms_norm_linear_rope`'s one launch (`rope_gemv` 1)
+#: the QKV probes' names: the norm + QKV GEMV then the RoPE kernel (what `norm_gemv` 1 runs;
+#: for a model with per-head q/k norms the q/k norm + RoPE kernel, one head a block as qwen3
+#: ships it), and `rms_norm_linear_rope`'s one launch (`rope_gemv` 1)
 ROPE_PROBES = ("probe: norm gemv, then rope kernel", "probe: norm + rope gemv")
 #: the decode position the probes' cos/sin are taken at
 ROPE_POSITION = 2112
@@ -122,11 +123,15 @@ class Stream:
         self.nw = 1 + 0.1 * torch.randn(k, device="cuda", dtype=torch.bfloat16)
         self.nbytes = rows * k * 2
         self.heads = (0, 0, 1)  # (q heads, kv heads, head width) of a QKV projection
+        self.head_norms = None  # per-head q/k norms between the projection and RoPE
 
-    def set_heads(self, hq: int, hk: int, d: int) -> None:
-        """The QKV projection's head layout, for the RoPE probes."""
+    def set_heads(self, hq: int, hk: int, d: int, qk_norm: bool) -> None:
+        """The QKV projection's head layout (and per-head q/k norms), for the RoPE probes."""
         self.heads = (hq, hk, d)
         self.cos, self.sin = rope_tables(d)
+        if qk_norm:
+            qw, kw = (1 + 0.1 * torch.randn(d, device="cuda", dtype=torch.bfloat16) for _ in "qk")
+            self.head_norms = gemm.HeadNorms(qw, kw, NORM_EPS, hq)
 
     def normed_x(self) -> torch.Tensor:
         x = self.x.float()
@@ -137,6 +142,10 @@ class Stream:
         hq, hk, d = self.heads
         heads = (self.normed_x() @ w.float().t()).view(1, -1, d)
         rot = heads[:, : hq + hk]
+        if self.head_norms is not None:
+            qw, kw = self.head_norms.q_weight.float(), self.head_norms.k_weight.float()
+            weights = torch.cat((qw.expand(hq, d), kw.expand(hk, d)))[None]
+            rot = rot * torch.rsqrt(rot.pow(2).mean(-1, keepdim=True) + NORM_EPS) * weights
         halves = torch.cat((-rot[..., d // 2 :], rot[..., : d // 2]), dim=-1)
         rotated = rot * self.cos.float()[:, None] + halves * self.sin.float()[:, None]
         return torch.cat((rotated, heads[:, hq + hk :]), dim=1).view(1, -1)
@@ -144,15 +153,22 @@ class Stream:
     def norm_rope(self, w: torch.Tensor) -> torch.Tensor:
         hq, hk, _ = self.heads
         args = (self.x, self.nw, NORM_EPS, w, None, self.cos, self.sin, hq + hk)
-        return gemm.rms_norm_linear_rope(*args, out=self.out)
+        return gemm.rms_norm_linear_rope(*args, head_norms=self.head_norms, out=self.out)
 
     def norm_then_rope(self, w: torch.Tensor):
         """The two launches `norm_rope` replaces: (rotated q, rotated k), v left in ``out``."""
         hq, hk, d = self.heads
         y = gemm.rms_norm_linear(self.x, self.nw, NORM_EPS, w, out=self.out)
+        cos, sin = self.cos[None], self.sin[None]
+        if self.head_norms is not None:
+            q, k = y[:, : hq * d].view(1, 1, hq, d), y[:, hq * d : (hq + hk) * d].view(1, 1, hk, d)
+            h = self.head_norms
+            return rope_ops.qk_norm_rope(
+                q, k, h.q_weight, h.k_weight, h.eps, cos, sin, decode_heads=1
+            )
         q = y[:, : hq * d].view(1, 1, hq, d).transpose(1, 2)
         k = y[:, hq * d : (hq + hk) * d].view(1, 1, hk, d).transpose(1, 2)
-        return rope_ops.apply_rope(q, k, self.cos[None], self.sin[None])
+        return rope_ops.apply_rope(q, k, cos, sin)
 
     def norm_then_rope_joined(self, w: torch.Tensor) -> torch.Tensor:
         """`norm_then_rope`'s result as one row, for its error (outside the timed graph)."""
@@ -225,7 +241,9 @@ def bench_projection(model, proj, op, n, k, args, copy, spec) -> list[dict]:
             checks[name] = (calls[name], stream.normed_reference)
     if proj == "qkv" and args.candidates != "table":
         c = MODELS[model]
-        stream.set_heads(c["q"] // c["head"], c["kv"] // c["head"], c["head"])
+        stream.set_heads(
+            c["q"] // c["head"], c["kv"] // c["head"], c["head"], c.get("qk_norm", False)
+        )
         two, one = ROPE_PROBES
         calls[two], calls[one] = stream.norm_then_rope, stream.norm_rope
         checks[two] = (stream.norm_then_rope_joined, stream.rope_reference)
