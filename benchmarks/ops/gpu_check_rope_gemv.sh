@@ -2,9 +2,12 @@
 # One GPU run for RoPE in the norm + QKV GEMV's epilogue (`rope_gemv`, `rms_norm_linear_rope`):
 # its GPU tests and the two-weight norm GEMV's (they share the K loop), llama's inventory parity,
 # the QKV projection streamed over one weight a layer with the fused kernel against the norm
-# GEMV then the RoPE kernel it replaces (bench_gemv_stream.py's probes), then llama's static
-# generate() with and without it in one process (GPU ms a token is the comparison).
-# Usage (repo root): bash benchmarks/ops/gpu_check_rope_gemv.sh [MODEL...]   (default: llama)
+# GEMV then the RoPE kernel it replaces (bench_gemv_stream.py's probes), then each model's static
+# generate() in one process: PyTorch, cuTile as shipped, with norm_gemv 1, and with norm_gemv 1
+# and rope_gemv 1 (GPU ms a token is the comparison; llama ships norm_gemv 1, so its first two
+# cuTile sides are the same and show the noise).
+# Usage (repo root): bash benchmarks/ops/gpu_check_rope_gemv.sh [MODEL...]   (default: llama;
+# qwen3 runs its per-head q/k norms in the kernel too)
 # Logs: $OUT/{env,tests,stream,e2e}.txt (default OUT=./gpu_check_out). Then, for the keep:
 #   LOOP_ROUNDS="baseline rope-gemv" bash benchmarks/loop/speed_loop.sh OUT llama --mode static
 set -o pipefail
@@ -36,7 +39,8 @@ timeout "${STREAM_TIMEOUT:-150}" "$PY" benchmarks/ops/bench_gemv_stream.py --mod
 
 for model in "${models[@]}"; do
     timeout "${E2E_TIMEOUT:-240}" "$PY" benchmarks/e2e/static_generate.py --models "$model" \
-        --workloads default --runs "${RUNS:-5}" --variant rope_gemv=1 \
+        --workloads default --runs "${RUNS:-3}" --variant norm_gemv=1 \
+        --variant norm_gemv=1,rope_gemv=1 \
         > "$OUT/e2e_$model.txt" 2>&1 || status=1
     grep "^|" "$OUT/e2e_$model.txt" | tail -3
 done
