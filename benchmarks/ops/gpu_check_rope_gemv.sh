@@ -22,7 +22,7 @@ PY="${PYTHON:-python3}"
 models=("${@:-llama}")
 status=0
 #: the GPU tests: the fused kernel's, the norm gate/up GEMV's (shared K loop), llama's Solution
-TESTS="norm_rope or bad_shapes or rms_norm_linear_rope or norm_gate_up"
+TESTS="norm_rope or head_norms or bad_shapes or rms_norm_linear_rope or linear_qk_norm_rope or norm_gate_up"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$OUT/env.txt"
 

@@ -176,3 +176,5 @@ def test_the_rope_gemv_check_selects_its_tests():
     assert any("test_norm_rope_gemv_matches_fp64" in i for i in ids)
     assert any("test_norm_gate_up_matches_fp64" in i for i in ids)
     assert any("llama_rms_norm_linear_rope_qkv" in i for i in ids)
+    assert any("qwen3_rms_norm_linear_qk_norm_rope" in i for i in ids)
+    assert any("test_head_norms_match_fp64" in i for i in ids)
