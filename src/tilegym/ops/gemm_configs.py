@@ -191,8 +191,9 @@ def parse_table(doc: dict) -> dict[tuple[str, int, int, bool], TileConfig]:
     return table
 
 
-class TileTableMissing(FileNotFoundError):
-    """TILEGYM_GEMM_TILES names no file."""
+class TileTableMissing(SystemExit):
+    """TILEGYM_GEMM_TILES names no file: the process stops with one ``error:`` line and no
+    traceback (a misset environment, found at import, that no caller could recover from)."""
 
 
 def table_doc() -> dict[str, list]:
@@ -202,7 +203,7 @@ def table_doc() -> dict[str, list]:
     if TILE_TABLE.exists():
         return json.loads(TILE_TABLE.read_text())
     if os.environ.get("TILEGYM_GEMM_TILES"):
-        raise TileTableMissing(f"TILEGYM_GEMM_TILES={TILE_TABLE}: no such tile table")
+        raise TileTableMissing(f"error: TILEGYM_GEMM_TILES={TILE_TABLE}: no such tile table")
     return {}
 
 
