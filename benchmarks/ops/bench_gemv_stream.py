@@ -39,7 +39,7 @@ from _graph_timing import interleaved_graphs  # noqa: E402
 from _timing import copy_tbps, format_table, running_gpu_tbps  # noqa: E402
 from bench_gemm import MODELS  # noqa: E402
 
-from tilegym.ops import gemm  # noqa: E402
+from tilegym.ops import gemm, library  # noqa: E402
 from tilegym.ops import rope as rope_ops  # noqa: E402
 from tilegym.ops.gemm_configs import (  # noqa: E402
     TileConfig,
@@ -138,17 +138,15 @@ class Stream:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * self.nw.float()
 
     def rope_reference(self, w: torch.Tensor) -> torch.Tensor:
-        """fp32 RMSNorm(x) @ w^T with q's and k's heads rotated."""
-        hq, hk, d = self.heads
-        heads = (self.normed_x() @ w.float().t()).view(1, -1, d)
-        rot = heads[:, : hq + hk]
-        if self.head_norms is not None:
-            qw, kw = self.head_norms.q_weight.float(), self.head_norms.k_weight.float()
-            weights = torch.cat((qw.expand(hq, d), kw.expand(hk, d)))[None]
-            rot = rot * torch.rsqrt(rot.pow(2).mean(-1, keepdim=True) + NORM_EPS) * weights
-        halves = torch.cat((-rot[..., d // 2 :], rot[..., : d // 2]), dim=-1)
-        rotated = rot * self.cos.float()[:, None] + halves * self.sin.float()[:, None]
-        return torch.cat((rotated, heads[:, hq + hk :]), dim=1).view(1, -1)
+        """fp32 RMSNorm(x) @ w^T with q's and k's heads (head-normed where the model has
+        per-head norms) rotated: the ops' own reference, run on fp32 tensors."""
+        hq, hk, _ = self.heads
+        heads = self.head_norms
+        if heads is not None:
+            heads = gemm.HeadNorms(heads.q_weight.float(), heads.k_weight.float(), heads.eps, hq)
+        cos, sin = self.cos.float(), self.sin.float()
+        args = (self.normed_x(), w.float(), None, cos, sin, hq + hk, heads)
+        return library.rms_norm_linear_rope_reference(*args)
 
     def norm_rope(self, w: torch.Tensor) -> torch.Tensor:
         hq, hk, _ = self.heads

@@ -1150,7 +1150,7 @@ def _launch_norm_rope(x2, norm_weight, eps, weight, bias, tables, rot, out2, cfg
     b = bias if bias is not None else _BUFFERS.dummies(x2.device, x2.dtype)[0]
     if heads is None:
         ws, cnt = _BUFFERS.placeholders(x2.device)
-        ws, qw, kw, head_eps, q_heads = ws.view(1, 1, -1), b, b, 0.0, 0
+        qw, kw, head_eps, q_heads = b, b, 0.0, 0
     else:
         ws = _BUFFERS.workspace(x2.device, m * rot * d)[: m * rot * d].view(m, rot, d)
         cnt = _BUFFERS.counters(x2.device, m * rot)
