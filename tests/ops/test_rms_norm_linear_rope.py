@@ -29,7 +29,7 @@ CASES = [
     (1, 3, 1, 64, 1000),
     (3, 5, 5, 128, 3000),
 ]
-CONFIGS = [None, TileConfig(1, 4, 512, gemv=True), TileConfig(2, 8, 256, gemv=True)]
+CONFIGS = [None, TileConfig(1, 4, 512, gemv=True), TileConfig(1, 8, 256, gemv=True)]
 
 
 def _angles(m: int, d: int, gen, dtype):
@@ -192,9 +192,12 @@ def test_bad_shapes_are_one_clear_error(gen):
     cos, sin = _angles(1, 64, gen, torch.bfloat16)
     with pytest.raises(ValueError, match="rotated heads 13 of 12"):
         gemm.rms_norm_linear_rope(x, nw, EPS, w, None, cos, sin, 13)
-    with pytest.raises(ValueError, match="heads of 96"):
-        wide_cos, wide_sin = _angles(1, 96, gen, torch.bfloat16)
+    with pytest.raises(ValueError, match="heads of 80"):
+        wide_cos, wide_sin = _angles(1, 80, gen, torch.bfloat16)
         gemm.rms_norm_linear_rope(x, nw, EPS, w, None, wide_cos, wide_sin, 4)
+    with pytest.raises(ValueError, match="one row a block"):
+        two_rows = TileConfig(2, 8, 256, gemv=True)
+        gemm.rms_norm_linear_rope(x, nw, EPS, w, None, cos, sin, 4, config=two_rows)
     with pytest.raises(ValueError, match=r"one \[64\] row per row of x \(1\)"):
         two_cos, two_sin = _angles(2, 64, gen, torch.bfloat16)
         gemm.rms_norm_linear_rope(x, nw, EPS, w, None, two_cos, two_sin, 4)

@@ -519,7 +519,7 @@ def tilegym_norm_rope_gemv_kernel(
     rot_heads, 2 * HALF]``, plain stores) and counts in on the head's counter in CNT; the last
     of them to arrive reads the whole head back, norms, rotates and stores it, and resets the
     counter (the split-K GEMM's last-CTA pattern). Rounded once, where upstream rounds the
-    projection (and the norm) before rotating. HEAD_NORM takes one row a block (TM 1)."""
+    projection (and the norm) before rotating. The launcher runs it at TM 1 only."""
     chunks = HALF // TN
     h = ct.bid(0) // chunks
     j = ct.bid(0) % chunks
@@ -1185,7 +1185,8 @@ def rms_norm_linear_rope(
     input norm, QKV projection, q/k norms and RoPE in one launch of
     `tilegym_norm_rope_gemv_kernel`. ``cos``/``sin``: one ``[D]`` row per row of x (``[...,
     D]``, as a rotary module returns them). Meant for decode (a few rows): every row is a GEMV
-    (`NORM_ROPE_TILE` unless ``config``; with ``head_norms`` one row a block)."""
+    (`NORM_ROPE_TILE` unless ``config``, one row a block: two rows a block with 8-row tiles
+    faulted with a misaligned address on an H100, 12-06, cause not found)."""
     k = x.shape[-1]
     _check(x, weight, k)
     norm_weight = _norm_weight(norm_weight, k)
@@ -1193,11 +1194,11 @@ def rms_norm_linear_rope(
     x2 = _as_2d(x)
     m = x2.shape[0]
     cfg = config or NORM_ROPE_TILE
-    if not cfg.gemv or d % (2 * cfg.tn) or n % d or (head_norms is not None and cfg.tm != 1):
+    if not cfg.gemv or cfg.tm != 1 or d % (2 * cfg.tn) or n % d:
         raise ValueError(
             f"rms_norm_linear_rope: heads of {d} (cos's width) must split into two halves of "
-            f"{cfg.tn}-row GEMV tiles and divide the {n} output rows (one row a block with "
-            "head norms)"
+            f"{cfg.tn}-row GEMV tiles and divide the {n} output rows, one row a block (tile "
+            f"{cfg.tm}x{cfg.tn}x{cfg.tk})"
         )
     if sin.shape != cos.shape or cos.numel() != m * d or not 0 <= rotated_heads <= n // d:
         raise ValueError(
