@@ -4,8 +4,8 @@
 # the QKV projection streamed over one weight a layer with the fused kernel against the norm
 # GEMV then the RoPE kernel it replaces (bench_gemv_stream.py's probes), then each model's static
 # generate() in one process: PyTorch, cuTile as shipped, with norm_gemv 1, and with norm_gemv 1
-# and rope_gemv 1 (GPU ms a token is the comparison; llama ships norm_gemv 1, so its first two
-# cuTile sides are the same and show the noise).
+# and rope_gemv 1 (GPU ms a token is the comparison; the variants go over the shipped flags, and
+# llama ships both, so its three cuTile sides are the same and show the noise).
 # Usage (repo root): bash benchmarks/ops/gpu_check_rope_gemv.sh [MODEL...]   (default: llama;
 # qwen3 runs its per-head q/k norms in the kernel too)
 # Logs: $OUT/{env,tests,stream,e2e}.txt (default OUT=./gpu_check_out). Then, for the keep:

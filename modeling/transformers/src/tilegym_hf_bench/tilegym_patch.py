@@ -26,6 +26,7 @@ MODEL_PATCH_KWARGS = {
         "attn": True,
         "linear": True,
         "norm_gemv": 1,
+        "rope_gemv": 1,
     },
     "mistral": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
     "qwen2": {"rope": True, "rms_norm": True, "swiglu": True, "attn": True, "linear": True},
