@@ -16,11 +16,12 @@
 #   norm-gemv    each pre-norm layer's input RMSNorm in its QKV GEMV's K loop (MODEL_PATCH_KWARGS
 #                norm_gemv 1; at decode one launch where the norm kernel and the GEMV were two).
 #                llama ships with norm_gemv 1 (this round's keep on an H100, 12-06): for it the
-#                round changes nothing, norm-gemv-mlp is the next step
-#   norm-gemv-mlp  also the post-attention RMSNorm in the MLP's gate/up GEMV (norm_gemv 2)
+#                round changes nothing
 #   rope-gemv    decode RoPE in the epilogue of the input norm + QKV GEMV (norm_gemv 1 and
 #                rope_gemv 1: norm, projection, per-head q/k norms and RoPE in one launch at one
-#                row)
+#                row). llama ships with both (this round's keep on an H100, 12-06)
+#   norm-gemv-mlp  also the post-attention RMSNorm in the MLP's gate/up GEMV (norm_gemv 2; last,
+#                so that it keeps whatever rope-gemv kept)
 # OUT_DIR gets what family_loop.sh leaves (decisions, stderr, PR comments, metrics, ledger.md and
 # ledger.png after every round). On a GPU host source .gpu/activate.sh first; without a GPU pass
 # `--model-key tiny-<key> --device cpu` (the ops then run their PyTorch references: the loop's
@@ -31,7 +32,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 source "$root/benchmarks/loop/lib.sh"
 model_loop_start speed_loop.sh "$@"
 
-rounds="baseline rope-heads norm-gemv norm-gemv-mlp rope-gemv"
+rounds="baseline rope-heads norm-gemv rope-gemv norm-gemv-mlp"
 heads=${SPEED_ROPE_HEADS:-1}
 if wanted "$rounds" baseline; then baseline_round; fi
 if wanted "$rounds" rope-heads; then
@@ -40,9 +41,9 @@ fi
 if wanted "$rounds" norm-gemv; then
   round norm-gemv "the input RMSNorm in the QKV GEMV's K loop" "norm_gemv=1"
 fi
-if wanted "$rounds" norm-gemv-mlp; then
-  round norm-gemv-mlp "the post-attention RMSNorm in the gate/up GEMV's K loop too" "norm_gemv=2"
-fi
 if wanted "$rounds" rope-gemv; then
   round rope-gemv "decode RoPE in the norm + QKV GEMV's epilogue" "norm_gemv=1" "rope_gemv=1"
+fi
+if wanted "$rounds" norm-gemv-mlp; then
+  round norm-gemv-mlp "the post-attention RMSNorm in the gate/up GEMV's K loop too" "norm_gemv=2"
 fi
