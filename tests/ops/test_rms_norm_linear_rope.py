@@ -185,6 +185,81 @@ def test_norm_rope_gemv_pdl_waits_for_the_kernel_writing_x(gen, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_norm", [False, True], ids=["plain", "head_norms"])
+def test_cache_write_puts_the_outputs_keys_and_values_at_the_position(head_norm, gen):
+    """With a `CacheWrite` the new token's rotated keys and its values land in slot
+    ``position[0]`` of each batch row's caches, bit for bit what the kernel stored in Y; every
+    other slot keeps its (random) value, and the length becomes position + 1. Three calls at
+    random positions; the output still matches fp64."""
+    from tilegym.ops import gemm
+
+    for m, hq, hk, d, k in [(1, 16, 8, 128, 1024), (2, 5, 5, 64, 1000), (1, 32, 8, 64, 2048)]:
+        n, cap = (hq + 2 * hk) * d, 300
+        keys = torch.randn(m, hk, cap, d, device="cuda", generator=gen).to(torch.bfloat16)
+        values = torch.randn(m, hk, cap, d, device="cuda", generator=gen).to(torch.bfloat16)
+        length = torch.full((), -7, dtype=torch.int64, device="cuda")
+        for _ in range(3):
+            x, nw, w, b = _inputs(m, n, k, gen, torch.bfloat16, m == 2)
+            cos, sin = _angles(m, d, gen, torch.bfloat16)
+            p = int(torch.randint(0, cap, (1,), generator=gen, device="cuda"))
+            position = torch.tensor([p], dtype=torch.int32, device="cuda")
+            heads, norms = None, None
+            if head_norm:
+                qw, kw = (_rand((d,), gen, torch.bfloat16, 0.3, 1.0) for _ in range(2))
+                heads, norms = gemm.HeadNorms(qw, kw, EPS, hq), (qw, kw, hq, False)
+            before_k, before_v = keys.clone(), values.clone()
+            write = gemm.CacheWrite(keys, values, position, length, hq)
+            out = gemm.rms_norm_linear_rope(
+                x, nw, EPS, w, b, cos, sin, hq + hk, head_norms=heads, cache=write
+            )
+            ref = _rope_reference(_reference(x, nw, w, b, False), cos, sin, hq + hk, norms)
+            assert_close_rel(out, ref, tol=GEMM_TOL[torch.bfloat16])
+            heads_out = out.view(m, -1, d)
+            before_k[:, :, p] = heads_out[:, hq : hq + hk]
+            before_v[:, :, p] = heads_out[:, hq + hk :]
+            assert torch.equal(keys, before_k) and torch.equal(values, before_v)
+            assert int(length) == p + 1
+
+
+@pytest.mark.gpu
+def test_head_norms_in_a_captured_graph_use_the_reserved_counters(gen):
+    """Captured as the compiled decode step runs it (``private_buffers()``), after
+    `reserve_counters`: the graph replays right three times on fresh inputs (the kernel leaves
+    the counters at zero) and holds no memset for them."""
+    from tilegym.ops import gemm
+    from tilegym.ops._common import private_buffers
+
+    hq, hk, d, k = 16, 8, 128, 1024
+    n = (hq + 2 * hk) * d
+    x, nw, w, _ = _inputs(1, n, k, gen, torch.bfloat16, False)
+    qw, kw = (_rand((d,), gen, torch.bfloat16, 0.3, 1.0) for _ in range(2))
+    cos, sin = _angles(1, d, gen, torch.bfloat16)
+    heads = gemm.HeadNorms(qw, kw, EPS, hq)
+    gemm.reserve_counters(x.device)
+    out = torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        with private_buffers():
+            gemm.rms_norm_linear_rope(
+                x, nw, EPS, w, None, cos, sin, hq + hk, head_norms=heads, out=out
+            )
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        fresh, _, _, _ = _inputs(1, n, k, gen, torch.bfloat16, False)
+        x.copy_(fresh)
+        out.fill_(float("nan"))
+        graph.replay()
+        ref = _rope_reference(
+            _reference(x, nw, w, None, False), cos, sin, hq + hk, (qw, kw, hq, False)
+        )
+        assert_close_rel(out, ref, tol=GEMM_TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
 def test_bad_shapes_are_one_clear_error(gen):
     from tilegym.ops import gemm
 
@@ -201,17 +276,28 @@ def test_bad_shapes_are_one_clear_error(gen):
     with pytest.raises(ValueError, match=r"one \[64\] row per row of x \(1\)"):
         two_cos, two_sin = _angles(2, 64, gen, torch.bfloat16)
         gemm.rms_norm_linear_rope(x, nw, EPS, w, None, two_cos, two_sin, 4)
+    keys = torch.zeros(1, 4, 16, 64, dtype=torch.bfloat16, device="cuda")
+    at = torch.zeros(1, dtype=torch.int32, device="cuda")
+    length = torch.zeros((), dtype=torch.int64, device="cuda")
+    with pytest.raises(ValueError, match="12 heads are not 6 q, 2 k and 2 v"):
+        write = gemm.CacheWrite(keys[:, :2], keys[:, :2], at, length, 6)
+        gemm.rms_norm_linear_rope(x, nw, EPS, w, None, cos, sin, 8, cache=write)
+    with pytest.raises(ValueError, match="position must be int32"):
+        write = gemm.CacheWrite(keys, keys, at.long(), length, 4)
+        gemm.rms_norm_linear_rope(x, nw, EPS, w, None, cos, sin, 8, cache=write)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cache_write", [False, True])
 @pytest.mark.parametrize("head_dim,head_norm", [(64, False), (128, False), (128, True)])
-def test_norm_rope_signatures_compile(head_dim, head_norm):
-    """The AOT signatures (bias x PDL) compile for sm_90, with and without per-head norms."""
+def test_norm_rope_signatures_compile(head_dim, head_norm, cache_write):
+    """The AOT signatures (bias x PDL) compile for sm_90, with and without per-head norms, with
+    and without the KV-cache write."""
     from cuda.tile.compilation import export_kernel
 
     from tilegym.ops import gemm
 
-    sigs = gemm.norm_rope_signatures(head_dim, head_norm=head_norm)
+    sigs = gemm.norm_rope_signatures(head_dim, head_norm=head_norm, cache_write=cache_write)
     (kernel,) = sigs
     assert len(sigs[kernel]) == 4
     buf = io.BytesIO()
@@ -248,9 +334,60 @@ def test_the_cpu_reference_is_transformers_rope_on_the_projection():
     assert not torch.equal(got[..., : hq * d], qkv[..., : hq * d])  # something rotated
 
 
-def _norm_rope_ptx(pdl: bool, has_bias: bool = True, head_norm: bool = False) -> list[str]:
-    """sm_90 PTX of the kernel at `NORM_ROPE_TILE`, heads of 128 (with per-head norms or
-    not), its aligned AOT arrays with rows a multiple of 16 elements (as the models' are)."""
+def test_the_cpu_cache_write_is_the_kv_write_of_the_outputs_heads():
+    """On a CPU the cache form returns what the plain form returns and writes its key and
+    value heads at ``position[0]`` of each batch row, as `kv_cache_write_at` would, and sets
+    the length; its custom op passes opcheck (schema, fake, mutations)."""
+    from tilegym.ops import gemm, library
+    from tilegym.ops.kv_cache import reference_kv_cache_write_at
+
+    gen = torch.Generator().manual_seed(1)
+    rows, hq, hk, d, k, cap = 2, 4, 2, 16, 48, 9
+    dt = torch.bfloat16
+    x = torch.randn(rows, 1, k, generator=gen).to(dt)
+    nw = (1 + 0.1 * torch.randn(k, generator=gen)).to(dt)
+    w = (torch.randn((hq + 2 * hk) * d, k, generator=gen) / math.sqrt(k)).to(dt)
+    ang = torch.rand(rows, 1, d // 2, generator=gen) * 100
+    cos, sin = torch.cat((ang, ang), -1).cos().to(dt), torch.cat((ang, ang), -1).sin().to(dt)
+    keys, values = (torch.randn(rows, hk, cap, d, generator=gen).to(dt) for _ in range(2))
+    position, length = torch.tensor([5], dtype=torch.int32), torch.tensor(0)
+    want_k, want_v, want_len = keys.clone(), values.clone(), length.clone()
+    write = gemm.CacheWrite(keys, values, position, length, hq)
+    got = library.rms_norm_linear_rope(x, nw, EPS, w, None, cos, sin, hq + hk, cache=write)
+    plain = library.rms_norm_linear_rope(x, nw, EPS, w, None, cos, sin, hq + hk)
+    assert torch.equal(got, plain)
+    heads = plain.view(rows, 1, -1, d).transpose(1, 2)
+    k_new, v_new = heads[:, hq : hq + hk], heads[:, hq + hk :]
+    reference_kv_cache_write_at(k_new, v_new, want_k, want_v, position, want_len)
+    assert torch.equal(keys, want_k) and torch.equal(values, want_v)
+    assert int(length) == int(want_len) == 6
+    args = (x, nw, EPS, w, None, cos, sin, hq + hk, keys, values, position, length, hq)
+    torch.library.opcheck(torch.ops.tilegym.rms_norm_linear_rope_cache.default, args)
+
+
+def test_kept_counters_are_the_reserved_ones_even_in_private_buffers():
+    """Inside ``private_buffers()`` (the compiled path) the per-head norms' counters are fresh
+    zeroed tensors until `reserve_counters` makes the process-wide ones, then always those
+    (no fill node in a captured graph); a request larger than them still gets its own."""
+    from tilegym.ops import gemm
+    from tilegym.ops._common import private_buffers
+
+    buffers, cpu = gemm._DeviceBuffers(), torch.device("cpu")
+    with private_buffers():
+        a, b = buffers.kept_counters(cpu, 8), buffers.kept_counters(cpu, 8)
+        assert a is not b and not a.any()
+        buffers.reserve_counters(cpu)
+        kept = buffers.kept_counters(cpu, 8)
+        assert kept is buffers.kept_counters(cpu, 24) and kept.numel() == gemm._COUNTER_SLOTS
+        assert buffers.kept_counters(cpu, gemm._COUNTER_SLOTS + 1) is not kept
+    buffers.reserve_counters(cpu)
+    assert buffers.kept_counters(cpu, 1) is kept
+
+
+def _norm_rope_ptx(pdl: bool, head_norm: bool = False, cache_write: bool = False) -> list[str]:
+    """sm_90 PTX of the kernel at `NORM_ROPE_TILE` with a bias, heads of 128 (with per-head
+    norms or not, with the KV-cache write or not), its aligned AOT arrays with rows a multiple
+    of 16 elements (as the models' are)."""
     import dataclasses
 
     from cubin_ptx import ptx_lines
@@ -258,8 +395,9 @@ def _norm_rope_ptx(pdl: bool, has_bias: bool = True, head_norm: bool = False) ->
 
     from tilegym.ops import gemm
 
-    (sigs,) = gemm.norm_rope_signatures(128, head_norm=head_norm).values()
-    sig = next(s for s in sigs if s.parameters[-5].value == has_bias and s.parameters[-1].value)
+    forms = gemm.norm_rope_signatures(128, head_norm=head_norm, cache_write=cache_write)
+    (sigs,) = forms.values()
+    sig = next(s for s in sigs if s.parameters[-6].value and s.parameters[-1].value)
     params = [
         dataclasses.replace(p, shape_divisible_by=(1,) * (p.ndim - 1) + (16,))
         if hasattr(p, "ndim")
@@ -274,35 +412,43 @@ def _norm_rope_ptx(pdl: bool, has_bias: bool = True, head_norm: bool = False) ->
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cache_write", [False, True])
 @pytest.mark.parametrize("head_norm", [False, True])
-def test_norm_rope_gemv_loads_both_halves_before_the_wait_and_the_rest_after(head_norm):
+def test_norm_rope_gemv_loads_both_halves_before_the_wait_and_the_rest_after(
+    head_norm, cache_write
+):
     """With PDL the block's two first W tiles (one weight, two rows of tiles) are the only
     loads before `griddepcontrol.wait`; X, the norm weight, the bias, cos and sin are read and Y
-    written after it (with per-head norms also their weights, the workspace and the counters).
-    Without PDL there is no wait."""
+    written after it (with per-head norms also their weights, the workspace and the counters;
+    with the KV-cache write the position, both caches and the length). Without PDL there is no
+    wait."""
     from cubin_ptx import global_accesses, instructions
 
-    x, nw, w, b, cos, sin, qw, kw, ws, cnt, y = range(11)
-    lines = _norm_rope_ptx(True, head_norm=head_norm)
+    x, nw, w, b, cos, sin, qw, kw, ws, cnt, y, kc, vc, pos, length = range(15)
+    lines = _norm_rope_ptx(True, head_norm, cache_write)
     (wait,) = instructions(lines, "griddepcontrol.wait")
     accesses = global_accesses(lines)
     before = [a for a in accesses if a.line < wait]
     assert len(before) >= 2 and all(a.op.startswith("ld.") and a.arrays == {w} for a in before)
     after = [a.arrays for a in accesses if a.line > wait]
     later = (x, nw, b, cos, sin, y) + ((qw, kw, ws) if head_norm else ())
+    later += (pos, kc, vc, length) if cache_write else ()
     assert all({i} in after for i in later), after
+    if not cache_write:
+        assert all(not a & {kc, vc, pos, length} for a in after), after
     assert any("atom" in line for line in lines) == head_norm
-    assert not any("griddepcontrol" in line for line in _norm_rope_ptx(False, head_norm=head_norm))
+    assert not any("griddepcontrol" in line for line in _norm_rope_ptx(False, head_norm))
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cache_write", [False, True])
 @pytest.mark.parametrize("head_norm", [False, True])
 @pytest.mark.parametrize("pdl", [False, True])
-def test_norm_rope_gemv_fits_eight_blocks_an_sm_without_spills(pdl, head_norm):
+def test_norm_rope_gemv_fits_eight_blocks_an_sm_without_spills(pdl, head_norm, cache_write):
     """Two accumulators of 2 x 1024 products reduced every step, hinted to 8 blocks an SM: no
-    spills, and at most 65536 / (8 x 128) registers."""
+    spills, and at most 65536 / (8 x 128) registers, with the KV-cache write too."""
     from cubin_ptx import ptxas_usage
 
-    usage = ptxas_usage(_norm_rope_ptx(pdl, head_norm=head_norm))
+    usage = ptxas_usage(_norm_rope_ptx(pdl, head_norm, cache_write))
     assert usage.spill_stores == usage.spill_loads == 0, usage
     assert usage.registers <= 64, usage

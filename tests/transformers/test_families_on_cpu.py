@@ -124,6 +124,36 @@ def test_rope_gemv_rotates_in_the_qkv_gemv_at_one_row(model_type):
     assert torch.equal(got, greedy(base, ids, mask))
 
 
+@pytest.mark.parametrize("model_type", PLAIN_PRE_NORM)
+def test_rope_gemv_2_writes_the_static_cache_in_the_qkv_gemv(model_type):
+    """``rope_gemv=2``: every decode step's layers write their new keys and values into the
+    static cache in the norm + QKV + RoPE op (``rms_norm_linear_rope_cache``), where
+    ``rope_gemv=1`` calls the KV-cache write op once a layer a step (the prompt's pass goes
+    through transformers' ``update``). Greedy decode with a static cache, eager and compiled,
+    computes upstream's tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch._dynamo.reset()
+    ids, mask = left_padded_batch(pads=(0,))
+    base, fused, handle = _pair(model_type, norm_gemv=1, rope_gemv=2)
+    assert handle.applied == list(mp.FLAGS), handle.not_applied
+    want = greedy(base, ids, mask)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        got = greedy(fused, ids, mask, cache_implementation="static")
+    assert torch.equal(got, want)
+    calls: dict[str, int] = {}
+    for event in prof.events():
+        calls[event.name] = calls.get(event.name, 0) + 1
+    layers = fused.config.num_hidden_layers
+    steps = got.shape[1] - 1  # new tokens only; the first comes from the prompt's pass
+    assert calls.get("tilegym::rms_norm_linear_rope_cache", 0) == layers * steps, calls
+    assert "tilegym::kv_cache_write_at" not in calls, calls
+    cfg = CompileConfig(fullgraph=True, backend="aot_eager")
+    cfg._compile_all_devices = True
+    compiled = greedy(fused, ids, mask, cache_implementation="static", compile_config=cfg)
+    assert torch.equal(compiled, want)
+
+
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
 def test_norm_gemv_compiles_with_a_static_cache(model_type):
     torch._dynamo.reset()

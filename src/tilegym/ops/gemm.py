@@ -490,6 +490,10 @@ def tilegym_norm_rope_gemv_kernel(
     WS,
     CNT,
     Y,
+    KC,
+    VC,
+    POS,
+    LEN,
     eps: float,
     head_eps: float,
     rot_heads: int,
@@ -503,6 +507,7 @@ def tilegym_norm_rope_gemv_kernel(
     OFFSET: ConstBool,
     HEAD_NORM: ConstBool,
     HEAD_OFFSET: ConstBool,
+    KV_WRITE: ConstBool,
     PDL: ConstBool,
 ):
     """Y = RMSNorm(X) @ W^T (+ B) for a packed [q; k; v] weight of heads ``2 * HALF`` wide, with
@@ -519,7 +524,12 @@ def tilegym_norm_rope_gemv_kernel(
     rot_heads, 2 * HALF]``, plain stores) and counts in on the head's counter in CNT; the last
     of them to arrive reads the whole head back, norms, rotates and stores it, and resets the
     counter (the split-K GEMM's last-CTA pattern). Rounded once, where upstream rounds the
-    projection (and the norm) before rotating. The launcher runs it at TM 1 only."""
+    projection (and the norm) before rotating. The launcher runs it at TM 1 only.
+
+    With KV_WRITE the rounded keys (heads ``q_heads`` to ``rot_heads``, rotated) and values
+    (the heads after) also go to slot ``POS[0]`` of the static caches KC / VC (``[rows, kv
+    heads, capacity, 2 * HALF]``, row ``bm`` a batch row), and block (0, 0) sets ``LEN[0] =
+    POS[0] + 1``: `kv_cache_write_at`'s launch folded into this one."""
     chunks = HALF // TN
     h = ct.bid(0) // chunks
     j = ct.bid(0) % chunks
@@ -535,14 +545,21 @@ def tilegym_norm_rope_gemv_kernel(
             ct.float32
         ).reshape((1, TN))
     if h >= rot_heads:
-        ct.store(Y, index=(bm, bna), tile=ct.astype(a, Y.dtype))
-        ct.store(Y, index=(bm, bnb), tile=ct.astype(b, Y.dtype))
+        v_lo, v_hi = ct.astype(a, Y.dtype), ct.astype(b, Y.dtype)
+        ct.store(Y, index=(bm, bna), tile=v_lo)
+        ct.store(Y, index=(bm, bnb), tile=v_hi)
+        if KV_WRITE:
+            _cache_halves(VC, POS, v_lo, v_hi, bm, h - rot_heads, j, chunks)
     elif HEAD_NORM:
         ct.store(WS, index=(bm, h, j), tile=a.reshape((1, 1, TN)), allow_tma=False)
         ct.store(WS, index=(bm, h, j + chunks), tile=b.reshape((1, 1, TN)), allow_tma=False)
         slot = bm * rot_heads + h
         if ct.atomic_add(CNT, slot, 1) == chunks - 1:
-            _head_norm_rope(WS, COS, SIN, QW, KW, Y, bm, h, head_eps, q_heads, HALF, HEAD_OFFSET)
+            n_lo, n_hi = _head_norm_rope(
+                WS, COS, SIN, QW, KW, Y, bm, h, head_eps, q_heads, HALF, HEAD_OFFSET
+            )
+            if KV_WRITE and h >= q_heads:
+                _cache_halves(KC, POS, n_lo, n_hi, bm, h - q_heads, 0, 1)
             ct.atomic_xchg(CNT, slot, 0)
     else:
         c1 = ct.load(COS, (bm, j), (TM, TN), padding_mode=_ZERO, allow_tma=False).astype(ct.float32)
@@ -553,8 +570,26 @@ def tilegym_norm_rope_gemv_kernel(
         s2 = ct.load(SIN, (bm, j + chunks), (TM, TN), padding_mode=_ZERO, allow_tma=False).astype(
             ct.float32
         )
-        ct.store(Y, index=(bm, bna), tile=ct.astype(a * c1 - b * s1, Y.dtype))
-        ct.store(Y, index=(bm, bnb), tile=ct.astype(b * c2 + a * s2, Y.dtype))
+        r_lo = ct.astype(a * c1 - b * s1, Y.dtype)
+        r_hi = ct.astype(b * c2 + a * s2, Y.dtype)
+        ct.store(Y, index=(bm, bna), tile=r_lo)
+        ct.store(Y, index=(bm, bnb), tile=r_hi)
+        if KV_WRITE and h >= q_heads:
+            _cache_halves(KC, POS, r_lo, r_hi, bm, h - q_heads, j, chunks)
+    if KV_WRITE:
+        end = (ct.gather(POS, 0) + 1).astype(LEN.dtype)
+        ct.scatter(LEN, 0, end, mask=(ct.bid(0) + ct.bid(1)) == 0)
+
+
+@ct.function
+def _cache_halves(C, POS, lo, hi, bm, head, j, chunks):
+    """Row ``bm``'s (1, n) tiles ``lo`` / ``hi`` into cache head ``head`` at slot ``POS[0]``,
+    as tiles ``j`` and ``j + chunks`` of its width."""
+    n = lo.shape[1]
+    pos = ct.gather(POS, 0)
+    row = C.slice(axis=2, start=pos, stop=pos + 1)
+    ct.store(row, index=(bm, head, 0, j), tile=lo.reshape((1, 1, 1, n)), allow_tma=False)
+    ct.store(row, index=(bm, head, 0, j + chunks), tile=hi.reshape((1, 1, 1, n)), allow_tma=False)
 
 
 @ct.function
@@ -562,7 +597,7 @@ def _head_norm_rope(
     WS, COS, SIN, QW, KW, Y, bm, h, head_eps, q_heads, HALF: ConstInt, OFFSET: ConstBool
 ):
     """Row ``bm``'s head ``h`` from WS (fp32, both halves): RMS-normed with QW (q heads) or KW,
-    rotated with the row's COS / SIN, stored to Y's head ``h``."""
+    rotated with the row's COS / SIN, stored to Y's head ``h``; returns the stored halves."""
     lo = ct.load(WS, (bm, h, 0), (1, 1, HALF), allow_tma=False).reshape((1, HALF))
     hi = ct.load(WS, (bm, h, 1), (1, 1, HALF), allow_tma=False).reshape((1, HALF))
     inv = ct.rsqrt((ct.sum(lo * lo) + ct.sum(hi * hi)) / (2 * HALF) + head_eps)
@@ -581,8 +616,11 @@ def _head_norm_rope(
     c2 = ct.load(COS, (bm, 1), (1, HALF), allow_tma=False).astype(ct.float32)
     s1 = ct.load(SIN, (bm, 0), (1, HALF), allow_tma=False).astype(ct.float32)
     s2 = ct.load(SIN, (bm, 1), (1, HALF), allow_tma=False).astype(ct.float32)
-    ct.store(Y, index=(bm, 2 * h), tile=ct.astype(n_lo * c1 - n_hi * s1, Y.dtype))
-    ct.store(Y, index=(bm, 2 * h + 1), tile=ct.astype(n_hi * c2 + n_lo * s2, Y.dtype))
+    lo = ct.astype(n_lo * c1 - n_hi * s1, Y.dtype)
+    hi = ct.astype(n_hi * c2 + n_lo * s2, Y.dtype)
+    ct.store(Y, index=(bm, 2 * h), tile=lo)
+    ct.store(Y, index=(bm, 2 * h + 1), tile=hi)
+    return lo, hi
 
 
 @ct.kernel
@@ -770,6 +808,21 @@ class _DeviceBuffers:
             self._cnt[device] = cnt
         return cnt
 
+    def kept_counters(self, device: torch.device, tiles: int) -> torch.Tensor:
+        """`counters`, but the process-wide ones even inside ``private_buffers()`` once
+        `reserve_counters` has made them: they never grow or move, and every kernel leaves them
+        at zero, so a captured graph may keep their address, and it then has no fill node for
+        fresh ones (one memset launch a call, outside cuTile)."""
+        cnt = self._cnt.get(device)
+        if cnt is not None and tiles <= cnt.numel():
+            return cnt
+        return self.counters(device, tiles)
+
+    def reserve_counters(self, device: torch.device) -> None:
+        """Make the process-wide counters now (eager code, outside any graph capture)."""
+        if device not in self._cnt:
+            self._cnt[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
+
     def placeholders(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """A workspace and counters of an unsplit launch (never read): no allocation, or in
         ``private_buffers()`` an uninitialized one (a captured graph then has no fill for it)."""
@@ -797,6 +850,13 @@ class _DeviceBuffers:
 
 
 _BUFFERS = _DeviceBuffers()
+
+
+def reserve_counters(device: torch.device) -> None:
+    """Make the process-wide tile counters on ``device`` now, from eager code: the compiled
+    path's per-head norms in `rms_norm_linear_rope` then use them instead of zeroing fresh ones
+    every call (`_DeviceBuffers.kept_counters`)."""
+    _BUFFERS.reserve_counters(device)
 
 
 def _as_2d(x: torch.Tensor) -> torch.Tensor:
@@ -1141,24 +1201,72 @@ class HeadNorms:
     unit_offset: bool = False
 
 
-def _launch_norm_rope(x2, norm_weight, eps, weight, bias, tables, rot, out2, cfg, offset, heads):
-    """The norm + QKV + RoPE GEMV kernel (with ``heads``, the per-head norms too), with PDL as
-    `_launch_gemv` decides it."""
+@dataclass(frozen=True)
+class CacheWrite:
+    """A static KV cache the norm + QKV + RoPE GEMV also writes the new token into: its rotated
+    keys and its values go to slot ``position[0]`` (read on the device) of ``keys`` / ``values``
+    (``[rows, kv heads, capacity, D]``), and ``length`` becomes ``position[0] + 1``, as
+    `kv_cache.kv_cache_write_at` does in a launch of its own (transformers' ``StaticLayer``:
+    ``keys``, ``values``, ``cumulative_length``). ``q_heads``: the q heads before the keys."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    position: torch.Tensor
+    length: torch.Tensor
+    q_heads: int
+
+
+def _check_cache_write(cw: CacheWrite, x: torch.Tensor, m: int, n: int, d: int, rot: int):
+    kv = rot - cw.q_heads
+    want = (m, kv, d)
+    for t in (cw.keys, cw.values):
+        if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != want or t.dtype != x.dtype:
+            raise ValueError(
+                f"rms_norm_linear_rope: caches must be {x.dtype} [{m}, {kv}, capacity, {d}], "
+                f"got {t.dtype} {tuple(t.shape)}"
+            )
+        if t.stride(3) != 1 or t.device != x.device:
+            raise ValueError("rms_norm_linear_rope: caches must be on x's device, rows contiguous")
+    if n // d != rot + kv:
+        raise ValueError(
+            f"rms_norm_linear_rope: {n // d} heads are not {cw.q_heads} q, {kv} k and {kv} v"
+        )
+    if cw.position.shape != (1,) or cw.position.dtype != torch.int32:
+        raise ValueError(
+            f"rms_norm_linear_rope: position must be int32 (1,), got {cw.position.dtype} "
+            f"{tuple(cw.position.shape)}"
+        )
+    if cw.length.numel() != 1 or cw.length.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"rms_norm_linear_rope: length must be one int32/int64 element, got {cw.length.dtype}"
+        )
+
+
+def _launch_norm_rope(x2, norm_weight, eps, weight, bias, tables, rot, out2, cfg, offset, extra):
+    """The norm + QKV + RoPE GEMV kernel (with ``heads``, the per-head norms too; with
+    ``cache``, the KV-cache write), with PDL as `_launch_gemv` decides it."""
+    heads, cache = extra
     cos2, sin2 = tables
     m, d = cos2.shape
     pdl = GEMV_PDL and _pdl_ready(weight)
     b = bias if bias is not None else _BUFFERS.dummies(x2.device, x2.dtype)[0]
+    q_heads = cache.q_heads if cache is not None else 0
     if heads is None:
         ws, cnt = _BUFFERS.placeholders(x2.device)
-        qw, kw, head_eps, q_heads = b, b, 0.0, 0
+        qw, kw, head_eps = b, b, 0.0
     else:
         ws = _BUFFERS.workspace(x2.device, m * rot * d)[: m * rot * d].view(m, rot, d)
-        cnt = _BUFFERS.counters(x2.device, m * rot)
+        cnt = _BUFFERS.kept_counters(x2.device, m * rot)
         qw, kw, head_eps, q_heads = heads.q_weight, heads.k_weight, heads.eps, heads.q_heads
-    args = (x2, norm_weight, weight, b, cos2, sin2, qw, kw, ws, cnt, out2)
+    if cache is None:
+        kc = vc = b.view(1, 1, 1, -1)
+        pos = length = cnt.view(-1)[:1]
+    else:
+        kc, vc, pos, length = cache.keys, cache.values, cache.position, cache.length.view(1)
+    args = (x2, norm_weight, weight, b, cos2, sin2, qw, kw, ws, cnt, out2, kc, vc, pos, length)
     args += (float(eps), float(head_eps), int(rot), int(q_heads), d // 2, *_gemv_tiles(cfg))
     args += (bias is not None, bool(offset), heads is not None)
-    args += (bool(heads is not None and heads.unit_offset), pdl)
+    args += (bool(heads is not None and heads.unit_offset), cache is not None, pdl)
     grid = (weight.shape[0] // (2 * cfg.tn), math.ceil(x2.shape[0] / cfg.tm), 1)
     kernel = hinted(tilegym_norm_rope_gemv_kernel, cfg, grid[0])
     ct.launch(stream(x2.device), grid, kernel, args, programmatic_dependent_launch=pdl)
@@ -1176,6 +1284,7 @@ def rms_norm_linear_rope(
     *,
     unit_offset: bool = False,
     head_norms: HeadNorms | None = None,
+    cache: CacheWrite | None = None,
     out: torch.Tensor | None = None,
     config: TileConfig | None = None,
 ) -> torch.Tensor:
@@ -1184,7 +1293,9 @@ def rms_norm_linear_rope(
     ``rotated_heads`` heads (q's and k's), each RMS-normed first with ``head_norms``: a layer's
     input norm, QKV projection, q/k norms and RoPE in one launch of
     `tilegym_norm_rope_gemv_kernel`. ``cos``/``sin``: one ``[D]`` row per row of x (``[...,
-    D]``, as a rotary module returns them). Meant for decode (a few rows): every row is a GEMV
+    D]``, as a rotary module returns them). With ``cache`` the new keys and values also go
+    into a static KV cache (`CacheWrite`; row r of x is the cache's batch row r). Meant for
+    decode (a few rows): every row is a GEMV
     (`NORM_ROPE_TILE` unless ``config``, one row a block: two rows a block with 8-row tiles
     faulted with a misaligned address on an H100, 12-06, cause not found)."""
     k = x.shape[-1]
@@ -1218,13 +1329,20 @@ def rms_norm_linear_rope(
             raise ValueError(
                 f"rms_norm_linear_rope: {head_norms.q_heads} q heads of {rotated_heads} rotated"
             )
+    if cache is not None:
+        _check_cache_write(cache, x, m, n, d, rotated_heads)
+        if head_norms is not None and head_norms.q_heads != cache.q_heads:
+            raise ValueError(
+                f"rms_norm_linear_rope: {head_norms.q_heads} q heads to norm, "
+                f"{cache.q_heads} before the cached keys"
+            )
     if out is None:
         out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
     tables = cos.reshape(m, d).contiguous(), sin.reshape(m, d).contiguous()
     args = (x2, norm_weight, eps, weight, bias, tables, rotated_heads, out.view(m, n), cfg)
-    _launch_norm_rope(*args, unit_offset, head_norms)
+    _launch_norm_rope(*args, unit_offset, (head_norms, cache))
     return out
 
 
@@ -1412,11 +1530,13 @@ def norm_rope_signatures(
     *,
     head_norm: bool = False,
     head_offset: bool = False,
+    cache_write: bool = False,
 ) -> dict:
     """`tilegym_norm_rope_gemv_kernel` at `NORM_ROPE_TILE` for heads ``head_dim`` wide: with and
     without bias and PDL, the plain input norm weight, 16-byte aligned tensors (what a model
     passes); cos/sin in the activations' dtype unless ``cos_dtype``; ``head_norm`` (and
-    ``head_offset``): the per-head q/k norms' form."""
+    ``head_offset``): the per-head q/k norms' form; ``cache_write``: the static KV-cache write
+    (transformers' int64 length)."""
     from cuda.tile.compilation import CallingConvention, KernelSignature, ScalarConstraint
 
     from tilegym.ops.attention import array_constraint as arr
@@ -1432,10 +1552,12 @@ def norm_rope_signatures(
         cdt = ct_dtypes[cos_dtype or torch_dt]
         io = [arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 1), arr(cdt, 2), arr(cdt, 2)]
         io += [arr(dt, 1), arr(dt, 1), arr(ct.float32, 3), arr(ct.int32, 1), arr(dt, 2)]
+        io += [arr(dt, 4), arr(dt, 4), arr(ct.int32, 1)]
+        io += [arr(ct.int64 if cache_write else ct.int32, 1)]
         scalars = [f32, f32, i32, i32, head_dim // 2, *_gemv_tiles(cfg)]
         for has_bias in (False, True):
             for pdl in (False, True):
-                flags = [has_bias, False, head_norm, head_norm and head_offset, pdl]
+                flags = [has_bias, False, head_norm, head_norm and head_offset, cache_write, pdl]
                 sigs.append(KernelSignature([*io, *scalars, *flags], cconv))
     return {kernel: sigs}
 

@@ -477,6 +477,87 @@ def _(x, norm_weight, eps, weight, bias, cos, sin, rotated_heads, *args):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+@_op("rms_norm_linear_rope_cache", mutates_args=("k_cache", "v_cache", "length"))
+def rms_norm_linear_rope_cache_op(
+    x: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    weight: Tensor,
+    bias: Tensor | None,
+    cos: Tensor,
+    sin: Tensor,
+    rotated_heads: int,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    position: Tensor,
+    length: Tensor,
+    q_heads: int,
+    unit_offset: bool = False,
+    q_norm_weight: Tensor | None = None,
+    k_norm_weight: Tensor | None = None,
+    head_eps: float = 0.0,
+    head_unit_offset: bool = False,
+) -> Tensor:
+    heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, head_unit_offset)
+    write = _gemm.CacheWrite(k_cache, v_cache, position, length, q_heads)
+    with private_buffers():
+        return _gemm.rms_norm_linear_rope(
+            x,
+            norm_weight,
+            eps,
+            weight,
+            bias,
+            cos,
+            sin,
+            rotated_heads,
+            unit_offset=unit_offset,
+            head_norms=heads,
+            cache=write,
+        )
+
+
+@rms_norm_linear_rope_cache_op.register_kernel("cpu")
+def _(
+    x,
+    norm_weight,
+    eps,
+    weight,
+    bias,
+    cos,
+    sin,
+    rotated_heads,
+    k_cache,
+    v_cache,
+    position,
+    length,
+    q_heads,
+    unit_offset=False,
+    q_norm_weight=None,
+    k_norm_weight=None,
+    head_eps=0.0,
+    head_unit_offset=False,
+):
+    normed = _rms_norm.rms_norm_reference(x, norm_weight, eps, unit_offset)
+    heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, head_unit_offset)
+    out = rms_norm_linear_rope_reference(normed, weight, bias, cos, sin, rotated_heads, heads)
+    _write_new_token(out, k_cache, v_cache, position, length, q_heads, rotated_heads)
+    return out
+
+
+def _write_new_token(qkv, k_cache, v_cache, position, length, q_heads, rotated_heads) -> None:
+    """The reference of the fused cache write: a one-token projection's key and value heads
+    (``[B, 1, heads * D]``) into the caches at ``position[0]``, ``length`` to position + 1."""
+    d = k_cache.shape[-1]
+    heads = qkv.reshape(k_cache.shape[0], 1, -1, d).transpose(1, 2)
+    k_new, v_new = heads[:, q_heads:rotated_heads], heads[:, rotated_heads:]
+    _kv_cache.reference_kv_cache_write_at(k_new, v_new, k_cache, v_cache, position, length)
+
+
+@rms_norm_linear_rope_cache_op.register_fake
+def _(x, norm_weight, eps, weight, bias, cos, sin, rotated_heads, *args):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
 @_op("rms_norm_gate_up")
 def rms_norm_gate_up_op(
     x: Tensor,
@@ -959,18 +1040,27 @@ def rms_norm_linear_rope(
     rotated_heads: int,
     unit_offset: bool = False,
     head_norms=None,
+    cache=None,
 ) -> Tensor:
     """``linear(RMSNorm(x), weight, bias)`` with RoPE on the first ``rotated_heads`` heads of
     the packed [q; k; v] output, each RMS-normed first with ``head_norms`` (a
-    ``gemm.HeadNorms``): one launch (``gemm.rms_norm_linear_rope``; for decode)."""
+    ``gemm.HeadNorms``), and with ``cache`` (a ``gemm.CacheWrite``) the new keys and values
+    written into a static KV cache: one launch (``gemm.rms_norm_linear_rope``; for decode)."""
     args = (x, norm_weight, float(eps), weight, bias, cos, sin, int(rotated_heads))
-    if _use_op(x):
-        heads = ()
-        if head_norms is not None:
-            h = head_norms
-            heads = (h.q_weight, h.k_weight, float(h.eps), int(h.q_heads), bool(h.unit_offset))
-        return rms_norm_linear_rope_op(*args, bool(unit_offset), *heads)
-    return _gemm.rms_norm_linear_rope(*args, unit_offset=unit_offset, head_norms=head_norms)
+    if not _use_op(x):
+        return _gemm.rms_norm_linear_rope(
+            *args, unit_offset=unit_offset, head_norms=head_norms, cache=cache
+        )
+    h = head_norms
+    if cache is not None:
+        heads = () if h is None else (h.q_weight, h.k_weight, float(h.eps), bool(h.unit_offset))
+        c = cache
+        where = (c.keys, c.values, c.position, c.length, int(c.q_heads), bool(unit_offset))
+        return rms_norm_linear_rope_cache_op(*args, *where, *heads)
+    heads = ()
+    if h is not None:
+        heads = (h.q_weight, h.k_weight, float(h.eps), int(h.q_heads), bool(h.unit_offset))
+    return rms_norm_linear_rope_op(*args, bool(unit_offset), *heads)
 
 
 def rms_norm_gate_up(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tilegym.ops.gemm import HeadNorms
+from tilegym.ops.gemm import CacheWrite, HeadNorms, reserve_counters
 from tilegym.ops.library import (
     add_rms_norm,
     apply_rope,
@@ -39,7 +39,7 @@ from tilegym.ops.library import (
 from tilegym.ops.qk_norm_whole_rope import fits as whole_rope_fits
 from tilegym.transformers.family import Family, norm_eps
 from tilegym.transformers.fused_weights import FusedWeights
-from tilegym.transformers.kv_update import update_cache
+from tilegym.transformers.kv_update import static_write_target, update_cache
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,8 @@ class Routes:
     act: str = "silu"  # the gated MLP activation's kernels (a value of GATED_ACTS)
     rope_heads: int = 0  # decode RoPE kernels' heads a block (0: per-token; monkey_patch.TUNING)
     norm_gemv: int = 0  # norms in the next GEMV's K loop: 1 QKV's, 2 and gate/up's (TUNING)
-    rope_gemv: int = 0  # 1: a decode row's RoPE in the norm + QKV GEMV's epilogue (TUNING)
+    rope_gemv: int = 0  # 1: a decode row's RoPE in the norm + QKV GEMV's epilogue, 2: and
+    # its static-cache write (TUNING)
 
 
 _ACT_KERNELS = {
@@ -185,6 +186,9 @@ def make_attention_forward(
         **kwargs,
     ):
         cache = cache if cache is not None else past_key_values
+        eager_cuda = hidden_states.is_cuda and not torch.compiler.is_compiling()
+        if routes.rope_gemv and family.qk_norm and eager_cuda:  # then the compiled step's
+            reserve_counters(hidden_states.device)  # head norms zero no fresh counters
         if pre_norm is not None and not routes.linear:  # the norm rides only in a cuTile GEMM
             hidden_states, pre_norm = pre_norm(hidden_states), None
         input_shape = hidden_states.shape[:-1]
@@ -194,7 +198,7 @@ def make_attention_forward(
         qkv, gate = None, None
         cos, sin = position_embeddings
         rope = family.rope_switch is None or bool(getattr(self, family.rope_switch))
-        rotated = False
+        rotated, written = False, None
         if routes.linear:
             w, b = fused.get(self, names)
             if pre_norm is None:
@@ -203,7 +207,16 @@ def make_attention_forward(
                 eps, offset = norm_eps(pre_norm), family.norm_unit_offset
                 args = (hidden_states, pre_norm.weight, eps, w, b, cos, sin, hq + hk, offset)
                 heads = head_norms(family, self, hq)
-                qkv, rotated = gemm.rms_norm_linear_rope(*args, heads), True
+                if routes.rope_gemv == 2 and cache is not None:
+                    written = static_write_target(cache, self.layer_idx, attention_mask)
+                write = None
+                if written is not None:
+                    layer, position = written
+                    write = CacheWrite(
+                        layer.keys, layer.values, position, layer.cumulative_length, hq
+                    )
+                qkv = gemm.rms_norm_linear_rope(*args, heads, write)
+                rotated = True
             else:
                 eps, offset = norm_eps(pre_norm), family.norm_unit_offset
                 qkv = gemm.rms_norm_linear(hidden_states, pre_norm.weight, eps, w, b, offset)
@@ -253,7 +266,9 @@ def make_attention_forward(
             elif rope:
                 q, k = torch_rope(q, k, cos, sin)
         v = v.transpose(1, 2)
-        if cache is not None:
+        if written is not None:  # the GEMV wrote them
+            k, v = written[0].keys, written[0].values
+        elif cache is not None:
             k, v = update_cache(cache, self.layer_idx, k, v, attention_mask, takes_kwargs, kwargs)
         attention_interface = all_attention.get_interface(
             self.config._attn_implementation, eager_fn

@@ -25,8 +25,7 @@ def update_cache(cache, layer_idx, k, v, mask, takes_kwargs, kwargs):
     them all. A ``StaticSlidingWindowLayer`` under a tilegym mask is a ring buffer
     (``_update_sliding``). Any other cache goes through its own ``update``."""
     position = device_position(mask)
-    layers = getattr(cache, "layers", None)
-    layer = layers[layer_idx] if layers is not None else None
+    layer = _layer(cache, layer_idx)
     if position is not None and type(layer) is StaticLayer:
         if not layer.is_initialized:
             layer.lazy_initialization(k, v)
@@ -37,6 +36,22 @@ def update_cache(cache, layer_idx, k, v, mask, takes_kwargs, kwargs):
             layer, position, k, v, lambda: _update(cache, layer_idx, k, v, takes_kwargs, kwargs)
         )
     return _update(cache, layer_idx, k, v, takes_kwargs, kwargs)
+
+
+def static_write_target(cache, layer_idx, mask):
+    """``(layer, position)`` where `update_cache` would write this step's keys and values with
+    one device-position launch into an allocated ``StaticLayer`` (a kernel that produces them
+    may write them there itself, `gemm.CacheWrite`); None for every other cache or step."""
+    position = device_position(mask)
+    layer = _layer(cache, layer_idx)
+    if position is None or type(layer) is not StaticLayer or not layer.is_initialized:
+        return None
+    return layer, position
+
+
+def _layer(cache, layer_idx):
+    layers = getattr(cache, "layers", None)
+    return layers[layer_idx] if layers is not None else None
 
 
 def _update(cache, layer_idx, k, v, takes_kwargs=False, kwargs=None):

@@ -41,7 +41,9 @@ FLAGS = ("rope", "rms_norm", "swiglu", "attn", "linear")
 #: and ``rope`` routed, a decode row's RoPE runs in the epilogue of that QKV GEMV
 #: (``rms_norm_linear_rope``: norm, projection, per-head q/k norms and RoPE in one launch)
 #: where nothing else sits between them (no whole-projection q/k norm, output gate or partial
-#: rotary); other calls keep the RoPE kernels.
+#: rotary); other calls keep the RoPE kernels. 2: that launch also writes the new keys and
+#: values into a static cache's layer (``StaticLayer`` at the mask's device position), where
+#: the KV-cache write kernel did; other caches keep their writes.
 TUNING = {"rope_heads": 0, "norm_gemv": 0, "rope_gemv": 0}
 MAX_ROPE_HEADS = 64
 GEMM_API = (
@@ -555,8 +557,8 @@ def check_tuning(tuning: dict) -> None:
     if type(norm_gemv) is not int or norm_gemv not in (0, 1, 2):
         raise ValueError(f"norm_gemv must be 0, 1 or 2, got {norm_gemv!r}")
     rope_gemv = tuning.get("rope_gemv", 0)
-    if type(rope_gemv) is not int or rope_gemv not in (0, 1):
-        raise ValueError(f"rope_gemv must be 0 or 1, got {rope_gemv!r}")
+    if type(rope_gemv) is not int or rope_gemv not in (0, 1, 2):
+        raise ValueError(f"rope_gemv must be 0, 1 or 2, got {rope_gemv!r}")
 
 
 def parse_setting(item: str) -> tuple[str, bool | int]:
