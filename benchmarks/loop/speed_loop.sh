@@ -20,8 +20,10 @@
 #   rope-gemv    decode RoPE in the epilogue of the input norm + QKV GEMV (norm_gemv 1 and
 #                rope_gemv 1: norm, projection, per-head q/k norms and RoPE in one launch at one
 #                row). llama ships with both (this round's keep on an H100, 12-06)
+#   kv-gemv      that launch also writes the new token's keys and values into the static cache
+#                (rope_gemv 2), where the KV-cache write kernel did
 #   norm-gemv-mlp  also the post-attention RMSNorm in the MLP's gate/up GEMV (norm_gemv 2; last,
-#                so that it keeps whatever rope-gemv kept)
+#                so that it keeps whatever rope-gemv and kv-gemv kept)
 # OUT_DIR gets what family_loop.sh leaves (decisions, stderr, PR comments, metrics, ledger.md and
 # ledger.png after every round). On a GPU host source .gpu/activate.sh first; without a GPU pass
 # `--model-key tiny-<key> --device cpu` (the ops then run their PyTorch references: the loop's
@@ -32,7 +34,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 source "$root/benchmarks/loop/lib.sh"
 model_loop_start speed_loop.sh "$@"
 
-rounds="baseline rope-heads norm-gemv rope-gemv norm-gemv-mlp"
+rounds="baseline rope-heads norm-gemv rope-gemv kv-gemv norm-gemv-mlp"
 heads=${SPEED_ROPE_HEADS:-1}
 if wanted "$rounds" baseline; then baseline_round; fi
 if wanted "$rounds" rope-heads; then
@@ -43,6 +45,10 @@ if wanted "$rounds" norm-gemv; then
 fi
 if wanted "$rounds" rope-gemv; then
   round rope-gemv "decode RoPE in the norm + QKV GEMV's epilogue" "norm_gemv=1" "rope_gemv=1"
+fi
+if wanted "$rounds" kv-gemv; then
+  round kv-gemv "the static-cache write in the norm + QKV + RoPE GEMV too" "norm_gemv=1" \
+    "rope_gemv=2"
 fi
 if wanted "$rounds" norm-gemv-mlp; then
   round norm-gemv-mlp "the post-attention RMSNorm in the gate/up GEMV's K loop too" "norm_gemv=2"
