@@ -18,7 +18,8 @@ Candidates: ``table`` (cuBLAS and the table's config), ``gemv`` (also every GEMV
 `gemm_configs.gemv_candidates`, blocks-per-SM hints included; the
 gated projection gets the swapped and GEMV tiles of `candidate_configs`, plus the probe
 `NORM_PROBE_TILES`; the QKV projection the probes of RoPE in the norm GEMV's epilogue,
-`rms_norm_linear_rope`, against the norm GEMV then the RoPE kernel it replaces), ``all``
+`rms_norm_linear_rope`, at its tile and at `ROPE_PROBE_TILES`, against the norm GEMV then
+the RoPE kernel it replaces), ``all``
 (every `candidate_configs` config). ``--tuned-out`` writes the shipped tile table with a
 projection's fastest config in place of the table's where its slowest replay beat the table
 config's fastest (`winner`): a whole table for TILEGYM_GEMM_TILES.
@@ -66,6 +67,13 @@ NORM_PROBE_TILES = (
 #: for a model with per-head q/k norms the q/k norm + RoPE kernel, one head a block as qwen3
 #: ships it), and `rms_norm_linear_rope`'s one launch (`rope_gemv` 1)
 ROPE_PROBES = ("probe: norm gemv, then rope kernel", "probe: norm + rope gemv")
+#: the fused launch's tiles beside its own (`gemm.NORM_ROPE_TILE`): fewer blocks a head (the
+#: per-head norms' last-block phase waits on all of them) and more outputs a block
+ROPE_PROBE_TILES = (
+    TileConfig(1, 4, 1024, occupancy=6, gemv=True),
+    TileConfig(1, 8, 512, occupancy=4, gemv=True),
+    TileConfig(1, 8, 256, occupancy=8, gemv=True),
+)
 #: the decode position the probes' cos/sin are taken at
 ROPE_POSITION = 2112
 HEADER = ["model", "proj", "N", "K", "variant", "us/call", "min-max", "TB/s", "%copy", "%spec"]
@@ -148,10 +156,11 @@ class Stream:
         args = (self.normed_x(), w.float(), None, cos, sin, hq + hk, heads)
         return library.rms_norm_linear_rope_reference(*args)
 
-    def norm_rope(self, w: torch.Tensor) -> torch.Tensor:
+    def norm_rope(self, w: torch.Tensor, cfg: TileConfig | None = None) -> torch.Tensor:
         hq, hk, _ = self.heads
         args = (self.x, self.nw, NORM_EPS, w, None, self.cos, self.sin, hq + hk)
-        return gemm.rms_norm_linear_rope(*args, head_norms=self.head_norms, out=self.out)
+        heads = self.head_norms
+        return gemm.rms_norm_linear_rope(*args, head_norms=heads, out=self.out, config=cfg)
 
     def norm_then_rope(self, w: torch.Tensor):
         """The two launches `norm_rope` replaces: (rotated q, rotated k), v left in ``out``."""
@@ -246,6 +255,10 @@ def bench_projection(model, proj, op, n, k, args, copy, spec) -> list[dict]:
         calls[two], calls[one] = stream.norm_then_rope, stream.norm_rope
         checks[two] = (stream.norm_then_rope_joined, stream.rope_reference)
         checks[one] = (stream.norm_rope, stream.rope_reference)
+        for cfg in ROPE_PROBE_TILES:
+            name = f"{one} {config_name(cfg)}"
+            calls[name] = lambda w, cfg=cfg: stream.norm_rope(w, cfg)
+            checks[name] = (calls[name], stream.rope_reference)
     good = {}
     for name, call in calls.items():
         try:

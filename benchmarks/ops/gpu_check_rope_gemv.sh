@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # One GPU run for RoPE in the norm + QKV GEMV's epilogue (`rope_gemv`, `rms_norm_linear_rope`):
-# its GPU tests and the two-weight norm GEMV's (they share the K loop), llama's inventory parity,
-# the QKV projection streamed over one weight a layer with the fused kernel against the norm
-# GEMV then the RoPE kernel it replaces (bench_gemv_stream.py's probes), then each model's static
-# generate() in one process: PyTorch, cuTile as shipped, with norm_gemv 1, and with norm_gemv 1
-# and rope_gemv 1 (GPU ms a token is the comparison; the variants go over the shipped flags, and
-# llama ships both, so its three cuTile sides are the same and show the noise).
+# its GPU tests (with the static-cache write and a captured graph's counters) and the two-weight
+# norm GEMV's (they share the K loop), llama's inventory parity, the QKV projection streamed
+# over one weight a layer with the fused kernel against the norm GEMV then the RoPE kernel it
+# replaces (bench_gemv_stream.py's probes), then each model's static generate() in one process:
+# PyTorch, cuTile as shipped, with norm_gemv 1, with rope_gemv 1 and with rope_gemv 2 (GPU ms a
+# token is the comparison; the variants go over the shipped flags, and llama ships norm_gemv 1
+# and rope_gemv 1, so its first three cuTile sides are the same and show the noise).
 # Usage (repo root): bash benchmarks/ops/gpu_check_rope_gemv.sh [MODEL...]   (default: llama;
 # qwen3 runs its per-head q/k norms in the kernel too)
-# Logs: $OUT/{env,tests,stream,e2e}.txt (default OUT=./gpu_check_out). Then, for the keep:
-#   LOOP_ROUNDS="baseline rope-gemv" bash benchmarks/loop/speed_loop.sh OUT llama --mode static
+# Logs: $OUT/{env,tests,stream,e2e}.txt (default OUT=./gpu_check_out). Then, for the keeps:
+#   LOOP_ROUNDS="baseline rope-gemv kv-gemv" bash benchmarks/loop/speed_loop.sh OUT qwen3 \
+#     --mode static
 set -o pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT="${OUT:-gpu_check_out}"
@@ -22,7 +24,7 @@ PY="${PYTHON:-python3}"
 models=("${@:-llama}")
 status=0
 #: the GPU tests: the fused kernel's, the norm gate/up GEMV's (shared K loop), llama's Solution
-TESTS="norm_rope or head_norms or bad_shapes or rms_norm_linear_rope or linear_qk_norm_rope or norm_gate_up"
+TESTS="norm_rope or head_norms or bad_shapes or rms_norm_linear_rope or linear_qk_norm_rope or norm_gate_up or cache_write or captured_graph"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$OUT/env.txt"
 
@@ -40,7 +42,7 @@ timeout "${STREAM_TIMEOUT:-150}" "$PY" benchmarks/ops/bench_gemv_stream.py --mod
 for model in "${models[@]}"; do
     timeout "${E2E_TIMEOUT:-240}" "$PY" benchmarks/e2e/static_generate.py --models "$model" \
         --workloads default --runs "${RUNS:-3}" --variant norm_gemv=1 \
-        --variant norm_gemv=1,rope_gemv=1 \
+        --variant norm_gemv=1,rope_gemv=1 --variant norm_gemv=1,rope_gemv=2 \
         > "$OUT/e2e_$model.txt" 2>&1 || status=1
     grep "^|" "$OUT/e2e_$model.txt" | tail -3
 done

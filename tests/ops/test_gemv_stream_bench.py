@@ -155,8 +155,9 @@ def test_unknown_model_or_projection_is_one_error_line(stream, capsys, args, nam
 
 
 def test_the_rope_gemv_check_selects_its_tests():
-    """``gpu_check_rope_gemv.sh``'s ``-k`` collects the fused kernel's GPU tests, the norm
-    gate/up GEMV's (their shared K loop) and llama's Solution parity (a typo would run none)."""
+    """``gpu_check_rope_gemv.sh``'s ``-k`` collects the fused kernel's GPU tests (its cache
+    write and captured graph too), the norm gate/up GEMV's (their shared K loop) and llama's
+    Solution parity (a typo would run none)."""
     script = (BENCH / "gpu_check_rope_gemv.sh").read_text()
     (line,) = [s for s in script.splitlines() if s.startswith("TESTS=")]
     selection = line.partition("=")[2].strip('"')
@@ -178,3 +179,7 @@ def test_the_rope_gemv_check_selects_its_tests():
     assert any("llama_rms_norm_linear_rope_qkv" in i for i in ids)
     assert any("qwen3_rms_norm_linear_qk_norm_rope" in i for i in ids)
     assert any("test_head_norms_match_fp64" in i for i in ids)
+    assert any(
+        "test_cache_write_puts_the_outputs_keys_and_values_at_the_position" in i for i in ids
+    )
+    assert any("test_head_norms_in_a_captured_graph_use_the_reserved_counters" in i for i in ids)
