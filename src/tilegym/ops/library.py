@@ -406,19 +406,23 @@ def rms_norm_linear_rope_op(
     head_unit_offset: bool = False,
 ) -> Tensor:
     heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, head_unit_offset)
+    args = (x, norm_weight, eps, weight, bias, cos, sin, rotated_heads)
+    return _fused_rope(args, unit_offset, heads)
+
+
+def _fused_rope(args, unit_offset, heads, cache=None) -> Tensor:
+    """The custom ops' CUDA body: `gemm.rms_norm_linear_rope` on scratch tensors of its own."""
     with private_buffers():
         return _gemm.rms_norm_linear_rope(
-            x,
-            norm_weight,
-            eps,
-            weight,
-            bias,
-            cos,
-            sin,
-            rotated_heads,
-            unit_offset=unit_offset,
-            head_norms=heads,
+            *args, unit_offset=unit_offset, head_norms=heads, cache=cache
         )
+
+
+def _rope_reference(args, unit_offset, heads) -> Tensor:
+    """The custom ops' CPU body: the norm, then `rms_norm_linear_rope_reference`."""
+    x, norm_weight, eps, weight, bias, cos, sin, rotated_heads = args
+    normed = _rms_norm.rms_norm_reference(x, norm_weight, eps, unit_offset)
+    return rms_norm_linear_rope_reference(normed, weight, bias, cos, sin, rotated_heads, heads)
 
 
 def _head_norms(q_weight, k_weight, eps, q_heads, unit_offset):
@@ -444,9 +448,10 @@ def _(
     q_heads=0,
     head_unit_offset=False,
 ):
-    normed = _rms_norm.rms_norm_reference(x, norm_weight, eps, unit_offset)
     heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, head_unit_offset)
-    return rms_norm_linear_rope_reference(normed, weight, bias, cos, sin, rotated_heads, heads)
+    return _rope_reference(
+        (x, norm_weight, eps, weight, bias, cos, sin, rotated_heads), unit_offset, heads
+    )
 
 
 def rms_norm_linear_rope_reference(
@@ -500,20 +505,8 @@ def rms_norm_linear_rope_cache_op(
 ) -> Tensor:
     heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, head_unit_offset)
     write = _gemm.CacheWrite(k_cache, v_cache, position, length, q_heads)
-    with private_buffers():
-        return _gemm.rms_norm_linear_rope(
-            x,
-            norm_weight,
-            eps,
-            weight,
-            bias,
-            cos,
-            sin,
-            rotated_heads,
-            unit_offset=unit_offset,
-            head_norms=heads,
-            cache=write,
-        )
+    args = (x, norm_weight, eps, weight, bias, cos, sin, rotated_heads)
+    return _fused_rope(args, unit_offset, heads, write)
 
 
 @rms_norm_linear_rope_cache_op.register_kernel("cpu")
@@ -537,9 +530,9 @@ def _(
     head_eps=0.0,
     head_unit_offset=False,
 ):
-    normed = _rms_norm.rms_norm_reference(x, norm_weight, eps, unit_offset)
     heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, head_unit_offset)
-    out = rms_norm_linear_rope_reference(normed, weight, bias, cos, sin, rotated_heads, heads)
+    args = (x, norm_weight, eps, weight, bias, cos, sin, rotated_heads)
+    out = _rope_reference(args, unit_offset, heads)
     _write_new_token(out, k_cache, v_cache, position, length, q_heads, rotated_heads)
     return out
 
