@@ -209,6 +209,8 @@ def make_attention_forward(
                 heads = head_norms(family, self, hq)
                 if routes.rope_gemv == 2 and cache is not None:
                     written = static_write_target(cache, self.layer_idx, attention_mask)
+                if written is not None and written[0].keys.dtype != hidden_states.dtype:
+                    written = None  # a cache in another dtype keeps its own write
                 write = None
                 if written is not None:
                     layer, position = written
