@@ -39,6 +39,7 @@ from tilegym.ops import rms_norm as _rms_norm
 from tilegym.ops._common import buffers_private, sm_count, stream, with_hints
 from tilegym.ops.gelu_and_mul import gelu_tanh
 from tilegym.ops.gemm_configs import TileConfig, choose_config, default_config
+from tilegym.ops.kv_cache import check_device_counters
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -1231,15 +1232,7 @@ def _check_cache_write(cw: CacheWrite, x: torch.Tensor, m: int, n: int, d: int, 
         raise ValueError(
             f"rms_norm_linear_rope: {n // d} heads are not {cw.q_heads} q, {kv} k and {kv} v"
         )
-    if cw.position.shape != (1,) or cw.position.dtype != torch.int32:
-        raise ValueError(
-            f"rms_norm_linear_rope: position must be int32 (1,), got {cw.position.dtype} "
-            f"{tuple(cw.position.shape)}"
-        )
-    if cw.length.numel() != 1 or cw.length.dtype not in (torch.int32, torch.int64):
-        raise ValueError(
-            f"rms_norm_linear_rope: length must be one int32/int64 element, got {cw.length.dtype}"
-        )
+    check_device_counters(cw.position, cw.length)
 
 
 def _launch_norm_rope(x2, norm_weight, eps, weight, bias, tables, rot, out2, cfg, offset, extra):

@@ -116,7 +116,8 @@ def _launch(kernel, k_new, v_new, k_cache, v_cache, where: tuple) -> None:
     )
 
 
-def _check_device_counters(position: torch.Tensor, length: torch.Tensor) -> None:
+def check_device_counters(position: torch.Tensor, length: torch.Tensor) -> None:
+    """One clear error for a device-side write position / cache length a kernel cannot take."""
     if position.shape != (1,) or position.dtype != torch.int32:
         raise AttentionInputError(
             f"position must be int32 of shape (1,), got {position.dtype} {tuple(position.shape)}"
@@ -141,7 +142,7 @@ def kv_cache_write_at(
     (``p`` would have to be read on the host): the caller's mask says where the token goes.
     """
     _check_write(k_new, v_new, k_cache, v_cache, 0)
-    _check_device_counters(position, length)
+    check_device_counters(position, length)
     if k_new.shape[2]:
         _launch(
             kv_cache_write_at_kernel, k_new, v_new, k_cache, v_cache, (position, length.view(1))
@@ -166,7 +167,7 @@ def kv_cache_ring_write(
     _check_write(k_new, v_new, k_cache, v_cache, 0)
     if k_new.shape[2] != 1:
         raise AttentionInputError(f"a ring write takes one token, got {k_new.shape[2]}")
-    _check_device_counters(position, length)
+    check_device_counters(position, length)
     _launch(kv_cache_ring_write_kernel, k_new, v_new, k_cache, v_cache, (position, length.view(1)))
 
 
