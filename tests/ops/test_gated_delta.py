@@ -386,6 +386,55 @@ def test_scan_at_16_value_columns_runs_on_tensor_cores_without_spills(monkeypatc
     assert instructions(lines, "wgmma.mma_async")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", VARIANT_SHAPES + [(2, 64, 16, 16, 128, 128)])
+@pytest.mark.parametrize(
+    "form",
+    [dict(state_prefetch=True), dict(state_latency=8), dict(bv=16, state_prefetch=True)],
+    ids=["prefetch", "latency8", "prefetch-bv16"],
+)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_state_pass_forms_are_the_same_products(shape, form, with_state, gen, poison_empty):
+    """The state pass with its loads issued a chunk ahead or hinted: the recurrent reference's
+    answer, and bit for bit the plain pass's at the same value width (only the loads' timing
+    differs; one chunk and an exact multiple of the chunk included)."""
+    bsz, n_tok, hk, hv, dk, dv = shape
+    x = _cuda_inputs(shape, gen, torch.bfloat16, pad=min(5, n_tok - 1))
+    s0 = _state(bsz, hv, dk, dv, gen, "cuda") if with_state else None
+    width = dict(split=True, bv=form.get("bv", gd.SCAN_BV))
+    out, final = gd.gated_delta_chunk(*x, s0, **width, **form)
+    plain_out, plain_final = gd.gated_delta_chunk(*x, s0, **width)
+    g, beta = gd.gates_reference(*x[3:])
+    want_out, want_state = gd.recurrent_reference(*x[:3], g, beta, s0)
+    assert_close_rel(out, want_out)
+    assert_close_rel(final, want_state, 2e-3)
+    assert torch.equal(out, plain_out) and torch.equal(final, plain_final)
+
+
+def test_state_latency_out_of_range_is_one_clear_error():
+    x = _inputs(1, 3, 1, 1, 64, 64, torch.Generator().manual_seed(0), device="cpu")
+    for bad in (-1, 11):
+        with pytest.raises(ValueError, match="state_latency must be 0"):
+            gd.gated_delta_chunk(*x, state_latency=bad)
+
+
+@pytest.mark.slow
+def test_state_pass_issuing_loads_ahead_at_16_columns_does_not_spill(monkeypatch):
+    """The one prefetching state pass worth timing: at 16 value columns ptxas keeps both
+    chunks' tiles without spills (at 32 and 64 it spills 68 and 544 bytes a thread)."""
+    from cubin_ptx import ptx_lines, ptxas_usage
+
+    from tilegym.kernel_inventory.compile import toolchain_problem
+
+    if toolchain_problem():
+        pytest.skip(toolchain_problem())
+    monkeypatch.setattr(gd, "SCAN_BV", 16)
+    monkeypatch.setattr(gd, "STATE_PREFETCH", True)
+    sigs = gd.aot_signatures(heads=((16, 16, 128, 128),), dtypes=(torch.bfloat16,), split=(True,))
+    usage = ptxas_usage(ptx_lines(gd.gdn_chunk_state_kernel, sigs[gd.gdn_chunk_state_kernel][0]))
+    assert usage.spill_loads == 0 and usage.spill_stores == 0, usage
+
+
 def test_ut_block_must_be_a_power_of_two_below_the_chunk():
     for bad in (1, 3, 12, gd.CHUNK, 128):
         with pytest.raises(ValueError, match="ut_block"):

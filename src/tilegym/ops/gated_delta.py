@@ -111,6 +111,10 @@ SPLIT_SCAN = True
 #: value columns per block of the split scan's output kernel: at 128 the output kernel took 40
 #: against 51 us at 64 (1 x 2048 tokens, 16 heads; 70 against 89 at 32 value heads, H100).
 OUTPUT_BV = 128
+#: the state pass loads chunk c + 1 while chunk c's products run (``gdn_chunk_state_kernel``'s
+#: ``PREFETCH``), and its loads' latency hint (0: the compiler's). Off until timed on a GPU.
+STATE_PREFETCH = False
+STATE_LATENCY = 0
 #: the UT transform's products as split tf32 on tensor cores (else fp32 FMAs, which tileiras
 #: does not map to tensor cores: the prep kernel at 1 x 2048 tokens x 16 heads took 695 us split
 #: and 5181 us in FMAs on an H100).
@@ -532,6 +536,51 @@ def gdn_chunk_scan_kernel(
     ct.store(StateOut, (b, h, 0, j), s.reshape((1, 1, DK, BV)).astype(StateOut.dtype))
 
 
+@ct.function
+def _hinted_load(X, index, shape, LAT: ConstInt):
+    """A tile load with the DRAM latency hint ``LAT`` (1..10); 0 leaves it to the compiler."""
+    if LAT > 0:
+        return ct.load(X, index, shape, latency=LAT)
+    return ct.load(X, index, shape)
+
+
+@ct.function
+def _state_loads(W, U, KD, G, b, h, c, j, C: ConstInt, DK: ConstInt, BV: ConstInt, LAT: ConstInt):
+    """What chunk ``c`` of the state pass reads: ``w``, ``u``'s value tile, ``KD`` and the
+    chunk's last cumulative gate; none of it depends on the state."""
+    w = _hinted_load(W, (b, h, c, 0), (1, 1, C, DK), LAT).reshape((C, DK))
+    u = _hinted_load(U, (b, h, c, j), (1, 1, C, BV), LAT).reshape((C, BV))
+    kd = _hinted_load(KD, (b, h, c, 0), (1, 1, C, DK), LAT).reshape((C, DK))
+    g_last = ct.load(G, (b, h, c * C + C - 1), (1, 1, 1)).reshape((1, 1))
+    return w, u, kd, g_last
+
+
+@ct.function
+def _state_step(
+    States,
+    VN,
+    s,
+    w,
+    u,
+    kd,
+    g_last,
+    b,
+    h,
+    c,
+    j,
+    DK: ConstInt,
+    BV: ConstInt,
+    C: ConstInt,
+    TF32: ConstBool,
+):
+    """One chunk of the state pass: store its starting state and ``v' = u - w S``, return
+    ``exp(g_last) S + KD^T v'``."""
+    ct.store(States, (b, h, c, 0, j), s.reshape((1, 1, 1, DK, BV)))
+    vn = u - _mm(w, s, TF32)
+    ct.store(VN, (b, h, c, j), vn.reshape((1, 1, C, BV)))
+    return s * ct.exp(g_last) + _mm(ct.transpose(kd), vn, TF32)
+
+
 @ct.kernel
 def gdn_chunk_state_kernel(
     W,
@@ -549,25 +598,32 @@ def gdn_chunk_state_kernel(
     C: ConstInt,
     HAS_STATE: ConstBool,
     TF32: ConstBool,
+    PREFETCH: ConstBool,
+    LAT: ConstInt,
 ):
     """The split scan's sequential half, chunks in order for one (value tile, batch x head):
     each chunk's starting state and ``v' = u - w S`` to the workspace, then
-    ``S = exp(g_last) S + KD^T v'``; two products a chunk, no norms (the prep's ``KD``)."""
+    ``S = exp(g_last) S + KD^T v'``; two products a chunk, no norms (the prep's ``KD``).
+    ``PREFETCH``: the loads of chunk c + 1 are issued before chunk c's products (they do not
+    depend on the state), so their latency overlaps the dependent chain; the last chunk
+    reloads itself. ``LAT``: the loads' latency hint (0: the compiler's)."""
     j = ct.bid(0)
     bh = ct.bid(1)
     b = bh // HV
     h = bh % HV
     s = _start_state(State0, b, h, j, DK, BV, HAS_STATE)
     n_chunks = ct.cdiv(n_tok, C)
-    for c in range(n_chunks):
-        ct.store(States, (b, h, c, 0, j), s.reshape((1, 1, 1, DK, BV)))
-        w = ct.load(W, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK))
-        u = ct.load(U, (b, h, c, j), (1, 1, C, BV)).reshape((C, BV))
-        vn = u - _mm(w, s, TF32)
-        ct.store(VN, (b, h, c, j), vn.reshape((1, 1, C, BV)))
-        kd = ct.load(KD, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK))
-        g_last = ct.load(G, (b, h, c * C + C - 1), (1, 1, 1)).reshape((1, 1))
-        s = s * ct.exp(g_last) + _mm(ct.transpose(kd), vn, TF32)
+    if PREFETCH:
+        w0, u0, kd0, gl0 = _state_loads(W, U, KD, G, b, h, 0, j, C, DK, BV, LAT)
+        for c in range(n_chunks):
+            ahead = min(c + 1, n_chunks - 1)
+            w1, u1, kd1, gl1 = _state_loads(W, U, KD, G, b, h, ahead, j, C, DK, BV, LAT)
+            s = _state_step(States, VN, s, w0, u0, kd0, gl0, b, h, c, j, DK, BV, C, TF32)
+            w0, u0, kd0, gl0 = w1, u1, kd1, gl1
+    else:
+        for i in range(n_chunks):
+            w, u, kd, g_last = _state_loads(W, U, KD, G, b, h, i, j, C, DK, BV, LAT)
+            s = _state_step(States, VN, s, w, u, kd, g_last, b, h, i, j, DK, BV, C, TF32)
     ct.store(StateOut, (b, h, 0, j), s.reshape((1, 1, DK, BV)).astype(StateOut.dtype))
 
 
@@ -689,6 +745,8 @@ def gated_delta_chunk(
     out_bv: int = OUTPUT_BV,
     apply_tf32: bool = PREP_APPLY_TF32,
     ut_tf32: bool = PREP_UT_TF32,
+    state_prefetch: bool = STATE_PREFETCH,
+    state_latency: int = STATE_LATENCY,
 ):
     """Chunked (64) gated delta rule: ``(out [B, T, Hv, Dv] in v's dtype, final state
     [B, Hv, Dk, Dv] in state_dtype)``, starting from ``initial_state`` (zeros if None).
@@ -697,6 +755,8 @@ def gated_delta_chunk(
     ``apply_tf32`` and ``ut_tf32`` are forms of the two-pass prep; the one-kernel prep
     (``prep_two_pass=False``) keeps the fp32-accurate products, whose form ``prep_split``
     picks (split tf32 or FMAs; in the two-pass prep where the tf32 forms are off)."""
+    if not 0 <= state_latency <= 10:
+        raise ValueError(f"state_latency must be 0 (the compiler's) to 10, got {state_latency}")
     bsz, n_tok, hk, dk, hv, dv = _check(q, k, v, a, b, A_log, dt_bias, initial_state)
     dev = v.device
     out = torch.empty((bsz, n_tok, hv, dv), dtype=v.dtype, device=dev)
@@ -740,6 +800,7 @@ def gated_delta_chunk(
     states = torch.empty((bsz, hv, n_chunks, dk, dv), **f32)
     vn = torch.empty((bsz, hv, t_pad, dv), **f32)
     args = (w, u, kd, g, s0, states, vn, final, n_tok, hv, dk, bv, CHUNK, has, bool(tf32))
+    args = (*args, bool(state_prefetch), int(state_latency))
     ct.launch(stream(), (dv // bv, bsz * hv, 1), gdn_chunk_state_kernel, args)
     out_bv = min(out_bv, dv)
     args = (q, k, g, states, vn, out, dk**-0.5, hv, hv // hk, dk, out_bv, CHUNK, bool(tf32))
@@ -899,7 +960,8 @@ def aot_signatures(
                         out.setdefault(gdn_chunk_scan_kernel, []).append(sig)
                     if True in split:  # fp32 arrays only: one signature for every dtype
                         arrays = (w4, w4, w4, w3, s4, w5, w4, s4, i32)
-                        sig = signature(*arrays, hv, dk, bv, CHUNK, has, SCAN_TF32)
+                        consts = (hv, dk, bv, CHUNK, has, SCAN_TF32, STATE_PREFETCH, STATE_LATENCY)
+                        sig = signature(*arrays, *consts)
                         state_sigs = out.setdefault(gdn_chunk_state_kernel, [])
                         if sig not in state_sigs:
                             state_sigs.append(sig)
