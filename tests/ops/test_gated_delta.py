@@ -419,20 +419,24 @@ def test_state_latency_out_of_range_is_one_clear_error():
 
 
 @pytest.mark.slow
-def test_state_pass_issuing_loads_ahead_at_16_columns_does_not_spill(monkeypatch):
-    """The one prefetching state pass worth timing: at 16 value columns ptxas keeps both
-    chunks' tiles without spills (at 32 and 64 it spills 68 and 544 bytes a thread)."""
-    from cubin_ptx import ptx_lines, ptxas_usage
+@pytest.mark.parametrize("bv", [16, 32])
+def test_state_pass_issuing_loads_ahead_moves_tiles_by_tma_without_spills(bv, monkeypatch):
+    """The prefetching state pass as it runs (16-byte aligned workspaces): its tiles move by
+    TMA, both chunks' tiles fit without spills, and its products run on wgmma."""
+    from cubin_ptx import instructions, ptx_lines, ptxas_usage
 
     from tilegym.kernel_inventory.compile import toolchain_problem
 
     if toolchain_problem():
         pytest.skip(toolchain_problem())
-    monkeypatch.setattr(gd, "SCAN_BV", 16)
+    monkeypatch.setattr(gd, "SCAN_BV", bv)
     monkeypatch.setattr(gd, "STATE_PREFETCH", True)
     sigs = gd.aot_signatures(heads=((16, 16, 128, 128),), dtypes=(torch.bfloat16,), split=(True,))
-    usage = ptxas_usage(ptx_lines(gd.gdn_chunk_state_kernel, sigs[gd.gdn_chunk_state_kernel][0]))
+    aligned = sigs[gd.gdn_chunk_state_kernel][-1]  # the last: aligned arrays, with a state
+    lines = ptx_lines(gd.gdn_chunk_state_kernel, aligned)
+    usage = ptxas_usage(lines)
     assert usage.spill_loads == 0 and usage.spill_stores == 0, usage
+    assert instructions(lines, "cp.async.bulk") and instructions(lines, "wgmma.mma_async")
 
 
 def test_ut_block_must_be_a_power_of_two_below_the_chunk():

@@ -86,8 +86,10 @@ from cuda.tile.compilation import ScalarConstraint
 from tilegym.ops._common import (
     AOT_DTYPES,
     PAD_ZERO,
+    aligned_array_sig,
     array_sig,
     check_activation,
+    ct_dtype,
     signature,
     stream,
 )
@@ -924,6 +926,19 @@ def _chunk_output(out, sl, pad, qc, kc, gc, s, vn, causal):
 # --------------------------------------------------------------------------------------------
 
 
+def _state_pass_arrays(state_dtype) -> list[tuple]:
+    """The state pass's array constraints: any strides (the starting state may be a view), and
+    as it runs in the model, every array 16-byte aligned (torch's own workspaces and a
+    contiguous cache state), where its tiles move by TMA."""
+    i32 = ScalarConstraint(ct.int32)
+    out = []
+    for sig in (array_sig, aligned_array_sig):
+        w3, w4, w5 = (sig(ct.float32, n) for n in (3, 4, 5))
+        s4 = sig(ct_dtype(state_dtype), 4)
+        out.append((w4, w4, w4, w3, s4, w5, w4, s4, i32))
+    return out
+
+
 def aot_signatures(
     heads=((16, 16, 128, 128), (16, 32, 128, 128)),
     dtypes=AOT_DTYPES,
@@ -959,12 +974,12 @@ def aot_signatures(
                         sig = signature(*arrays, hv, group, dk, bv, CHUNK, has, SCAN_TF32)
                         out.setdefault(gdn_chunk_scan_kernel, []).append(sig)
                     if True in split:  # fp32 arrays only: one signature for every dtype
-                        arrays = (w4, w4, w4, w3, s4, w5, w4, s4, i32)
                         consts = (hv, dk, bv, CHUNK, has, SCAN_TF32, STATE_PREFETCH, STATE_LATENCY)
-                        sig = signature(*arrays, *consts)
                         state_sigs = out.setdefault(gdn_chunk_state_kernel, [])
-                        if sig not in state_sigs:
-                            state_sigs.append(sig)
+                        for arrays in _state_pass_arrays(sd):
+                            sig = signature(*arrays, *consts)
+                            if sig not in state_sigs:
+                                state_sigs.append(sig)
             if True in split:
                 obv = min(OUTPUT_BV, dv)
                 arrays = (a4, a4, w3, w5, w4, a4, f32)
