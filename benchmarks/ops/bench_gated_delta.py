@@ -15,7 +15,8 @@ split scan replaced; ``cutile-fp32prep`` the UT and apply kernels' products at f
 ``--kernels`` adds, per prefill shape, each cuTile form's time by kernel (torch.profiler's
 CUDA time, mean of ``--iters`` calls): where a form's time goes. ``--state-forms`` adds the
 split scan's state pass at other value widths (``bv``), with the next chunk's loads issued
-ahead (``state_prefetch``) and with a load latency hint (``state_latency``), as more columns.
+ahead (``state_prefetch``) and with the apply kernel's products folded in (``state_apply``: no
+apply launch, no u / w / key workspaces), as more columns.
 
 fla is optional: install the wheel into any folder on the GPU host and put it on PYTHONPATH
 (``pip install --no-deps --target /tmp/fla-site flash_linear_attention-0.6.0 fla_core-0.6.0``;
@@ -42,9 +43,10 @@ from tilegym.ops.testing import rel_err  # noqa: E402
 #: the state pass's forms ``--state-forms`` adds: column name -> gated_delta_chunk keywords
 STATE_FORMS = {
     "bv16": dict(bv=16),
-    "bv64": dict(bv=64),
+    "prefetch": dict(state_prefetch=True),
     "prefetch-bv16": dict(bv=16, state_prefetch=True),
-    "lat8": dict(state_latency=8),
+    "apply": dict(state_apply=True),
+    "apply-bv16": dict(bv=16, state_apply=True),
 }
 HEADS = {"0.8b": (16, 16, 128, 128), "16/32": (16, 32, 128, 128)}
 PREFILL = [(1, 512), (1, 2048), (1, 8192), (4, 4096)]

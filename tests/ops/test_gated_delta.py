@@ -411,6 +411,48 @@ def test_state_pass_forms_are_the_same_products(shape, form, with_state, gen, po
     assert torch.equal(out, plain_out) and torch.equal(final, plain_final)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "shape", VARIANT_SHAPES + [(2, 64, 16, 16, 128, 128), (1, 7, 2, 4, 64, 128)]
+)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_state_pass_with_the_apply_folded_in_matches_reference_and_the_apply_kernel(
+    shape, dtype, with_state, gen, poison_empty
+):
+    """u, w and the keys computed inside the state pass: the recurrent reference's answer, and
+    the apply kernel's split scan's to the two-form bound (grouped heads, padding, one chunk,
+    a partial chunk and an exact multiple included)."""
+    _check_chunk(shape, dtype, gen, with_state, dict(state_apply=True), dict(split=True))
+
+
+def test_state_apply_needs_the_split_two_pass_tf32_forms():
+    x = _inputs(1, 3, 1, 1, 64, 64, torch.Generator().manual_seed(0), device="cpu")
+    for form in (dict(split=False), dict(prep_two_pass=False), dict(apply_tf32=False)):
+        with pytest.raises(ValueError, match="state_apply needs split"):
+            gd.gated_delta_chunk(*x, state_apply=True, **form)
+
+
+@pytest.mark.slow
+def test_state_pass_with_the_apply_folded_in_compiles_to_tma_and_wgmma():
+    """The fused state pass as it runs (aligned arrays): tiles by TMA, products on wgmma; its
+    spills, if any, are reported for the kernel table to weigh against its saved traffic."""
+    from cubin_ptx import instructions, ptx_lines, ptxas_usage
+
+    from tilegym.kernel_inventory.compile import toolchain_problem
+
+    if toolchain_problem():
+        pytest.skip(toolchain_problem())
+    sigs = gd.aot_signatures(
+        heads=((16, 16, 128, 128),), dtypes=(torch.bfloat16,), split=(True,), state_apply=(True,)
+    )
+    fused = sigs[gd.gdn_chunk_state_apply_kernel]
+    assert len(fused) == 2  # any strides, and aligned
+    lines = ptx_lines(gd.gdn_chunk_state_apply_kernel, fused[-1])
+    print(gd.gdn_chunk_state_apply_kernel._pyfunc.__name__, ptxas_usage(lines))
+    assert instructions(lines, "cp.async.bulk") and instructions(lines, "wgmma.mma_async")
+
+
 def test_state_latency_out_of_range_is_one_clear_error():
     x = _inputs(1, 3, 1, 1, 64, 64, torch.Generator().manual_seed(0), device="cpu")
     for bad in (-1, 11):
