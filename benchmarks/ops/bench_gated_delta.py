@@ -13,10 +13,7 @@ scan in one kernel doing the state and the output chunk by chunk (``split=False`
 split scan replaced; ``cutile-fp32prep`` the UT and apply kernels' products at fp32 accuracy
 (split tf32, ``ut_tf32=False, apply_tf32=False``), what the tf32 forms replaced.
 ``--kernels`` adds, per prefill shape, each cuTile form's time by kernel (torch.profiler's
-CUDA time, mean of ``--iters`` calls): where a form's time goes. ``--state-forms`` adds the
-split scan's state pass at other value widths (``bv``), with the next chunk's loads issued
-ahead (``state_prefetch``) and with the apply kernel's products folded in (``state_apply``: no
-apply launch, no u / w / key workspaces), as more columns.
+CUDA time, mean of ``--iters`` calls): where a form's time goes.
 
 fla is optional: install the wheel into any folder on the GPU host and put it on PYTHONPATH
 (``pip install --no-deps --target /tmp/fla-site flash_linear_attention-0.6.0 fla_core-0.6.0``;
@@ -40,14 +37,6 @@ from tilegym.ops import gated_delta as gd  # noqa: E402
 from tilegym.ops import rms_norm_gated as rg  # noqa: E402
 from tilegym.ops.testing import rel_err  # noqa: E402
 
-#: the state pass's forms ``--state-forms`` adds: column name -> gated_delta_chunk keywords
-STATE_FORMS = {
-    "bv16": dict(bv=16),
-    "prefetch": dict(state_prefetch=True),
-    "prefetch-bv16": dict(bv=16, state_prefetch=True),
-    "apply": dict(state_apply=True),
-    "apply-bv16": dict(bv=16, state_apply=True),
-}
 HEADS = {"0.8b": (16, 16, 128, 128), "16/32": (16, 32, 128, 128)}
 PREFILL = [(1, 512), (1, 2048), (1, 8192), (4, 4096)]
 DECODE = [1, 8, 64]
@@ -192,7 +181,6 @@ def main() -> None:
     p.add_argument("--decode", nargs="*", type=int, default=DECODE, help="decode batch sizes")
     p.add_argument("--no-conv-norm", action="store_true", help="only the gated delta rule")
     p.add_argument("--kernels", action="store_true", help="each prefill form's time by kernel")
-    p.add_argument("--state-forms", action="store_true", help="the state pass's other forms too")
     args = p.parse_args()
     prefill = [tuple(int(n) for n in s.split("x")) for s in args.prefill]
     fla_chunk, fla_rec = _fla()
@@ -203,8 +191,6 @@ def main() -> None:
         "fla",
         "torch",
     ]
-    forms = STATE_FORMS if args.state_forms else {}
-    cols[3:3] = [f"cutile-{name}" for name in forms]
     header = ["case"] + [f"{c} {h}" for c in cols for h in ("us", "/cutile", "err")]
     rows = []
     for hname in args.heads:
@@ -220,8 +206,6 @@ def main() -> None:
                     gd.gated_delta_chunk, *x, ut_tf32=False, apply_tf32=False
                 ),
             }
-            for name, kw in forms.items():
-                fns[f"cutile-{name}"] = partial(gd.gated_delta_chunk, *x, **kw)
             if args.kernels:
                 by_kernel = {n: f for n, f in fns.items() if n.startswith("cutile")}
                 _print_kernel_times(f"{hname} {bsz}x{n_tok}", by_kernel, args.iters)

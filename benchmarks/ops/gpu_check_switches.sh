@@ -9,10 +9,6 @@
 #                                                            split) against cutile-one-kernel;
 #                                                            bench_gated_delta_scan.py (widths);
 #                                                            diag_split_scan.py (its errors)
-#   gated_delta.STATE_APPLY off    state_pass                bench_gated_delta.py --state-forms:
-#                                                            cutile-apply (no apply launch)
-#                                                            against cutile
-#   gated_delta.STATE_PREFETCH off state_pass                the same table's cutile-prefetch
 #
 # A switch goes on when its shard passes and its table is faster beyond the spread; the bar
 # for each is in docs/DESIGN.md. Usage (repo root, on a GPU host with the cuTile toolchain;
@@ -28,10 +24,9 @@ TT="${TEST_TIMEOUT:-240}"
 # shellcheck source=benchmarks/ops/_gpu_check_lib.sh
 source "$(dirname "$0")/_gpu_check_lib.sh"
 
-# shards, so that each finishes inside TEST_TIMEOUT and prints its failures
+# two shards, so that each finishes inside TEST_TIMEOUT and prints its failures
 shard split_scan tests/ops/test_gated_delta.py -m gpu -k "split_scan"
 shard scan_widths tests/ops/test_gated_delta.py -m gpu -k "scan_widths"
-shard state_pass tests/ops/test_gated_delta.py -m gpu -k "folded_in or state_pass_forms"
 finish_step1
 
 table() {  # output name, then the table script and its arguments
@@ -42,8 +37,8 @@ table() {  # output name, then the table script and its arguments
         | tee -a "$OUT/${FAMILY}_summary.txt"
 }
 
-table gated_delta benchmarks/ops/bench_gated_delta.py --heads 0.8b --prefill 1x2048 4x2048 1x8192 \
-    --decode 1 --no-conv-norm --no-torch-prefill --kernels --state-forms --warmup 30 --iters 60
+table gated_delta benchmarks/ops/bench_gated_delta.py --heads 0.8b --prefill 1x2048 --decode 1 \
+    --no-conv-norm --kernels
 table gated_delta_scan benchmarks/ops/bench_gated_delta_scan.py --kernels
 table split_scan_errors benchmarks/ops/diag_split_scan.py --reps 2
 tar -czf "$OUT/cutile-cache.tar.gz" -C build cutile-cache 2>/dev/null

@@ -386,96 +386,21 @@ def test_scan_at_16_value_columns_runs_on_tensor_cores_without_spills(monkeypatc
     assert instructions(lines, "wgmma.mma_async")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", VARIANT_SHAPES + [(2, 64, 16, 16, 128, 128)])
-@pytest.mark.parametrize(
-    "form",
-    [dict(state_prefetch=True), dict(state_latency=8), dict(bv=16, state_prefetch=True)],
-    ids=["prefetch", "latency8", "prefetch-bv16"],
-)
-@pytest.mark.parametrize("with_state", [False, True])
-def test_state_pass_forms_are_the_same_products(shape, form, with_state, gen, poison_empty):
-    """The state pass with its loads issued a chunk ahead or hinted: the recurrent reference's
-    answer, and bit for bit the plain pass's at the same value width (only the loads' timing
-    differs; one chunk and an exact multiple of the chunk included)."""
-    bsz, n_tok, hk, hv, dk, dv = shape
-    x = _cuda_inputs(shape, gen, torch.bfloat16, pad=min(5, n_tok - 1))
-    s0 = _state(bsz, hv, dk, dv, gen, "cuda") if with_state else None
-    width = dict(split=True, bv=form.get("bv", gd.SCAN_BV))
-    out, final = gd.gated_delta_chunk(*x, s0, **width, **form)
-    plain_out, plain_final = gd.gated_delta_chunk(*x, s0, **width)
-    g, beta = gd.gates_reference(*x[3:])
-    want_out, want_state = gd.recurrent_reference(*x[:3], g, beta, s0)
-    assert_close_rel(out, want_out)
-    assert_close_rel(final, want_state, 2e-3)
-    assert torch.equal(out, plain_out) and torch.equal(final, plain_final)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(
-    "shape", VARIANT_SHAPES + [(2, 64, 16, 16, 128, 128), (1, 7, 2, 4, 64, 128)]
-)
-@pytest.mark.parametrize("with_state", [False, True])
-def test_state_pass_with_the_apply_folded_in_matches_reference_and_the_apply_kernel(
-    shape, dtype, with_state, gen, poison_empty
-):
-    """u, w and the keys computed inside the state pass: the recurrent reference's answer, and
-    the apply kernel's split scan's to the two-form bound (grouped heads, padding, one chunk,
-    a partial chunk and an exact multiple included)."""
-    _check_chunk(shape, dtype, gen, with_state, dict(state_apply=True), dict(split=True))
-
-
-def test_state_apply_needs_the_split_two_pass_tf32_forms():
-    x = _inputs(1, 3, 1, 1, 64, 64, torch.Generator().manual_seed(0), device="cpu")
-    for form in (dict(split=False), dict(prep_two_pass=False), dict(apply_tf32=False)):
-        with pytest.raises(ValueError, match="state_apply needs split"):
-            gd.gated_delta_chunk(*x, state_apply=True, **form)
-
-
 @pytest.mark.slow
-def test_state_pass_with_the_apply_folded_in_compiles_to_tma_and_wgmma():
-    """The fused state pass as it runs (aligned arrays): tiles by TMA, products on wgmma; its
-    spills, if any, are reported for the kernel table to weigh against its saved traffic."""
+def test_state_pass_as_it_runs_moves_tiles_by_tma_onto_wgmma_without_spills():
+    """The state pass compiled for the aligned arrays it runs on (the last signature it
+    declares): TMA copies, wgmma products, no spills. For unaligned arrays the same source
+    becomes 4-byte ``cp.async`` copies; the AOT gate compiles both."""
     from cubin_ptx import instructions, ptx_lines, ptxas_usage
 
     from tilegym.kernel_inventory.compile import toolchain_problem
 
     if toolchain_problem():
         pytest.skip(toolchain_problem())
-    sigs = gd.aot_signatures(
-        heads=((16, 16, 128, 128),), dtypes=(torch.bfloat16,), split=(True,), state_apply=(True,)
-    )
-    fused = sigs[gd.gdn_chunk_state_apply_kernel]
-    assert len(fused) == 2  # any strides, and aligned
-    lines = ptx_lines(gd.gdn_chunk_state_apply_kernel, fused[-1])
-    print(gd.gdn_chunk_state_apply_kernel._pyfunc.__name__, ptxas_usage(lines))
-    assert instructions(lines, "cp.async.bulk") and instructions(lines, "wgmma.mma_async")
-
-
-def test_state_latency_out_of_range_is_one_clear_error():
-    x = _inputs(1, 3, 1, 1, 64, 64, torch.Generator().manual_seed(0), device="cpu")
-    for bad in (-1, 11):
-        with pytest.raises(ValueError, match="state_latency must be 0"):
-            gd.gated_delta_chunk(*x, state_latency=bad)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("bv", [16, 32])
-def test_state_pass_issuing_loads_ahead_moves_tiles_by_tma_without_spills(bv, monkeypatch):
-    """The prefetching state pass as it runs (16-byte aligned workspaces): its tiles move by
-    TMA, both chunks' tiles fit without spills, and its products run on wgmma."""
-    from cubin_ptx import instructions, ptx_lines, ptxas_usage
-
-    from tilegym.kernel_inventory.compile import toolchain_problem
-
-    if toolchain_problem():
-        pytest.skip(toolchain_problem())
-    monkeypatch.setattr(gd, "SCAN_BV", bv)
-    monkeypatch.setattr(gd, "STATE_PREFETCH", True)
     sigs = gd.aot_signatures(heads=((16, 16, 128, 128),), dtypes=(torch.bfloat16,), split=(True,))
-    aligned = sigs[gd.gdn_chunk_state_kernel][-1]  # the last: aligned arrays, with a state
-    lines = ptx_lines(gd.gdn_chunk_state_kernel, aligned)
+    state_sigs = sigs[gd.gdn_chunk_state_kernel]
+    assert len(state_sigs) == 4  # without and with a starting state, any strides and aligned
+    lines = ptx_lines(gd.gdn_chunk_state_kernel, state_sigs[-1])
     usage = ptxas_usage(lines)
     assert usage.spill_loads == 0 and usage.spill_stores == 0, usage
     assert instructions(lines, "cp.async.bulk") and instructions(lines, "wgmma.mma_async")

@@ -33,8 +33,8 @@ def _switches() -> list[tuple[str, str, str]]:
 
 
 def test_the_script_has_shards_and_switches():
-    assert len(_shards()) == 3
-    assert len(_switches()) == 3
+    assert len(_shards()) == 2
+    assert len(_switches()) == 1
 
 
 def test_the_split_scan_diagnostic_starts_on_a_cpu_host():

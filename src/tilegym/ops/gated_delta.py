@@ -113,14 +113,6 @@ SPLIT_SCAN = True
 #: value columns per block of the split scan's output kernel: at 128 the output kernel took 40
 #: against 51 us at 64 (1 x 2048 tokens, 16 heads; 70 against 89 at 32 value heads, H100).
 OUTPUT_BV = 128
-#: the split scan's state pass computes u, w and its keys from ``T`` itself
-#: (``gdn_chunk_state_apply_kernel``), so the apply kernel and its three fp32 workspaces go
-#: (two-pass prep with the tf32 apply only). Off until timed on a GPU.
-STATE_APPLY = False
-#: the state pass loads chunk c + 1 while chunk c's products run (``gdn_chunk_state_kernel``'s
-#: ``PREFETCH``), and its loads' latency hint (0: the compiler's). Off until timed on a GPU.
-STATE_PREFETCH = False
-STATE_LATENCY = 0
 #: the UT transform's products as split tf32 on tensor cores (else fp32 FMAs, which tileiras
 #: does not map to tensor cores: the prep kernel at 1 x 2048 tokens x 16 heads took 695 us split
 #: and 5181 us in FMAs on an H100).
@@ -542,51 +534,6 @@ def gdn_chunk_scan_kernel(
     ct.store(StateOut, (b, h, 0, j), s.reshape((1, 1, DK, BV)).astype(StateOut.dtype))
 
 
-@ct.function
-def _hinted_load(X, index, shape, LAT: ConstInt):
-    """A tile load with the DRAM latency hint ``LAT`` (1..10); 0 leaves it to the compiler."""
-    if LAT > 0:
-        return ct.load(X, index, shape, latency=LAT)
-    return ct.load(X, index, shape)
-
-
-@ct.function
-def _state_loads(W, U, KD, G, b, h, c, j, C: ConstInt, DK: ConstInt, BV: ConstInt, LAT: ConstInt):
-    """What chunk ``c`` of the state pass reads: ``w``, ``u``'s value tile, ``KD`` and the
-    chunk's last cumulative gate; none of it depends on the state."""
-    w = _hinted_load(W, (b, h, c, 0), (1, 1, C, DK), LAT).reshape((C, DK))
-    u = _hinted_load(U, (b, h, c, j), (1, 1, C, BV), LAT).reshape((C, BV))
-    kd = _hinted_load(KD, (b, h, c, 0), (1, 1, C, DK), LAT).reshape((C, DK))
-    g_last = ct.load(G, (b, h, c * C + C - 1), (1, 1, 1)).reshape((1, 1))
-    return w, u, kd, g_last
-
-
-@ct.function
-def _state_step(
-    States,
-    VN,
-    s,
-    w,
-    u,
-    kd,
-    g_last,
-    b,
-    h,
-    c,
-    j,
-    DK: ConstInt,
-    BV: ConstInt,
-    C: ConstInt,
-    TF32: ConstBool,
-):
-    """One chunk of the state pass: store its starting state and ``v' = u - w S``, return
-    ``exp(g_last) S + KD^T v'``."""
-    ct.store(States, (b, h, c, 0, j), s.reshape((1, 1, 1, DK, BV)))
-    vn = u - _mm(w, s, TF32)
-    ct.store(VN, (b, h, c, j), vn.reshape((1, 1, C, BV)))
-    return s * ct.exp(g_last) + _mm(ct.transpose(kd), vn, TF32)
-
-
 @ct.kernel
 def gdn_chunk_state_kernel(
     W,
@@ -604,81 +551,25 @@ def gdn_chunk_state_kernel(
     C: ConstInt,
     HAS_STATE: ConstBool,
     TF32: ConstBool,
-    PREFETCH: ConstBool,
-    LAT: ConstInt,
 ):
     """The split scan's sequential half, chunks in order for one (value tile, batch x head):
     each chunk's starting state and ``v' = u - w S`` to the workspace, then
-    ``S = exp(g_last) S + KD^T v'``; two products a chunk, no norms (the prep's ``KD``).
-    ``PREFETCH``: the loads of chunk c + 1 are issued before chunk c's products (they do not
-    depend on the state), so their latency overlaps the dependent chain; the last chunk
-    reloads itself. ``LAT``: the loads' latency hint (0: the compiler's)."""
+    ``S = exp(g_last) S + KD^T v'``; two products a chunk, no norms (the prep's ``KD``)."""
     j = ct.bid(0)
     bh = ct.bid(1)
     b = bh // HV
     h = bh % HV
-    s = _start_state(State0, b, h, j, DK, BV, HAS_STATE)
-    n_chunks = ct.cdiv(n_tok, C)
-    if PREFETCH:
-        w0, u0, kd0, gl0 = _state_loads(W, U, KD, G, b, h, 0, j, C, DK, BV, LAT)
-        for c in range(n_chunks):
-            ahead = min(c + 1, n_chunks - 1)
-            w1, u1, kd1, gl1 = _state_loads(W, U, KD, G, b, h, ahead, j, C, DK, BV, LAT)
-            s = _state_step(States, VN, s, w0, u0, kd0, gl0, b, h, c, j, DK, BV, C, TF32)
-            w0, u0, kd0, gl0 = w1, u1, kd1, gl1
-    else:
-        for i in range(n_chunks):
-            w, u, kd, g_last = _state_loads(W, U, KD, G, b, h, i, j, C, DK, BV, LAT)
-            s = _state_step(States, VN, s, w, u, kd, g_last, b, h, i, j, DK, BV, C, TF32)
-    ct.store(StateOut, (b, h, 0, j), s.reshape((1, 1, DK, BV)).astype(StateOut.dtype))
-
-
-@ct.kernel
-def gdn_chunk_state_apply_kernel(
-    K,
-    V,
-    Bg,
-    T,
-    G,
-    State0,
-    States,
-    VN,
-    StateOut,
-    n_tok: int,
-    HV: ConstInt,
-    GROUP: ConstInt,
-    DK: ConstInt,
-    BV: ConstInt,
-    C: ConstInt,
-    HAS_STATE: ConstBool,
-    TF32: ConstBool,
-):
-    """The state pass with the apply kernel's products folded in (``state_apply``): each chunk's
-    ``w = T (beta K exp(gcum))``, its value tile of ``u = T (beta V)`` and the keys
-    ``K exp(g_last - gcum)`` computed from ``T`` and the inputs where the state pass needs them,
-    instead of read back from three fp32 workspaces (``C x (2 DK + DV)`` floats a chunk written
-    and read again) that a separate launch filled. The products are the tf32 apply's
-    (``apply_tf32``); none depends on the state, only the two state products stay in the chain."""
-    j = ct.bid(0)
-    bh = ct.bid(1)
-    b = bh // HV
-    h = bh % HV
-    hk = h // GROUP
     s = _start_state(State0, b, h, j, DK, BV, HAS_STATE)
     n_chunks = ct.cdiv(n_tok, C)
     for c in range(n_chunks):
-        k = _unit_rows(K, b, c, hk, C, DK)
-        braw = ct.load(Bg, (b, c, h), (1, C, 1), padding_mode=PAD_ZERO).reshape((C, 1))
-        rows, _, valid = _chunk_rows(c, C, n_tok)
-        beta = ct.where(valid, _beta(braw, Bg.dtype), 0.0)
-        gc = ct.load(G, (b, h, c), (1, 1, C)).reshape((C, 1))
+        ct.store(States, (b, h, c, 0, j), s.reshape((1, 1, 1, DK, BV)))
+        w = ct.load(W, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK))
+        u = ct.load(U, (b, h, c, j), (1, 1, C, BV)).reshape((C, BV))
+        vn = u - _mm(w, s, TF32)
+        ct.store(VN, (b, h, c, j), vn.reshape((1, 1, C, BV)))
+        kd = ct.load(KD, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK))
         g_last = ct.load(G, (b, h, c * C + C - 1), (1, 1, 1)).reshape((1, 1))
-        t = ct.load(T, (b, h, c, 0), (1, 1, C, C)).reshape((C, C))
-        v = ct.load(V, (b, c, h, j), (1, C, 1, BV), padding_mode=PAD_ZERO)
-        u = _mm(t, v.reshape((C, BV)).astype(ct.float32) * beta, True)
-        w = _mm(t, k * beta * ct.exp(gc), True)
-        kd = k * ct.exp(g_last - gc)
-        s = _state_step(States, VN, s, w, u, kd, g_last, b, h, c, j, DK, BV, C, TF32)
+        s = s * ct.exp(g_last) + _mm(ct.transpose(kd), vn, TF32)
     ct.store(StateOut, (b, h, 0, j), s.reshape((1, 1, DK, BV)).astype(StateOut.dtype))
 
 
@@ -800,9 +691,6 @@ def gated_delta_chunk(
     out_bv: int = OUTPUT_BV,
     apply_tf32: bool = PREP_APPLY_TF32,
     ut_tf32: bool = PREP_UT_TF32,
-    state_prefetch: bool = STATE_PREFETCH,
-    state_latency: int = STATE_LATENCY,
-    state_apply: bool = STATE_APPLY,
 ):
     """Chunked (64) gated delta rule: ``(out [B, T, Hv, Dv] in v's dtype, final state
     [B, Hv, Dk, Dv] in state_dtype)``, starting from ``initial_state`` (zeros if None).
@@ -810,13 +698,7 @@ def gated_delta_chunk(
     columns a block), through an fp32 workspace of every chunk's starting state.
     ``apply_tf32`` and ``ut_tf32`` are forms of the two-pass prep; the one-kernel prep
     (``prep_two_pass=False``) keeps the fp32-accurate products, whose form ``prep_split``
-    picks (split tf32 or FMAs; in the two-pass prep where the tf32 forms are off).
-    ``state_prefetch``, ``state_latency`` and ``state_apply`` are forms of the split scan's
-    state pass (see their constants)."""
-    if not 0 <= state_latency <= 10:
-        raise ValueError(f"state_latency must be 0 (the compiler's) to 10, got {state_latency}")
-    if state_apply and not (split and prep_two_pass and apply_tf32):
-        raise ValueError("state_apply needs split, prep_two_pass and apply_tf32")
+    picks (split tf32 or FMAs; in the two-pass prep where the tf32 forms are off)."""
     bsz, n_tok, hk, dk, hv, dv = _check(q, k, v, a, b, A_log, dt_bias, initial_state)
     dev = v.device
     out = torch.empty((bsz, n_tok, hv, dv), dtype=v.dtype, device=dev)
@@ -829,11 +711,10 @@ def gated_delta_chunk(
         return out, final
     t_pad = n_chunks * CHUNK
     f32 = dict(dtype=torch.float32, device=dev)
+    w = torch.empty((bsz, hv, t_pad, dk), **f32)
+    u = torch.empty((bsz, hv, t_pad, dv), **f32)
     g = torch.empty((bsz, hv, t_pad), **f32)
-    if not state_apply:  # the state pass computes them itself otherwise
-        w = torch.empty((bsz, hv, t_pad, dk), **f32)
-        u = torch.empty((bsz, hv, t_pad, dv), **f32)
-        kd = torch.empty((bsz, hv, t_pad, dk), **f32) if split else w  # w: a placeholder
+    kd = torch.empty((bsz, hv, t_pad, dk), **f32) if split else w  # w: a placeholder
     alog, dtb = A_log.contiguous(), dt_bias.contiguous()
     log_c = CHUNK.bit_length() - 1
     log_b = _log_block(ut_block)
@@ -843,10 +724,9 @@ def gated_delta_chunk(
         ut = (k, a, b, alog, dtb, tmat, g, n_tok, hv, hv // hk, dk, CHUNK, log_c, bool(prep_split))
         ut = (*ut, log_b, bool(ut_tf32))
         ct.launch(stream(), chunks, gdn_chunk_ut_kernel, ut)
-        if not state_apply:
-            apply = (k, v, b, tmat, g, w, u, kd, n_tok, hv, hv // hk, dk, dv, CHUNK)
-            consts = (bool(prep_split), bool(split), bool(apply_tf32))
-            ct.launch(stream(), chunks, gdn_chunk_apply_kernel, (*apply, *consts))
+        apply = (k, v, b, tmat, g, w, u, kd, n_tok, hv, hv // hk, dk, dv, CHUNK)
+        consts = (bool(prep_split), bool(split), bool(apply_tf32))
+        ct.launch(stream(), chunks, gdn_chunk_apply_kernel, (*apply, *consts))
     else:
         prep = (k, v, a, b, alog, dtb, w, u, g, kd, n_tok, hv, hv // hk, dk, dv, CHUNK, log_c)
         prep = (*prep, bool(prep_split), bool(split), log_b)
@@ -861,18 +741,8 @@ def gated_delta_chunk(
         return out, final
     states = torch.empty((bsz, hv, n_chunks, dk, dv), **f32)
     vn = torch.empty((bsz, hv, t_pad, dv), **f32)
-    if state_apply:
-        args = (k, v, b, tmat, g, s0, states, vn, final, n_tok, hv, hv // hk, dk, bv, CHUNK)
-        ct.launch(
-            stream(),
-            (dv // bv, bsz * hv, 1),
-            gdn_chunk_state_apply_kernel,
-            (*args, has, bool(tf32)),
-        )
-    else:
-        args = (w, u, kd, g, s0, states, vn, final, n_tok, hv, dk, bv, CHUNK, has, bool(tf32))
-        args = (*args, bool(state_prefetch), int(state_latency))
-        ct.launch(stream(), (dv // bv, bsz * hv, 1), gdn_chunk_state_kernel, args)
+    args = (w, u, kd, g, s0, states, vn, final, n_tok, hv, dk, bv, CHUNK, has, bool(tf32))
+    ct.launch(stream(), (dv // bv, bsz * hv, 1), gdn_chunk_state_kernel, args)
     out_bv = min(out_bv, dv)
     args = (q, k, g, states, vn, out, dk**-0.5, hv, hv // hk, dk, out_bv, CHUNK, bool(tf32))
     ct.launch(stream(), (n_chunks, bsz * hv, dv // out_bv), gdn_chunk_output_kernel, args)
@@ -998,24 +868,14 @@ def _chunk_output(out, sl, pad, qc, kc, gc, s, vn, causal):
 def _state_pass_arrays(state_dtype) -> list[tuple]:
     """The state pass's array constraints: any strides (the starting state may be a view), and
     as it runs in the model, every array 16-byte aligned (torch's own workspaces and a
-    contiguous cache state), where its tiles move by TMA."""
+    contiguous cache state), where its tiles move by TMA: compiled for unaligned arrays only,
+    the same source becomes 4-byte ``cp.async`` copies and scalar stores, not what runs."""
     i32 = ScalarConstraint(ct.int32)
     out = []
     for sig in (array_sig, aligned_array_sig):
         w3, w4, w5 = (sig(ct.float32, n) for n in (3, 4, 5))
         s4 = sig(ct_dtype(state_dtype), 4)
         out.append((w4, w4, w4, w3, s4, w5, w4, s4, i32))
-    return out
-
-
-def _state_apply_arrays(dtype) -> list[tuple]:
-    """The fused state pass's arrays (k, v, b, T, gcum, state0, states, v', final): any strides,
-    and 16-byte aligned as in the model."""
-    out = []
-    for sig in (array_sig, aligned_array_sig):
-        a3, a4 = sig(ct_dtype(dtype), 3), sig(ct_dtype(dtype), 4)
-        w3, w4, w5 = (sig(ct.float32, n) for n in (3, 4, 5))
-        out.append((a4, a4, a3, w4, w3, w4, w5, w4, w4))
     return out
 
 
@@ -1028,7 +888,6 @@ def aot_signatures(
     ut_block=UT_BLOCK,
     apply_tf32=(PREP_APPLY_TF32,),
     ut_tf32=(PREP_UT_TF32,),
-    state_apply=(STATE_APPLY,),
 ) -> dict:
     """Signatures of the kernels the wrappers launch by default, per (Hk, Hv, Dk, Dv):
     Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32); ``split``
@@ -1055,17 +914,11 @@ def aot_signatures(
                         sig = signature(*arrays, hv, group, dk, bv, CHUNK, has, SCAN_TF32)
                         out.setdefault(gdn_chunk_scan_kernel, []).append(sig)
                     if True in split:  # fp32 arrays only: one signature for every dtype
-                        consts = (hv, dk, bv, CHUNK, has, SCAN_TF32, STATE_PREFETCH, STATE_LATENCY)
                         state_sigs = out.setdefault(gdn_chunk_state_kernel, [])
                         for arrays in _state_pass_arrays(sd):
-                            sig = signature(*arrays, *consts)
+                            sig = signature(*arrays, hv, dk, bv, CHUNK, has, SCAN_TF32)
                             if sig not in state_sigs:
                                 state_sigs.append(sig)
-            if True in split and True in state_apply:
-                for arrays in _state_apply_arrays(dt):
-                    consts = (hv, group, dk, bv, CHUNK, True, SCAN_TF32)
-                    sig = signature(*arrays, i32, *consts)
-                    out.setdefault(gdn_chunk_state_apply_kernel, []).append(sig)
             if True in split:
                 obv = min(OUTPUT_BV, dv)
                 arrays = (a4, a4, w3, w5, w4, a4, f32)
