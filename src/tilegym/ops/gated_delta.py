@@ -865,20 +865,6 @@ def _chunk_output(out, sl, pad, qc, kc, gc, s, vn, causal):
 # --------------------------------------------------------------------------------------------
 
 
-def _state_pass_arrays(state_dtype) -> list[tuple]:
-    """The state pass's array constraints: any strides (the starting state may be a view), and
-    as it runs in the model, every array 16-byte aligned (torch's own workspaces and a
-    contiguous cache state), where its tiles move by TMA: compiled for unaligned arrays only,
-    the same source becomes 4-byte ``cp.async`` copies and scalar stores, not what runs."""
-    i32 = ScalarConstraint(ct.int32)
-    out = []
-    for sig in (array_sig, aligned_array_sig):
-        w3, w4, w5 = (sig(ct.float32, n) for n in (3, 4, 5))
-        s4 = sig(ct_dtype(state_dtype), 4)
-        out.append((w4, w4, w4, w3, s4, w5, w4, s4, i32))
-    return out
-
-
 def aot_signatures(
     heads=((16, 16, 128, 128), (16, 32, 128, 128)),
     dtypes=AOT_DTYPES,
@@ -891,20 +877,35 @@ def aot_signatures(
 ) -> dict:
     """Signatures of the kernels the wrappers launch by default, per (Hk, Hv, Dk, Dv):
     Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32); ``split``
-    and ``two_pass``: the scan and prep forms to declare (the default's, or both)."""
+    and ``two_pass``: the scan and prep forms to declare (the default's, or both). Each for
+    arrays of any strides and for 16-byte aligned ones, as the model's tensors are: the
+    compiler moves tiles by TMA only under the second, so only it compiles what runs."""
     out: dict = {}
+    for arrays_of in (array_sig, _aligned_sig):
+        _declare(out, arrays_of, heads, dtypes, state_dtypes, split, two_pass, ut_block,
+                 apply_tf32, ut_tf32)  # fmt: skip
+    return out
+
+
+def _aligned_sig(dtype, ndim: int):
+    return aligned_array_sig(ct_dtype(dtype), ndim)
+
+
+def _declare(out, arrays_of, heads, dtypes, state_dtypes, split, two_pass, ut_block, apply_tf32,
+             ut_tf32) -> None:  # fmt: skip
+    """``aot_signatures``' entries for one kind of array constraint (``arrays_of``)."""
     f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
     log_c = CHUNK.bit_length() - 1
     log_b = _log_block(ut_block)
-    w5 = array_sig(torch.float32, 5)
+    w5 = arrays_of(torch.float32, 5)
     for dt in dtypes:
-        a4, a3, a1 = array_sig(dt, 4), array_sig(dt, 3), array_sig(dt, 1)
-        w4, w3 = array_sig(torch.float32, 4), array_sig(torch.float32, 3)
+        a4, a3, a1 = arrays_of(dt, 4), arrays_of(dt, 3), arrays_of(dt, 1)
+        w4, w3 = arrays_of(torch.float32, 4), arrays_of(torch.float32, 3)
         for hk, hv, dk, dv in heads:
             group = hv // hk
             bv = min(SCAN_BV, dv)
             for sd in state_dtypes:
-                s4 = array_sig(sd, 4)
+                s4 = arrays_of(sd, 4)
                 dbv = min(DECODE_BV, dv)
                 sig = signature(a4, a4, a4, a3, a3, a1, a1, s4, a4, f32, hv, group, dk, dbv)
                 out.setdefault(gdn_recurrent_kernel, []).append(sig)
@@ -914,11 +915,11 @@ def aot_signatures(
                         sig = signature(*arrays, hv, group, dk, bv, CHUNK, has, SCAN_TF32)
                         out.setdefault(gdn_chunk_scan_kernel, []).append(sig)
                     if True in split:  # fp32 arrays only: one signature for every dtype
+                        arrays = (w4, w4, w4, w3, s4, w5, w4, s4, i32)
+                        sig = signature(*arrays, hv, dk, bv, CHUNK, has, SCAN_TF32)
                         state_sigs = out.setdefault(gdn_chunk_state_kernel, [])
-                        for arrays in _state_pass_arrays(sd):
-                            sig = signature(*arrays, hv, dk, bv, CHUNK, has, SCAN_TF32)
-                            if sig not in state_sigs:
-                                state_sigs.append(sig)
+                        if sig not in state_sigs:
+                            state_sigs.append(sig)
             if True in split:
                 obv = min(OUTPUT_BV, dv)
                 arrays = (a4, a4, w3, w5, w4, a4, f32)
@@ -937,7 +938,6 @@ def aot_signatures(
                 arrays = (a4, a3, a3, a1, a1, w4, w3, i32)
                 consts = (hv, group, dk, CHUNK, log_c, PREP_SPLIT_TF32, log_b, plain)
                 out.setdefault(gdn_chunk_ut_kernel, []).append(signature(*arrays, *consts))
-    return out
 
 
 __all__ = [
