@@ -13,7 +13,9 @@ scan in one kernel doing the state and the output chunk by chunk (``split=False`
 split scan replaced; ``cutile-fp32prep`` the UT and apply kernels' products at fp32 accuracy
 (split tf32, ``ut_tf32=False, apply_tf32=False``), what the tf32 forms replaced.
 ``--kernels`` adds, per prefill shape, each cuTile form's time by kernel (torch.profiler's
-CUDA time, mean of ``--iters`` calls): where a form's time goes.
+CUDA time, mean of ``--iters`` calls): where a form's time goes. ``--form NAME:KEY=INT,...``
+(repeatable) adds a prefill column: ``gated_delta_chunk`` with those keyword arguments, e.g.
+``--form occ2:occupancy=2 --form cpb2:chunks_per_block=2``.
 
 fla is optional: install the wheel into any folder on the GPU host and put it on PYTHONPATH
 (``pip install --no-deps --target /tmp/fla-site flash_linear_attention-0.6.0 fla_core-0.6.0``;
@@ -170,6 +172,20 @@ def _print_kernel_times(label, fns, iters) -> None:
         print(f"kernels {label} {name} (us a call): {parts}", flush=True)
 
 
+def _form(text: str) -> tuple[str, dict]:
+    """``NAME:KEY=INT,...`` into (name, keyword arguments); one clear error otherwise."""
+    name, _, spec = text.partition(":")
+    kwargs = {}
+    for item in filter(None, spec.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not value.lstrip("-").isdigit():
+            raise argparse.ArgumentTypeError(f"form {text!r}: {item!r} is not KEY=INT")
+        kwargs[key] = int(value)
+    if not name or not kwargs:
+        raise argparse.ArgumentTypeError(f"form {text!r}: want NAME:KEY=INT[,KEY=INT...]")
+    return name, kwargs
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--iters", type=int, default=30)
@@ -181,13 +197,17 @@ def main() -> None:
     p.add_argument("--decode", nargs="*", type=int, default=DECODE, help="decode batch sizes")
     p.add_argument("--no-conv-norm", action="store_true", help="only the gated delta rule")
     p.add_argument("--kernels", action="store_true", help="each prefill form's time by kernel")
+    p.add_argument("--form", type=_form, action="append", default=[],
+                   help="NAME:KEY=INT,...: a prefill column with these arguments")  # fmt: skip
     args = p.parse_args()
+    forms = dict(args.form)
     prefill = [tuple(int(n) for n in s.split("x")) for s in args.prefill]
     fla_chunk, fla_rec = _fla()
     cols = [
         "cutile",
         "cutile-one-kernel",
         "cutile-fp32prep",
+        *forms,
         "fla",
         "torch",
     ]
@@ -205,9 +225,10 @@ def main() -> None:
                 "cutile-fp32prep": partial(
                     gd.gated_delta_chunk, *x, ut_tf32=False, apply_tf32=False
                 ),
+                **{n: partial(gd.gated_delta_chunk, *x, **kw) for n, kw in forms.items()},
             }
             if args.kernels:
-                by_kernel = {n: f for n, f in fns.items() if n.startswith("cutile")}
+                by_kernel = {n: f for n, f in fns.items() if n.startswith("cutile") or n in forms}
                 _print_kernel_times(f"{hname} {bsz}x{n_tok}", by_kernel, args.iters)
             if fla_chunk is not None:
                 fns["fla"] = partial(_fla_chunk, fla_chunk, *x)

@@ -406,6 +406,66 @@ def test_state_pass_as_it_runs_moves_tiles_by_tma_onto_wgmma_without_spills():
     assert instructions(lines, "cp.async.bulk") and instructions(lines, "wgmma.mma_async")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [*VARIANT_SHAPES, (1, 1000, 16, 16, 128, 128)])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(occupancy=2),
+        dict(state_occupancy=2),
+        dict(chunks_per_block=2),
+        dict(chunks_per_block=3, occupancy=2),
+    ],
+    ids=["occ2", "state-occ2", "cpb2", "cpb3-occ2"],
+)
+def test_block_shapes_match_reference_and_the_shipped_blocks(
+    shape, dtype, variant, gen, poison_empty
+):
+    """The parallel kernels at two CTAs an SM or walking several chunks a block (the last
+    block short), and the state pass at two CTAs an SM: the recurrent reference's answer, and
+    the shipped blocks' (the same products on the same values)."""
+    _check_chunk(shape, dtype, gen, True, variant, shipped={})
+
+
+def test_chunks_per_block_must_be_positive(cpu_gen):
+    x = _inputs(1, 3, 2, 2, 16, 16, cpu_gen)
+    with pytest.raises(ValueError, match="chunks_per_block 0"):
+        gd.gated_delta_chunk(*x, chunks_per_block=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        gd.gdn_chunk_ut_kernel,
+        gd.gdn_chunk_apply_kernel,
+        gd.gdn_chunk_output_kernel,
+        gd.gdn_chunk_state_kernel,
+    ],
+    ids=lambda k: k._pyfunc.__name__,
+)
+def test_prefill_kernels_fit_two_ctas_an_sm_without_spills(kernel):
+    """Why the occupancy forms are worth timing: left to the compiler, each prefill kernel takes
+    over half an SM's 228 KB of shared memory (one CTA an SM); hinted at 2 each fits two, on
+    wgmma, with no spills."""
+    from cubin_ptx import instructions, ptx_lines, ptxas_usage
+
+    from tilegym.kernel_inventory.compile import toolchain_problem
+    from tilegym.ops._common import with_hints
+
+    if toolchain_problem():
+        pytest.skip(toolchain_problem())
+    sigs = gd.aot_signatures(heads=((16, 16, 128, 128),), dtypes=(torch.bfloat16,), split=(True,))
+    sig = sigs[kernel][-1]  # aligned arrays, as the model's are
+    assert ptxas_usage(ptx_lines(kernel, sig)).shared > 114 * 1024
+    lines = ptx_lines(with_hints(kernel, occupancy=2), sig)
+    usage = ptxas_usage(lines)
+    assert usage.spill_loads == 0 and usage.spill_stores == 0, usage
+    assert usage.shared <= 114 * 1024 and usage.registers <= 128, usage
+    assert instructions(lines, "wgmma.mma_async")
+
+
 def test_ut_block_must_be_a_power_of_two_below_the_chunk():
     for bad in (1, 3, 12, gd.CHUNK, 128):
         with pytest.raises(ValueError, match="ut_block"):

@@ -78,6 +78,8 @@ that combination has not been timed as one prefill.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cuda.tile as ct
 import torch
 import torch.nn.functional as F
@@ -92,6 +94,7 @@ from tilegym.ops._common import (
     ct_dtype,
     signature,
     stream,
+    with_occupancy,
 )
 
 ConstInt = ct.Constant[int]
@@ -135,6 +138,16 @@ PREP_APPLY_TF32 = True
 #: product each instead of split tf32's three (the diagonal blocks stay fp32): the UT kernel
 #: 45 against 69 us (same shape, H100), the same error from the recurrence.
 PREP_UT_TF32 = True
+#: chunks a block of the parallel prefill kernels (UT, apply, output) walks in order, so the
+#: compiler may overlap one chunk's loads with the previous chunk's products; 1: a block a
+#: chunk. Timed against 2 and 4 by ``bench_gated_delta.py --form``.
+CHUNKS_PER_BLOCK = 1
+#: occupancy hints (CTAs an SM; None: the compiler's choice) of the parallel prefill kernels
+#: (UT, apply, output) and of the split scan's state pass. Left to the compiler, each takes
+#: 164-213 KB of shared memory on sm_90 (one CTA an SM); at 2 each fits in 98-107 KB with 128
+#: registers and no spills (at 3 the UT kernel spills).
+PARALLEL_OCCUPANCY = None
+STATE_OCCUPANCY = None
 _NEG_BIG = -1.0e30
 #: softplus switches to the identity above this (``F.softplus``'s default threshold).
 SOFTPLUS_THRESHOLD = 20.0
@@ -417,7 +430,7 @@ def gdn_chunk_prep_kernel(
     _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C, DV, SPLIT, STORE_KD, False)
 
 
-@ct.kernel
+@ct.kernel(occupancy=PARALLEL_OCCUPANCY)
 def gdn_chunk_ut_kernel(
     K,
     A,
@@ -435,14 +448,29 @@ def gdn_chunk_ut_kernel(
     SPLIT: ConstBool,
     LOG_B: ConstInt,
     PLAIN: ConstBool,
+    CPB: ConstInt,
 ):
-    """The two-pass prep's first half, one (chunk, batch x head): gates, decay cumsum and the
-    UT transform's inverse ``T`` (C x C, fp32) to the workspace, gcum to ``G``; with PLAIN its
-    products one tf32 product each."""
-    c = ct.bid(0)
+    """The two-pass prep's first half, ``CPB`` chunks of one (batch x head) a block: gates,
+    decay cumsum and the UT transform's inverse ``T`` (C x C, fp32) to the workspace, gcum to
+    ``G``; with PLAIN its products one tf32 product each."""
     bh = ct.bid(1)
     b = bh // HV
     h = bh % HV
+    if CPB == 1:
+        _ut_chunk(K, A, Bg, A_log, dt_bias, T, G, b, ct.bid(0), h, n_tok, GROUP, DK, C, LOG_C,
+                  SPLIT, LOG_B, PLAIN)  # fmt: skip
+    else:
+        c0 = ct.bid(0) * CPB
+        for c in range(c0, min(c0 + CPB, ct.cdiv(n_tok, C))):
+            _ut_chunk(K, A, Bg, A_log, dt_bias, T, G, b, c, h, n_tok, GROUP, DK, C, LOG_C,
+                      SPLIT, LOG_B, PLAIN)  # fmt: skip
+
+
+@ct.function
+def _ut_chunk(K, A, Bg, A_log, dt_bias, T, G, b, c, h, n_tok, GROUP: ConstInt, DK: ConstInt,
+              C: ConstInt, LOG_C: ConstInt, SPLIT: ConstBool, LOG_B: ConstInt,
+              PLAIN: ConstBool):  # fmt: skip
+    """``gdn_chunk_ut_kernel``'s work for chunk ``c`` of one (batch, value head)."""
     _, _, gc, _, t = _chunk_inverse(
         K, A, Bg, A_log, dt_bias, b, c, h, GROUP, n_tok, C, DK, LOG_C, SPLIT, LOG_B, PLAIN
     )
@@ -450,7 +478,7 @@ def gdn_chunk_ut_kernel(
     ct.store(G, (b, h, c), gc.reshape((1, 1, C)))
 
 
-@ct.kernel
+@ct.kernel(occupancy=PARALLEL_OCCUPANCY)
 def gdn_chunk_apply_kernel(
     K,
     V,
@@ -469,14 +497,29 @@ def gdn_chunk_apply_kernel(
     SPLIT: ConstBool,
     STORE_KD: ConstBool,
     PLAIN: ConstBool,
+    CPB: ConstInt,
 ):
-    """The two-pass prep's second half, one (chunk, batch x head): u, w (and with STORE_KD the
-    split scan's keys) from the first half's ``T`` and gcum; the same products as the one-kernel
-    prep's (``_apply_ut``), or with PLAIN one tf32 product each."""
-    c = ct.bid(0)
+    """The two-pass prep's second half, ``CPB`` chunks of one (batch x head) a block: u, w (and
+    with STORE_KD the split scan's keys) from the first half's ``T`` and gcum; the same products
+    as the one-kernel prep's (``_apply_ut``), or with PLAIN one tf32 product each."""
     bh = ct.bid(1)
     b = bh // HV
     h = bh % HV
+    if CPB == 1:
+        _apply_chunk(K, V, Bg, T, G, W, U, KD, b, ct.bid(0), h, n_tok, GROUP, DK, DV, C, SPLIT,
+                     STORE_KD, PLAIN)  # fmt: skip
+    else:
+        c0 = ct.bid(0) * CPB
+        for c in range(c0, min(c0 + CPB, ct.cdiv(n_tok, C))):
+            _apply_chunk(K, V, Bg, T, G, W, U, KD, b, c, h, n_tok, GROUP, DK, DV, C, SPLIT,
+                         STORE_KD, PLAIN)  # fmt: skip
+
+
+@ct.function
+def _apply_chunk(K, V, Bg, T, G, W, U, KD, b, c, h, n_tok, GROUP: ConstInt, DK: ConstInt,
+                 DV: ConstInt, C: ConstInt, SPLIT: ConstBool, STORE_KD: ConstBool,
+                 PLAIN: ConstBool):  # fmt: skip
+    """``gdn_chunk_apply_kernel``'s work for chunk ``c`` of one (batch, value head)."""
     k = _unit_rows(K, b, c, h // GROUP, C, DK)
     braw = ct.load(Bg, (b, c, h), (1, C, 1), padding_mode=PAD_ZERO).reshape((C, 1))
     rows, _, valid = _chunk_rows(c, C, n_tok)
@@ -534,7 +577,7 @@ def gdn_chunk_scan_kernel(
     ct.store(StateOut, (b, h, 0, j), s.reshape((1, 1, DK, BV)).astype(StateOut.dtype))
 
 
-@ct.kernel
+@ct.kernel(occupancy=STATE_OCCUPANCY)
 def gdn_chunk_state_kernel(
     W,
     U,
@@ -573,7 +616,7 @@ def gdn_chunk_state_kernel(
     ct.store(StateOut, (b, h, 0, j), s.reshape((1, 1, DK, BV)).astype(StateOut.dtype))
 
 
-@ct.kernel
+@ct.kernel(occupancy=PARALLEL_OCCUPANCY)
 def gdn_chunk_output_kernel(
     Q,
     K,
@@ -588,14 +631,29 @@ def gdn_chunk_output_kernel(
     BV: ConstInt,
     C: ConstInt,
     TF32: ConstBool,
+    CPB: ConstInt,
 ):
-    """The split scan's parallel half, one (chunk, batch x head, value tile) a block:
+    """The split scan's parallel half, ``CPB`` chunks of one (batch x head, value tile) a block:
     ``o = (Q exp(gcum)) S_c + (Q K^T * decay, causal) v'`` from the chunk's starting state."""
-    c = ct.bid(0)
     bh = ct.bid(1)
     j = ct.bid(2)
     b = bh // HV
     h = bh % HV
+    if CPB == 1:
+        _output_chunk(Q, K, G, States, VN, Out, scale, b, ct.bid(0), h, j, GROUP, DK, BV, C,
+                      TF32)  # fmt: skip
+    else:
+        c0 = ct.bid(0) * CPB
+        for c in range(c0, min(c0 + CPB, ct.cdiv(Q.shape[1], C))):
+            _output_chunk(Q, K, G, States, VN, Out, scale, b, c, h, j, GROUP, DK, BV, C,
+                          TF32)  # fmt: skip
+
+
+@ct.function
+def _output_chunk(Q, K, G, States, VN, Out, scale, b, c, h, j, GROUP: ConstInt, DK: ConstInt,
+                  BV: ConstInt, C: ConstInt, TF32: ConstBool):  # fmt: skip
+    """``gdn_chunk_output_kernel``'s work for chunk ``c``, value tile ``j`` of one (batch,
+    value head)."""
     hk = h // GROUP
     q = _unit_rows(Q, b, c, hk, C, DK) * scale
     k = _unit_rows(K, b, c, hk, C, DK)
@@ -691,6 +749,9 @@ def gated_delta_chunk(
     out_bv: int = OUTPUT_BV,
     apply_tf32: bool = PREP_APPLY_TF32,
     ut_tf32: bool = PREP_UT_TF32,
+    chunks_per_block: int = CHUNKS_PER_BLOCK,
+    occupancy: int | None = PARALLEL_OCCUPANCY,
+    state_occupancy: int | None = STATE_OCCUPANCY,
 ):
     """Chunked (64) gated delta rule: ``(out [B, T, Hv, Dv] in v's dtype, final state
     [B, Hv, Dk, Dv] in state_dtype)``, starting from ``initial_state`` (zeros if None).
@@ -698,7 +759,12 @@ def gated_delta_chunk(
     columns a block), through an fp32 workspace of every chunk's starting state.
     ``apply_tf32`` and ``ut_tf32`` are forms of the two-pass prep; the one-kernel prep
     (``prep_two_pass=False``) keeps the fp32-accurate products, whose form ``prep_split``
-    picks (split tf32 or FMAs; in the two-pass prep where the tf32 forms are off)."""
+    picks (split tf32 or FMAs; in the two-pass prep where the tf32 forms are off).
+    ``chunks_per_block`` and ``occupancy`` (a compiler hint; None: the compiler's choice) shape
+    the parallel two-pass and split kernels' blocks (UT, apply, output), ``state_occupancy``
+    the state pass's."""
+    if chunks_per_block < 1:
+        raise ValueError(f"chunks_per_block {chunks_per_block} must be at least 1")
     bsz, n_tok, hk, dk, hv, dv = _check(q, k, v, a, b, A_log, dt_bias, initial_state)
     dev = v.device
     out = torch.empty((bsz, n_tok, hv, dv), dtype=v.dtype, device=dev)
@@ -718,19 +784,25 @@ def gated_delta_chunk(
     alog, dtb = A_log.contiguous(), dt_bias.contiguous()
     log_c = CHUNK.bit_length() - 1
     log_b = _log_block(ut_block)
-    chunks = (n_chunks, bsz * hv, 1)
+    cpb = chunks_per_block
+    blocks = -(-n_chunks // cpb)
+
+    def parallel(kernel):
+        return with_occupancy(kernel, occupancy, PARALLEL_OCCUPANCY)
+
     if prep_two_pass:
         tmat = torch.empty((bsz, hv, t_pad, CHUNK), **f32)
         ut = (k, a, b, alog, dtb, tmat, g, n_tok, hv, hv // hk, dk, CHUNK, log_c, bool(prep_split))
-        ut = (*ut, log_b, bool(ut_tf32))
-        ct.launch(stream(), chunks, gdn_chunk_ut_kernel, ut)
+        ut = (*ut, log_b, bool(ut_tf32), cpb)
+        ct.launch(stream(), (blocks, bsz * hv, 1), parallel(gdn_chunk_ut_kernel), ut)
         apply = (k, v, b, tmat, g, w, u, kd, n_tok, hv, hv // hk, dk, dv, CHUNK)
-        consts = (bool(prep_split), bool(split), bool(apply_tf32))
-        ct.launch(stream(), chunks, gdn_chunk_apply_kernel, (*apply, *consts))
+        consts = (bool(prep_split), bool(split), bool(apply_tf32), cpb)
+        kernel = parallel(gdn_chunk_apply_kernel)
+        ct.launch(stream(), (blocks, bsz * hv, 1), kernel, (*apply, *consts))
     else:
         prep = (k, v, a, b, alog, dtb, w, u, g, kd, n_tok, hv, hv // hk, dk, dv, CHUNK, log_c)
         prep = (*prep, bool(prep_split), bool(split), log_b)
-        ct.launch(stream(), chunks, gdn_chunk_prep_kernel, prep)
+        ct.launch(stream(), (n_chunks, bsz * hv, 1), gdn_chunk_prep_kernel, prep)
     bv = min(bv, dv)
     has = initial_state is not None
     s0 = initial_state if has else final
@@ -742,10 +814,12 @@ def gated_delta_chunk(
     states = torch.empty((bsz, hv, n_chunks, dk, dv), **f32)
     vn = torch.empty((bsz, hv, t_pad, dv), **f32)
     args = (w, u, kd, g, s0, states, vn, final, n_tok, hv, dk, bv, CHUNK, has, bool(tf32))
-    ct.launch(stream(), (dv // bv, bsz * hv, 1), gdn_chunk_state_kernel, args)
+    state_kernel = with_occupancy(gdn_chunk_state_kernel, state_occupancy, STATE_OCCUPANCY)
+    ct.launch(stream(), (dv // bv, bsz * hv, 1), state_kernel, args)
     out_bv = min(out_bv, dv)
-    args = (q, k, g, states, vn, out, dk**-0.5, hv, hv // hk, dk, out_bv, CHUNK, bool(tf32))
-    ct.launch(stream(), (n_chunks, bsz * hv, dv // out_bv), gdn_chunk_output_kernel, args)
+    args = (q, k, g, states, vn, out, dk**-0.5, hv, hv // hk, dk, out_bv, CHUNK, bool(tf32), cpb)
+    grid = (blocks, bsz * hv, dv // out_bv)
+    ct.launch(stream(), grid, parallel(gdn_chunk_output_kernel), args)
     return out, final
 
 
@@ -880,31 +954,45 @@ def aot_signatures(
     and ``two_pass``: the scan and prep forms to declare (the default's, or both). Each for
     arrays of any strides and for 16-byte aligned ones, as the model's tensors are: the
     compiler moves tiles by TMA only under the second, so only it compiles what runs."""
+    forms = _Forms(heads, dtypes, state_dtypes, split, two_pass, ut_block, apply_tf32, ut_tf32)
     out: dict = {}
     for arrays_of in (array_sig, _aligned_sig):
-        _declare(out, arrays_of, heads, dtypes, state_dtypes, split, two_pass, ut_block,
-                 apply_tf32, ut_tf32)  # fmt: skip
+        _declare(out, arrays_of, forms)
     return out
+
+
+@dataclass(frozen=True)
+class _Forms:
+    """What ``aot_signatures`` declares: head shapes, dtypes and each switch's forms."""
+
+    heads: tuple
+    dtypes: tuple
+    state_dtypes: tuple
+    split: tuple
+    two_pass: tuple
+    ut_block: int
+    apply_tf32: tuple
+    ut_tf32: tuple
 
 
 def _aligned_sig(dtype, ndim: int):
     return aligned_array_sig(ct_dtype(dtype), ndim)
 
 
-def _declare(out, arrays_of, heads, dtypes, state_dtypes, split, two_pass, ut_block, apply_tf32,
-             ut_tf32) -> None:  # fmt: skip
+def _declare(out, arrays_of, forms: _Forms) -> None:
     """``aot_signatures``' entries for one kind of array constraint (``arrays_of``)."""
     f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
     log_c = CHUNK.bit_length() - 1
-    log_b = _log_block(ut_block)
+    log_b = _log_block(forms.ut_block)
+    split, two_pass = forms.split, forms.two_pass
     w5 = arrays_of(torch.float32, 5)
-    for dt in dtypes:
+    for dt in forms.dtypes:
         a4, a3, a1 = arrays_of(dt, 4), arrays_of(dt, 3), arrays_of(dt, 1)
         w4, w3 = arrays_of(torch.float32, 4), arrays_of(torch.float32, 3)
-        for hk, hv, dk, dv in heads:
+        for hk, hv, dk, dv in forms.heads:
             group = hv // hk
             bv = min(SCAN_BV, dv)
-            for sd in state_dtypes:
+            for sd in forms.state_dtypes:
                 s4 = arrays_of(sd, 4)
                 dbv = min(DECODE_BV, dv)
                 sig = signature(a4, a4, a4, a3, a3, a1, a1, s4, a4, f32, hv, group, dk, dbv)
@@ -923,20 +1011,23 @@ def _declare(out, arrays_of, heads, dtypes, state_dtypes, split, two_pass, ut_bl
             if True in split:
                 obv = min(OUTPUT_BV, dv)
                 arrays = (a4, a4, w3, w5, w4, a4, f32)
-                sig = signature(*arrays, hv, group, dk, obv, CHUNK, SCAN_TF32)
+                consts = (hv, group, dk, obv, CHUNK, SCAN_TF32, CHUNKS_PER_BLOCK)
+                sig = signature(*arrays, *consts)
                 out.setdefault(gdn_chunk_output_kernel, []).append(sig)
             for form in split:
                 if False in two_pass:
                     arrays = (a4, a4, a3, a3, a1, a1, w4, w4, w3, w4, i32)
                     consts = (hv, group, dk, dv, CHUNK, log_c, PREP_SPLIT_TF32, form, log_b)
                     out.setdefault(gdn_chunk_prep_kernel, []).append(signature(*arrays, *consts))
-                for plain in apply_tf32 if True in two_pass else ():
+                for plain in forms.apply_tf32 if True in two_pass else ():
                     arrays = (a4, a4, a3, w4, w3, w4, w4, w4, i32)
                     consts = (hv, group, dk, dv, CHUNK, PREP_SPLIT_TF32, form, plain)
+                    consts = (*consts, CHUNKS_PER_BLOCK)
                     out.setdefault(gdn_chunk_apply_kernel, []).append(signature(*arrays, *consts))
-            for plain in ut_tf32 if True in two_pass else ():
+            for plain in forms.ut_tf32 if True in two_pass else ():
                 arrays = (a4, a3, a3, a1, a1, w4, w3, i32)
                 consts = (hv, group, dk, CHUNK, log_c, PREP_SPLIT_TF32, log_b, plain)
+                consts = (*consts, CHUNKS_PER_BLOCK)
                 out.setdefault(gdn_chunk_ut_kernel, []).append(signature(*arrays, *consts))
 
 

@@ -208,9 +208,8 @@ def make_attention_forward(
                 args = (hidden_states, pre_norm.weight, eps, w, b, cos, sin, hq + hk, offset)
                 heads = head_norms(family, self, hq)
                 if routes.rope_gemv == 2 and cache is not None:
-                    written = static_write_target(cache, self.layer_idx, attention_mask)
-                if written is not None and written[0].keys.dtype != hidden_states.dtype:
-                    written = None  # a cache in another dtype keeps its own write
+                    layer_idx, dtype = self.layer_idx, hidden_states.dtype
+                    written = static_write_target(cache, layer_idx, attention_mask, dtype)
                 write = None
                 if written is not None:
                     layer, position = written

@@ -38,13 +38,16 @@ def update_cache(cache, layer_idx, k, v, mask, takes_kwargs, kwargs):
     return _update(cache, layer_idx, k, v, takes_kwargs, kwargs)
 
 
-def static_write_target(cache, layer_idx, mask):
-    """``(layer, position)`` where `update_cache` would write this step's keys and values with
-    one device-position launch into an allocated ``StaticLayer`` (a kernel that produces them
-    may write them there itself, `gemm.CacheWrite`); None for every other cache or step."""
+def static_write_target(cache, layer_idx, mask, dtype: torch.dtype):
+    """``(layer, position)`` where `update_cache` would write this step's keys and values, made
+    in ``dtype``, with one device-position launch into an allocated ``StaticLayer`` of that
+    dtype (a kernel that produces them may write them there itself, `gemm.CacheWrite`); None
+    for every other cache or step, and for a cache in another dtype (its own write casts)."""
     position = device_position(mask)
     layer = _layer(cache, layer_idx)
     if position is None or type(layer) is not StaticLayer or not layer.is_initialized:
+        return None
+    if layer.keys.dtype != dtype or layer.values.dtype != dtype:
         return None
     return layer, position
 

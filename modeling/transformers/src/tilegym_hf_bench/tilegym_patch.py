@@ -18,6 +18,8 @@ MODEL_PATCH_KWARGS = {
         "attn": True,
         "linear": True,
         "rope_heads": 1,
+        "norm_gemv": 1,
+        "rope_gemv": 2,
     },
     "llama": {
         "rope": True,
