@@ -40,10 +40,18 @@ def rms_norm_linear_rope(
 
 def aot_signatures(definition, **entry_kwargs) -> dict:
     """The norm + QKV + RoPE GEMV at the Definition's head width and dtype, with per-head
-    norms where the Definition has their weights."""
+    norms where the Definition has their weights; with and without the static KV-cache write
+    in its epilogue (``rope_gemv`` 2 in a model's decode step: the same kernel, which the
+    Definition's outputs do not show)."""
     (d,) = const_axes(definition, "D")
     head_norm = "q_norm_weight" in definition.inputs
     offset = bool(entry_kwargs.get("unit_offset", False))
-    return gemm.norm_rope_signatures(
-        d, (tensor_dtype(definition),), head_norm=head_norm, head_offset=offset
-    )
+    out: dict = {}
+    for cache_write in (False, True):
+        sigs = gemm.norm_rope_signatures(
+            d, (tensor_dtype(definition),), head_norm=head_norm, head_offset=offset,
+            cache_write=cache_write,
+        )  # fmt: skip
+        for kernel, kernel_sigs in sigs.items():
+            out.setdefault(kernel, []).extend(kernel_sigs)
+    return out
