@@ -21,7 +21,9 @@
 #                rope_gemv 1: norm, projection, per-head q/k norms and RoPE in one launch at one
 #                row). llama ships with both (this round's keep on an H100, 12-06)
 #   kv-gemv      that launch also writes the new token's keys and values into the static cache
-#                (rope_gemv 2), where the KV-cache write kernel did
+#                (rope_gemv 2), where the KV-cache write kernel did. qwen3 ships with
+#                norm_gemv 1 and rope_gemv 2 (the rope-gemv and kv-gemv keeps on an H100, 12-07):
+#                for it norm-gemv and rope-gemv step back and kv-gemv changes nothing
 #   norm-gemv-mlp  also the post-attention RMSNorm in the MLP's gate/up GEMV (norm_gemv 2; last,
 #                so that it keeps whatever rope-gemv and kv-gemv kept)
 # OUT_DIR gets what family_loop.sh leaves (decisions, stderr, PR comments, metrics, ledger.md and
