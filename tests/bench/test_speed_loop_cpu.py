@@ -44,9 +44,9 @@ def test_the_rope_heads_and_norm_gemv_rounds_through_the_loop_on_a_cpu(tmp_path)
     assert decision["status"] == "inconclusive", decision
     assert "without a CUDA GPU" in decision["reasons"][0]
     worker = (out / "rope-heads.stderr").read_text()
-    assert "'linear': True, 'rope_heads': 2}" in worker  # the head's patch took the tuning
+    assert "'rope_heads': 2," in worker  # the head's patch took the tuning
     worker = (out / "norm-gemv-mlp.stderr").read_text()
-    assert "'norm_gemv': 2}" in worker and "'rope_heads': 1," in worker  # main's, not the discard's
+    assert "'norm_gemv': 2," in worker and "'rope_heads': 1," in worker  # main's, not the discard's
     rows = (out / "ledger.md").read_text().splitlines()[2:]
     assert [row.split("|")[4].strip() for row in rows] == ["keep", "discard", "discard"]
     assert "2 head(s) a block [inconclusive]" in rows[1]
