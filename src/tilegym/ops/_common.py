@@ -57,10 +57,15 @@ def check_activation(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} dtype {t.dtype} is not supported (bf16, fp16, fp32)")
 
 
+def _as_ct(dtype):
+    """A torch dtype as cuTile's; a cuTile dtype as it is."""
+    return ct_dtype(dtype) if isinstance(dtype, torch.dtype) else dtype
+
+
 def array_sig(dtype, ndim: int, *, last_contiguous: bool = True) -> ArrayConstraint:
     """An ArrayConstraint as the JIT derives it for a torch tensor (int32 indices)."""
     return ArrayConstraint(
-        ct_dtype(dtype) if isinstance(dtype, torch.dtype) else dtype,
+        _as_ct(dtype),
         ndim,
         index_dtype=ct.int32,
         stride_lower_bound_incl=0,
@@ -72,7 +77,9 @@ def array_sig(dtype, ndim: int, *, last_contiguous: bool = True) -> ArrayConstra
 
 def aligned_array_sig(dtype, ndim: int) -> ArrayConstraint:
     """An array as the model hands its activations and weights over: unit last stride, 16-byte
-    aligned base and row strides, which is what lets a kernel's tiles load through TMA."""
+    aligned base and row strides, which is what lets a kernel's tiles load through TMA.
+    ``dtype``: a cuTile or torch dtype, as ``array_sig`` takes."""
+    dtype = _as_ct(dtype)
     step = 16 // (4 if dtype in (ct.int32, ct.float32) else 2)
     return ArrayConstraint(
         dtype,

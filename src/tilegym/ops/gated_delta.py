@@ -91,7 +91,6 @@ from tilegym.ops._common import (
     aligned_array_sig,
     array_sig,
     check_activation,
-    ct_dtype,
     signature,
     stream,
     with_occupancy,
@@ -956,7 +955,7 @@ def aot_signatures(
     compiler moves tiles by TMA only under the second, so only it compiles what runs."""
     forms = _Forms(heads, dtypes, state_dtypes, split, two_pass, ut_block, apply_tf32, ut_tf32)
     out: dict = {}
-    for arrays_of in (array_sig, _aligned_sig):
+    for arrays_of in (array_sig, aligned_array_sig):
         _declare(out, arrays_of, forms)
     return out
 
@@ -973,10 +972,6 @@ class _Forms:
     ut_block: int
     apply_tf32: tuple
     ut_tf32: tuple
-
-
-def _aligned_sig(dtype, ndim: int):
-    return aligned_array_sig(ct_dtype(dtype), ndim)
 
 
 def _declare(out, arrays_of, forms: _Forms) -> None:
