@@ -40,13 +40,23 @@ def _angles(m: int, d: int, gen, dtype):
     return freqs.cos().to(dtype), freqs.sin().to(dtype)
 
 
-def _rope_reference(qkv, cos, sin, rotated: int, norms=None):
+def _rope_reference(qkv, cos, sin, rotated: int, norms=None, whole=None):
     """fp64 ``x * cos + rotate_half(x) * sin`` on the first ``rotated`` heads; ``norms``
-    ``(q weight, k weight, q heads, unit_offset)``: each of them RMS-normed first."""
+    ``(q weight, k weight, q heads, unit_offset)``: each of them RMS-normed first; ``whole``
+    ``(q weight, k weight, q heads)``: the q heads RMS-normed together over the whole
+    projection, then the k heads (OLMo's)."""
     d = cos.shape[-1]
     heads = qkv.view(qkv.shape[0], -1, d).clone()
     c, s = cos.double()[:, None, :], sin.double()[:, None, :]
     rot = heads[:, :rotated]
+    if whole is not None:
+        qw, kw, nq = whole
+        parts = []
+        for part, w in ((rot[:, :nq], qw), (rot[:, nq:], kw)):
+            flat = part.reshape(part.shape[0], -1)
+            flat = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
+            parts.append(flat.view(part.shape))
+        rot = torch.cat(parts, dim=1)
     if norms is not None:
         qw, kw, nq, offset = norms
         w = torch.cat((qw.double().expand(nq, d), kw.double().expand(rotated - nq, d)))
@@ -114,6 +124,77 @@ def test_head_norms_match_fp64(dtype, unit_offset, gen):
             norms = (qw, kw, hq, unit_offset)
             ref = _rope_reference(_reference(x, nw, w, b, False), cos, sin, hq + hk, norms)
             assert_close_rel(out, ref, tol=GEMM_TOL[dtype])
+
+
+#: (rows, q heads, kv heads, head dim, hidden): OLMo 3 7B's and OLMo 2 1B's decode, head counts
+#: no multiple of `WHOLE_NORM_HEADS`, two rows
+WHOLE_CASES = [
+    (1, 32, 32, 128, 4096),
+    (1, 16, 16, 128, 2048),
+    (1, 5, 3, 64, 1000),
+    (2, 6, 6, 128, 1536),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("input_norm", [False, True], ids=["no_input_norm", "input_norm"])
+def test_whole_projection_norms_match_fp64(input_norm, dtype, gen):
+    """OLMo's q/k norms (``HeadNorms(whole=True)``): the last block of the q projection norms
+    all q heads together, the last of k's all k heads; without ``norm_weight`` no input norm
+    (a post-norm layer's QKV GEMV). Three calls a shape on fresh inputs (the counters must be
+    back at zero), outputs poisoned, fp32 tables (OLMo's rotary module hands them out)."""
+    from tilegym.ops import gemm
+
+    for m, hq, hk, d, k in WHOLE_CASES:
+        n = (hq + 2 * hk) * d
+        for call in range(3):
+            x, nw, w, b = _inputs(m, n, k, gen, dtype, call == 1)
+            qw = _rand((hq * d,), gen, dtype, 0.3, 1.0)
+            kw = _rand((hk * d,), gen, dtype, 0.3, 1.0)
+            heads = gemm.HeadNorms(qw, kw, EPS, hq, whole=True, round_once=True)
+            cos, sin = _angles(m, d, gen, torch.float32)
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+            norm = nw if input_norm else None
+            gemm.rms_norm_linear_rope(
+                x, norm, EPS, w, b, cos, sin, hq + hk, head_norms=heads, out=out
+            )
+            qkv = _reference(x, nw, w, b, False) if input_norm else _plain(x, w, b)
+            ref = _rope_reference(qkv, cos, sin, hq + hk, whole=(qw, kw, hq))
+            assert_close_rel(out, ref, tol=GEMM_TOL[dtype])
+
+
+def _plain(x, w, b):
+    """fp64 ``x @ w.T (+ b)``."""
+    out = x.double() @ w.double().T
+    return out if b is None else out + b.double()
+
+
+@pytest.mark.gpu
+def test_whole_norms_against_olmo3s_steps(gen):
+    """Against the GEMM, OLMo 3's whole-projection q_norm / k_norm (fp32 normed row times the
+    weight, rounded once) and its RoPE with fp32 tables cast back to bf16, at OLMo 3 7B's
+    decode shape: within about two bf16 roundings of the projection."""
+    from transformers.models.olmo3.modeling_olmo3 import apply_rotary_pos_emb
+
+    from tilegym.ops import gemm
+    from tilegym.ops.qk_norm_whole_rope import whole_rms_norm_reference
+
+    hq, hk, d, k = 32, 32, 128, 4096
+    x, _, w, _ = _inputs(1, (hq + 2 * hk) * d, k, gen, torch.bfloat16, False)
+    qw, kw = _rand((hq * d,), gen, torch.bfloat16, 0.3, 1.0), _rand((hk * d,), gen, torch.bfloat16)
+    cos, sin = _angles(1, d, gen, torch.float32)
+    heads = gemm.HeadNorms(qw, kw, EPS, hq, whole=True, round_once=True)
+    fused = gemm.rms_norm_linear_rope(x, None, EPS, w, None, cos, sin, hq + hk, head_norms=heads)
+    qkv = gemm.linear(x, w)
+    q = whole_rms_norm_reference(qkv[:, : hq * d], qw, EPS).view(1, 1, hq, d).transpose(1, 2)
+    kk = whole_rms_norm_reference(qkv[:, hq * d : (hq + hk) * d], kw, EPS)
+    q, kk = apply_rotary_pos_emb(q, kk.view(1, 1, hk, d).transpose(1, 2), cos[None], sin[None])
+    steps = torch.cat(
+        (q.transpose(1, 2).reshape(1, -1), kk.transpose(1, 2).reshape(1, -1), qkv[:, -hk * d :]),
+        dim=-1,
+    )
+    assert_close_rel(fused, steps.float(), tol=3 * GEMM_TOL[torch.bfloat16])
 
 
 @pytest.mark.gpu
@@ -185,7 +266,7 @@ def test_norm_rope_gemv_pdl_waits_for_the_kernel_writing_x(gen, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_norm", [False, True], ids=["plain", "head_norms"])
+@pytest.mark.parametrize("head_norm", [False, True, "whole"], ids=["plain", "head_norms", "whole"])
 def test_cache_write_puts_the_outputs_keys_and_values_at_the_position(head_norm, gen):
     """With a `CacheWrite` the new token's rotated keys and its values land in slot
     ``position[0]`` of each batch row's caches, bit for bit what the kernel stored in Y; every
@@ -203,8 +284,12 @@ def test_cache_write_puts_the_outputs_keys_and_values_at_the_position(head_norm,
             cos, sin = _angles(m, d, gen, torch.bfloat16)
             p = int(torch.randint(0, cap, (1,), generator=gen, device="cuda"))
             position = torch.tensor([p], dtype=torch.int32, device="cuda")
-            heads, norms = None, None
-            if head_norm:
+            heads, norms, whole = None, None, None
+            if head_norm == "whole":
+                qw = _rand((hq * d,), gen, torch.bfloat16, 0.3, 1.0)
+                kw = _rand((hk * d,), gen, torch.bfloat16, 0.3, 1.0)
+                heads, whole = gemm.HeadNorms(qw, kw, EPS, hq, whole=True), (qw, kw, hq)
+            elif head_norm:
                 qw, kw = (_rand((d,), gen, torch.bfloat16, 0.3, 1.0) for _ in range(2))
                 heads, norms = gemm.HeadNorms(qw, kw, EPS, hq), (qw, kw, hq, False)
             before_k, before_v = keys.clone(), values.clone()
@@ -212,7 +297,8 @@ def test_cache_write_puts_the_outputs_keys_and_values_at_the_position(head_norm,
             out = gemm.rms_norm_linear_rope(
                 x, nw, EPS, w, b, cos, sin, hq + hk, head_norms=heads, cache=write
             )
-            ref = _rope_reference(_reference(x, nw, w, b, False), cos, sin, hq + hk, norms)
+            qkv = _reference(x, nw, w, b, False)
+            ref = _rope_reference(qkv, cos, sin, hq + hk, norms, whole)
             assert_close_rel(out, ref, tol=GEMM_TOL[torch.bfloat16])
             heads_out = out.view(m, -1, d)
             before_k[:, :, p] = heads_out[:, hq : hq + hk]
@@ -222,7 +308,8 @@ def test_cache_write_puts_the_outputs_keys_and_values_at_the_position(head_norm,
 
 
 @pytest.mark.gpu
-def test_head_norms_in_a_captured_graph_use_the_reserved_counters(gen):
+@pytest.mark.parametrize("whole", [False, True], ids=["per_head", "whole"])
+def test_head_norms_in_a_captured_graph_use_the_reserved_counters(whole, gen):
     """Captured as the compiled decode step runs it (``private_buffers()``), after
     `reserve_counters`: the graph replays right three times on fresh inputs (the kernel leaves
     the counters at zero) and holds no memset for them."""
@@ -232,9 +319,10 @@ def test_head_norms_in_a_captured_graph_use_the_reserved_counters(gen):
     hq, hk, d, k = 16, 8, 128, 1024
     n = (hq + 2 * hk) * d
     x, nw, w, _ = _inputs(1, n, k, gen, torch.bfloat16, False)
-    qw, kw = (_rand((d,), gen, torch.bfloat16, 0.3, 1.0) for _ in range(2))
+    qw = _rand((hq * d if whole else d,), gen, torch.bfloat16, 0.3, 1.0)
+    kw = _rand((hk * d if whole else d,), gen, torch.bfloat16, 0.3, 1.0)
     cos, sin = _angles(1, d, gen, torch.bfloat16)
-    heads = gemm.HeadNorms(qw, kw, EPS, hq)
+    heads = gemm.HeadNorms(qw, kw, EPS, hq, whole=whole)
     gemm.reserve_counters(x.device)
     out = torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
 
@@ -253,9 +341,11 @@ def test_head_norms_in_a_captured_graph_use_the_reserved_counters(gen):
         x.copy_(fresh)
         out.fill_(float("nan"))
         graph.replay()
-        ref = _rope_reference(
-            _reference(x, nw, w, None, False), cos, sin, hq + hk, (qw, kw, hq, False)
-        )
+        qkv = _reference(x, nw, w, None, False)
+        if whole:
+            ref = _rope_reference(qkv, cos, sin, hq + hk, whole=(qw, kw, hq))
+        else:
+            ref = _rope_reference(qkv, cos, sin, hq + hk, (qw, kw, hq, False))
         assert_close_rel(out, ref, tol=GEMM_TOL[torch.bfloat16])
 
 
@@ -285,19 +375,29 @@ def test_bad_shapes_are_one_clear_error(gen):
     with pytest.raises(ValueError, match="position must be int32"):
         write = gemm.CacheWrite(keys, keys, at.long(), length, 4)
         gemm.rms_norm_linear_rope(x, nw, EPS, w, None, cos, sin, 8, cache=write)
+    with pytest.raises(ValueError, match=r"head norm weights must be contiguous \(256,\)"):
+        per_head = _rand((64,), gen, torch.bfloat16)
+        whole = gemm.HeadNorms(per_head, per_head, EPS, 4, whole=True)
+        gemm.rms_norm_linear_rope(x, None, EPS, w, None, cos, sin, 8, head_norms=whole)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cache_write", [False, True])
-@pytest.mark.parametrize("head_dim,head_norm", [(64, False), (128, False), (128, True)])
+@pytest.mark.parametrize(
+    "head_dim,head_norm", [(64, False), (128, False), (128, True), (128, "whole")]
+)
 def test_norm_rope_signatures_compile(head_dim, head_norm, cache_write):
-    """The AOT signatures (bias x PDL) compile for sm_90, with and without per-head norms, with
-    and without the KV-cache write."""
+    """The AOT signatures (bias x PDL) compile for sm_90, with and without per-head norms (and
+    OLMo's form: whole-projection norms, no input norm, fp32 tables), with and without the
+    KV-cache write."""
     from cuda.tile.compilation import export_kernel
 
     from tilegym.ops import gemm
 
-    sigs = gemm.norm_rope_signatures(head_dim, head_norm=head_norm, cache_write=cache_write)
+    olmo = dict(norm=False, whole=True, cos_dtype=torch.float32) if head_norm == "whole" else {}
+    sigs = gemm.norm_rope_signatures(
+        head_dim, head_norm=bool(head_norm), cache_write=cache_write, **olmo
+    )
     (kernel,) = sigs
     assert len(sigs[kernel]) == 4
     buf = io.BytesIO()
@@ -384,10 +484,13 @@ def test_kept_counters_are_the_reserved_ones_even_in_private_buffers():
     assert buffers.kept_counters(cpu, 1) is kept
 
 
-def _norm_rope_ptx(pdl: bool, head_norm: bool = False, cache_write: bool = False) -> list[str]:
+def _norm_rope_ptx(
+    pdl: bool, head_norm: bool = False, cache_write: bool = False, whole: bool = False
+) -> list[str]:
     """sm_90 PTX of the kernel at `NORM_ROPE_TILE` with a bias, heads of 128 (with per-head
-    norms or not, with the KV-cache write or not), its aligned AOT arrays with rows a multiple
-    of 16 elements (as the models' are)."""
+    norms or not, with the KV-cache write or not; ``whole``: OLMo's whole-projection norms, no
+    input norm, fp32 tables), its aligned AOT arrays with rows a multiple of 16 elements (as
+    the models' are)."""
     import dataclasses
 
     from cubin_ptx import ptx_lines
@@ -395,9 +498,12 @@ def _norm_rope_ptx(pdl: bool, head_norm: bool = False, cache_write: bool = False
 
     from tilegym.ops import gemm
 
-    forms = gemm.norm_rope_signatures(128, head_norm=head_norm, cache_write=cache_write)
+    olmo = dict(norm=False, whole=True, cos_dtype=torch.float32) if whole else {}
+    forms = gemm.norm_rope_signatures(
+        128, head_norm=head_norm or whole, cache_write=cache_write, **olmo
+    )
     (sigs,) = forms.values()
-    sig = next(s for s in sigs if s.parameters[-6].value and s.parameters[-1].value)
+    sig = next(s for s in sigs if s.parameters[-8].value and s.parameters[-1].value)
     params = [
         dataclasses.replace(p, shape_divisible_by=(1,) * (p.ndim - 1) + (16,))
         if hasattr(p, "ndim")
@@ -424,7 +530,7 @@ def test_norm_rope_gemv_loads_both_halves_before_the_wait_and_the_rest_after(
     wait."""
     from cubin_ptx import global_accesses, instructions
 
-    x, nw, w, b, cos, sin, qw, kw, ws, cnt, y, kc, vc, pos, length = range(15)
+    x, nw, w, b, cos, sin, qw, kw, ws, cnt, y, y3, kc, vc, pos, length = range(16)
     lines = _norm_rope_ptx(True, head_norm, cache_write)
     (wait,) = instructions(lines, "griddepcontrol.wait")
     accesses = global_accesses(lines)
@@ -442,13 +548,15 @@ def test_norm_rope_gemv_loads_both_halves_before_the_wait_and_the_rest_after(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cache_write", [False, True])
-@pytest.mark.parametrize("head_norm", [False, True])
+@pytest.mark.parametrize("head_norm", [False, True, "whole"])
 @pytest.mark.parametrize("pdl", [False, True])
 def test_norm_rope_gemv_fits_eight_blocks_an_sm_without_spills(pdl, head_norm, cache_write):
     """Two accumulators of 2 x 1024 products reduced every step, hinted to 8 blocks an SM: no
-    spills, and at most 65536 / (8 x 128) registers, with the KV-cache write too."""
+    spills, and at most 65536 / (8 x 128) registers, with the KV-cache write too, and with
+    OLMo's whole-projection norms (`WHOLE_NORM_HEADS` heads a step in the last block)."""
     from cubin_ptx import ptxas_usage
 
-    usage = ptxas_usage(_norm_rope_ptx(pdl, head_norm, cache_write))
+    whole = head_norm == "whole"
+    usage = ptxas_usage(_norm_rope_ptx(pdl, bool(head_norm), cache_write, whole))
     assert usage.spill_stores == usage.spill_loads == 0, usage
     assert usage.registers <= 64, usage

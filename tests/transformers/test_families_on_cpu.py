@@ -69,6 +69,7 @@ def _op_calls(model, ids, mask) -> dict[str, int]:
 
 
 PLAIN_PRE_NORM = ("qwen3", "llama", "mistral", "qwen2", "granite", "phi3")
+POST_NORM = ("olmo2", "olmo3")  # whole-projection q/k norms, no input norm
 GATED = ("tilegym::fused_gate_up_silu", "tilegym::fused_gate_up_gelu_tanh")
 
 
@@ -100,10 +101,11 @@ def test_norm_gemv_moves_each_norm_into_the_next_gemm(model_type, norm_gemv):
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_rope_gemv_rotates_in_the_qkv_gemv_at_one_row(model_type):
     """``rope_gemv=1`` (with ``norm_gemv``): a one-row call of a layer on the shared pre-norm
-    forwards whose heads have at most per-head q/k norms before RoPE (no whole-projection norm
-    or output gate) runs ``rms_norm_linear_rope`` (norm, QKV, q/k norms and RoPE in one op)
-    and no RoPE or q/k-norm op; more rows keep ``rms_norm_linear`` and those ops. Batch-1
-    greedy decode, eager and compiled with a static cache, computes upstream's."""
+    forwards whose heads have only q/k norms before RoPE (no output gate) runs
+    ``rms_norm_linear_rope`` (norm, QKV, q/k norms and RoPE in one op) and no RoPE or q/k-norm
+    op; more rows keep ``rms_norm_linear`` and those ops. A post-norm layer (OLMo 2/3: no input
+    norm, whole-projection q/k norms) runs it too, without the norm. Batch-1 greedy decode,
+    eager and compiled with a static cache, computes upstream's."""
     torch._dynamo.reset()
     ids, mask = left_padded_batch(pads=(0,))
     base, fused, handle = _pair(model_type, norm_gemv=1, rope_gemv=1)
@@ -118,6 +120,10 @@ def test_rope_gemv_rotates_in_the_qkv_gemv_at_one_row(model_type):
         assert rotated == layers, one_row
         assert not {"tilegym::apply_rope", "tilegym::qk_norm_rope"} & set(one_row), one_row
         assert prompt.get("tilegym::rms_norm_linear", 0) == layers
+    if model_type in POST_NORM:
+        assert rotated == layers, one_row
+        assert "tilegym::qk_norm_whole_rope" not in one_row, one_row
+        assert prompt.get("tilegym::qk_norm_whole_rope", 0) == layers
     cfg = CompileConfig(fullgraph=True, backend="aot_eager")
     cfg._compile_all_devices = True
     got = greedy(fused, ids, mask, cache_implementation="static", compile_config=cfg)
@@ -148,6 +154,38 @@ def test_rope_gemv_2_writes_the_static_cache_in_the_qkv_gemv(model_type):
     steps = got.shape[1] - 1  # new tokens only; the first comes from the prompt's pass
     assert calls.get("tilegym::rms_norm_linear_rope_cache", 0) == layers * steps, calls
     assert "tilegym::kv_cache_write_at" not in calls, calls
+    cfg = CompileConfig(fullgraph=True, backend="aot_eager")
+    cfg._compile_all_devices = True
+    compiled = greedy(fused, ids, mask, cache_implementation="static", compile_config=cfg)
+    assert torch.equal(compiled, want)
+
+
+@pytest.mark.parametrize("model_type", POST_NORM)
+def test_rope_gemv_2_in_a_post_norm_layer_writes_each_full_attention_layer(model_type):
+    """``rope_gemv=2`` on OLMo's post-norm layers (no input norm): a full-attention layer's
+    decode step writes its keys and values in the QKV + q/k norm + RoPE op; a sliding-window
+    layer (OLMo 3's three of four) rotates in the same op and keeps its ring-buffer write. Greedy
+    decode with a static cache, eager and compiled, computes upstream's tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch._dynamo.reset()
+    ids, mask = left_padded_batch(pads=(0,))
+    base, fused, handle = _pair(model_type, rope_gemv=2)
+    assert handle.applied == list(mp.FLAGS), handle.not_applied
+    want = greedy(base, ids, mask)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        got = greedy(fused, ids, mask, cache_implementation="static")
+    assert torch.equal(got, want)
+    calls: dict[str, int] = {}
+    for event in prof.events():
+        calls[event.name] = calls.get(event.name, 0) + 1
+    layers = len(fused.model.layers)
+    types = getattr(fused.config, "layer_types", None) or ["full_attention"] * layers
+    full, sliding = types.count("full_attention"), types.count("sliding_attention")
+    steps = got.shape[1] - 1
+    assert calls.get("tilegym::rms_norm_linear_rope_cache", 0) == full * steps, calls
+    assert calls.get("tilegym::rms_norm_linear_rope", 0) == sliding * steps, calls
+    assert calls.get("tilegym::kv_cache_ring_write", 0) == sliding * steps, calls
     cfg = CompileConfig(fullgraph=True, backend="aot_eager")
     cfg._compile_all_devices = True
     compiled = greedy(fused, ids, mask, cache_implementation="static", compile_config=cfg)

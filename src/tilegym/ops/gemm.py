@@ -434,7 +434,9 @@ def tilegym_norm_gate_up_gemv_kernel(
     weights' tiles loaded before the PDL wait, the products reduced every K step."""
     bn = ct.bid(0)
     bm = ct.bid(1)
-    gate, up = _norm_pair_dots(X, NW, WG, WU, bm, bn, bn, eps, TM, TN, TK, LATENCY, OFFSET, PDL)
+    gate, up = _norm_pair_dots(
+        X, NW, WG, WU, bm, bn, bn, eps, TM, TN, TK, LATENCY, OFFSET, PDL, True
+    )
     _act_mul_store(gate, up, Y, bm, bn, ACT)
 
 
@@ -454,28 +456,33 @@ def _norm_pair_dots(
     LATENCY: ConstInt,
     OFFSET: ConstBool,
     PDL: ConstBool,
+    NORM: ConstBool,
 ):
     """fp32 (TM, TN) RMSNorm(X) @ WA[bna tile]^T and RMSNorm(X) @ WB[bnb tile]^T: one X tile a K
     step for both, both weights' first tiles loaded before the PDL wait, the products reduced
-    every K step, the row's rsqrt applied once at the end."""
+    every K step, the row's rsqrt applied once at the end (NORM False: X's own products, NW
+    unread)."""
     k_tiles = ct.num_tiles(WA, axis=1, shape=(TN, TK))
     wa = _gemv_w(WA, bna, 0, TN, TK, LATENCY)
     wb = _gemv_w(WB, bnb, 0, TN, TK, LATENCY)
     if PDL:
         ct.grid_dependency_control_wait()
-    x, xw = _gemv_normed_x(X, NW, bm, 0, TM, TK, OFFSET)
+    x, xw = _gemv_maybe_normed_x(X, NW, bm, 0, TM, TK, OFFSET, NORM)
     sq = x * x
     a = ct.sum(_gemv_scaled(xw, wa, TM, TN, TK), axis=2)
     b = ct.sum(_gemv_scaled(xw, wb, TM, TN, TK), axis=2)
     for k in range(1, k_tiles):
         wa = _gemv_w(WA, bna, k, TN, TK, LATENCY)
         wb = _gemv_w(WB, bnb, k, TN, TK, LATENCY)
-        x, xw = _gemv_normed_x(X, NW, bm, k, TM, TK, OFFSET)
+        x, xw = _gemv_maybe_normed_x(X, NW, bm, k, TM, TK, OFFSET, NORM)
         sq = sq + x * x
         a = a + ct.sum(_gemv_scaled(xw, wa, TM, TN, TK), axis=2)
         b = b + ct.sum(_gemv_scaled(xw, wb, TM, TN, TK), axis=2)
-    inv = ct.rsqrt(ct.sum(sq, axis=1, keepdims=True) / X.shape[1] + eps)
-    return a * inv, b * inv
+    if NORM:
+        inv = ct.rsqrt(ct.sum(sq, axis=1, keepdims=True) / X.shape[1] + eps)
+        a = a * inv
+        b = b * inv
+    return a, b
 
 
 @ct.kernel
@@ -491,6 +498,7 @@ def tilegym_norm_rope_gemv_kernel(
     WS,
     CNT,
     Y,
+    Y3,
     KC,
     VC,
     POS,
@@ -509,13 +517,18 @@ def tilegym_norm_rope_gemv_kernel(
     HEAD_NORM: ConstBool,
     HEAD_OFFSET: ConstBool,
     KV_WRITE: ConstBool,
+    NORM: ConstBool,
+    WHOLE: ConstBool,
     PDL: ConstBool,
 ):
     """Y = RMSNorm(X) @ W^T (+ B) for a packed [q; k; v] weight of heads ``2 * HALF`` wide, with
     RoPE on the first ``rot_heads`` heads' outputs (q's and k's), and with HEAD_NORM each of
     those heads RMS-normed first (Qwen3's per-head q_norm / k_norm, weights QW for the first
-    ``q_heads`` heads and KW after; HEAD_OFFSET: ``1 + weight``): the layer's input norm, QKV
-    GEMV, q/k norms and RoPE in one launch at decode.
+    ``q_heads`` heads and KW after, ``[1, 2 * HALF]``; HEAD_OFFSET: ``1 + weight``): the
+    layer's input norm, QKV GEMV, q/k norms and RoPE in one launch at decode. NORM False: no
+    input norm (NW unread; a post-norm layer's QKV GEMV reads the residual stream itself).
+    WHOLE (with HEAD_NORM): OLMo's q/k norms, each over the whole q (or k) projection, weights
+    ``[heads, 2 * HALF]``; ``Y3`` is Y viewed ``[M, heads, 2 * HALF]``.
 
     A block computes ``TN`` outputs of one head's first half and the ``TN`` outputs ``HALF``
     further on, the pairs ``rotate_half`` mixes, then rotates them in fp32 with the row's COS
@@ -530,14 +543,18 @@ def tilegym_norm_rope_gemv_kernel(
     With KV_WRITE the rounded keys (heads ``q_heads`` to ``rot_heads``, rotated) and values
     (the heads after) also go to slot ``POS[0]`` of the static caches KC / VC (``[rows, kv
     heads, capacity, 2 * HALF]``, row ``bm`` a batch row), and block (0, 0) sets ``LEN[0] =
-    POS[0] + 1``: `kv_cache_write_at`'s launch folded into this one."""
+    POS[0] + 1``: `kv_cache_write_at`'s launch folded into this one.
+
+    With WHOLE the counters are one a row and projection (q, then k): the last of the q
+    projection's ``q_heads * HALF / TN`` blocks norms, rotates and stores all q heads
+    (`_whole_norm_rope`), the last of k's all k heads (and writes them to the cache)."""
     chunks = HALF // TN
     h = ct.bid(0) // chunks
     j = ct.bid(0) % chunks
     bm = ct.bid(1)
     bna = h * 2 * chunks + j
     bnb = bna + chunks
-    a, b = _norm_pair_dots(X, NW, W, W, bm, bna, bnb, eps, TM, TN, TK, LATENCY, OFFSET, PDL)
+    a, b = _norm_pair_dots(X, NW, W, W, bm, bna, bnb, eps, TM, TN, TK, LATENCY, OFFSET, PDL, NORM)
     if HAS_BIAS:
         a = a + ct.load(B, (bna,), (TN,), padding_mode=_ZERO, allow_tma=False).astype(
             ct.float32
@@ -551,6 +568,18 @@ def tilegym_norm_rope_gemv_kernel(
         ct.store(Y, index=(bm, bnb), tile=v_hi)
         if KV_WRITE:
             _cache_halves(VC, POS, v_lo, v_hi, bm, h - rot_heads, j, chunks)
+    elif HEAD_NORM and WHOLE:
+        ct.store(WS, index=(bm, h, j), tile=a.reshape((1, 1, TN)), allow_tma=False)
+        ct.store(WS, index=(bm, h, j + chunks), tile=b.reshape((1, 1, TN)), allow_tma=False)
+        kk = h // q_heads  # 0: a q head, 1: a k head (the launcher checks rot_heads <= 2 q_heads)
+        h0 = kk * q_heads
+        nh = q_heads + kk * (rot_heads - 2 * q_heads)
+        slot = bm * 2 + kk
+        if ct.atomic_add(CNT, slot, 1) == nh * chunks - 1:
+            _whole_norm_rope(
+                WS, COS, SIN, QW, KW, Y3, KC, POS, bm, h0, nh, kk, head_eps, HALF, KV_WRITE
+            )
+            ct.atomic_xchg(CNT, slot, 0)
     elif HEAD_NORM:
         ct.store(WS, index=(bm, h, j), tile=a.reshape((1, 1, TN)), allow_tma=False)
         ct.store(WS, index=(bm, h, j + chunks), tile=b.reshape((1, 1, TN)), allow_tma=False)
@@ -603,11 +632,11 @@ def _head_norm_rope(
     hi = ct.load(WS, (bm, h, 1), (1, 1, HALF), allow_tma=False).reshape((1, HALF))
     inv = ct.rsqrt((ct.sum(lo * lo) + ct.sum(hi * hi)) / (2 * HALF) + head_eps)
     if h < q_heads:
-        w_lo = ct.load(QW, (0,), (HALF,), allow_tma=False).astype(ct.float32).reshape((1, HALF))
-        w_hi = ct.load(QW, (1,), (HALF,), allow_tma=False).astype(ct.float32).reshape((1, HALF))
+        w_lo = ct.load(QW, (0, 0), (1, HALF), allow_tma=False).astype(ct.float32)
+        w_hi = ct.load(QW, (0, 1), (1, HALF), allow_tma=False).astype(ct.float32)
     else:
-        w_lo = ct.load(KW, (0,), (HALF,), allow_tma=False).astype(ct.float32).reshape((1, HALF))
-        w_hi = ct.load(KW, (1,), (HALF,), allow_tma=False).astype(ct.float32).reshape((1, HALF))
+        w_lo = ct.load(KW, (0, 0), (1, HALF), allow_tma=False).astype(ct.float32)
+        w_hi = ct.load(KW, (0, 1), (1, HALF), allow_tma=False).astype(ct.float32)
     if OFFSET:
         w_lo = w_lo + 1.0
         w_hi = w_hi + 1.0
@@ -622,6 +651,71 @@ def _head_norm_rope(
     ct.store(Y, index=(bm, 2 * h), tile=lo)
     ct.store(Y, index=(bm, 2 * h + 1), tile=hi)
     return lo, hi
+
+
+#: heads a step of `_whole_norm_rope` holds: at head dim 128 and 8 blocks an SM, sm_90 ptxas
+#: fits 4 (two (1, 4, 64) fp32 halves) in 60-61 registers without spills; 8 spilled 64-160 bytes
+WHOLE_NORM_HEADS = 4
+
+
+@ct.function
+def _whole_heads(A, h0, nh):
+    """Heads ``h0 .. h0 + nh`` of A's axis 1 (one projection's heads of WS, Y3, a weight)."""
+    return A.slice(axis=1, start=h0, stop=h0 + nh)
+
+
+@ct.function
+def _whole_norm_rope(
+    WS, COS, SIN, QW, KW, Y3, KC, POS, bm, h0, nh, kk, head_eps, HALF: ConstInt, KV: ConstBool
+):
+    """Row ``bm``'s heads ``h0 .. h0 + nh`` (its whole q or k projection) from WS (fp32): RMS-
+    normed together over all ``nh * 2 * HALF`` values with the ``[nh, 2 * HALF]`` weight (QW,
+    or KW where ``kk`` is 1), rotated with the row's COS / SIN, stored to Y3 (and with KV, k's to
+    the cache KC at ``POS[0]``). ``WHOLE_NORM_HEADS`` heads a step: one pass sums the squares,
+    a second norms, rotates and stores."""
+    HB = WHOLE_NORM_HEADS
+    ws = _whole_heads(WS, h0, nh)
+    steps = ct.cdiv(nh, HB)
+    ss = ct.full((1, HB, 1), 0.0, dtype=ct.float32)
+    for t in range(steps):
+        lo = ct.load(ws, (bm, t, 0), (1, HB, HALF), padding_mode=_ZERO, allow_tma=False)
+        hi = ct.load(ws, (bm, t, 1), (1, HB, HALF), padding_mode=_ZERO, allow_tma=False)
+        ss = ss + ct.sum(lo * lo, axis=2, keepdims=True) + ct.sum(hi * hi, axis=2, keepdims=True)
+    inv = ct.rsqrt(ct.sum(ss) / (nh * 2 * HALF) + head_eps)
+    c1 = ct.load(COS, (bm, 0), (1, HALF), allow_tma=False).astype(ct.float32).reshape((1, 1, HALF))
+    c2 = ct.load(COS, (bm, 1), (1, HALF), allow_tma=False).astype(ct.float32).reshape((1, 1, HALF))
+    s1 = ct.load(SIN, (bm, 0), (1, HALF), allow_tma=False).astype(ct.float32).reshape((1, 1, HALF))
+    s2 = ct.load(SIN, (bm, 1), (1, HALF), allow_tma=False).astype(ct.float32).reshape((1, 1, HALF))
+    y = _whole_heads(Y3, h0, nh)
+    pos = ct.gather(POS, 0)
+    for t in range(steps):
+        lo = ct.load(ws, (bm, t, 0), (1, HB, HALF), padding_mode=_ZERO, allow_tma=False)
+        hi = ct.load(ws, (bm, t, 1), (1, HB, HALF), padding_mode=_ZERO, allow_tma=False)
+        if kk == 1:
+            w_lo = ct.load(KW, (t, 0), (HB, HALF), padding_mode=_ZERO, allow_tma=False)
+            w_hi = ct.load(KW, (t, 1), (HB, HALF), padding_mode=_ZERO, allow_tma=False)
+        else:
+            w_lo = ct.load(QW, (t, 0), (HB, HALF), padding_mode=_ZERO, allow_tma=False)
+            w_hi = ct.load(QW, (t, 1), (HB, HALF), padding_mode=_ZERO, allow_tma=False)
+        n_lo = lo * inv * w_lo.astype(ct.float32).reshape((1, HB, HALF))
+        n_hi = hi * inv * w_hi.astype(ct.float32).reshape((1, HB, HALF))
+        r_lo = ct.astype(n_lo * c1 - n_hi * s1, Y3.dtype)
+        r_hi = ct.astype(n_hi * c2 + n_lo * s2, Y3.dtype)
+        ct.store(y, index=(bm, t, 0), tile=r_lo, allow_tma=False)
+        ct.store(y, index=(bm, t, 1), tile=r_hi, allow_tma=False)
+        if KV:
+            _cache_whole_heads(KC, pos, r_lo, r_hi, bm, t, kk)
+
+
+@ct.function
+def _cache_whole_heads(KC, pos, lo, hi, bm, t, kk):
+    """Step ``t``'s (1, heads, n) halves into cache slot ``pos`` of row ``bm``, if they are k's
+    (``kk`` 1): `_cache_halves` for a group of heads."""
+    if kk == 1:
+        hb, n = lo.shape[1], lo.shape[2]
+        row = KC.slice(axis=2, start=pos, stop=pos + 1)
+        ct.store(row, index=(bm, t, 0, 0), tile=lo.reshape((1, hb, 1, n)), allow_tma=False)
+        ct.store(row, index=(bm, t, 0, 1), tile=hi.reshape((1, hb, 1, n)), allow_tma=False)
 
 
 @ct.kernel
@@ -672,6 +766,19 @@ def _gemv_normed_x(X, NW, bm, k, TM: ConstInt, TK: ConstInt, OFFSET: ConstBool):
     if OFFSET:
         nw = nw + 1.0
     return x, x * nw.reshape((1, TK))
+
+
+@ct.function
+def _gemv_maybe_normed_x(
+    X, NW, bm, k, TM: ConstInt, TK: ConstInt, OFFSET: ConstBool, NORM: ConstBool
+):
+    """`_gemv_normed_x`, or (NORM False) the X tile twice: a GEMV without the input norm."""
+    if NORM:
+        x, xw = _gemv_normed_x(X, NW, bm, k, TM, TK, OFFSET)
+    else:
+        x = _gemv_x(X, bm, k, TM, TK)
+        xw = x
+    return x, xw
 
 
 @ct.function
@@ -1193,13 +1300,18 @@ NORM_ROPE_TILE = TileConfig(1, 2, 1024, gemv=True, occupancy=8)
 class HeadNorms:
     """Per-head q/k RMSNorms between the QKV projection and RoPE (Qwen3's ``q_norm`` /
     ``k_norm``): their ``[D]`` weights, eps, the number of q heads (k's follow), and Gemma's
-    ``1 + weight`` form."""
+    ``1 + weight`` form. ``whole``: OLMo's norms, each over the whole q (k) projection, weights
+    ``[q heads * D]`` (``[k heads * D]``); ``round_once`` is how the CPU reference rounds them
+    (OLMo 2/3's normed row times the weight rounded once, else Llama's norm), as
+    ``qk_norm_whole_rope``'s ``round_once`` (the kernel rounds only its result)."""
 
     q_weight: torch.Tensor
     k_weight: torch.Tensor
     eps: float
     q_heads: int
     unit_offset: bool = False
+    whole: bool = False
+    round_once: bool = False
 
 
 @dataclass(frozen=True)
@@ -1235,31 +1347,50 @@ def _check_cache_write(cw: CacheWrite, x: torch.Tensor, m: int, n: int, d: int, 
     check_device_counters(cw.position, cw.length)
 
 
+def _check_head_norms(heads: HeadNorms, dtype: torch.dtype, d: int, rot: int) -> None:
+    if not 0 < heads.q_heads <= rot <= 2 * heads.q_heads:
+        raise ValueError(f"rms_norm_linear_rope: {heads.q_heads} q heads of {rot} rotated")
+    widths = (heads.q_heads * d, (rot - heads.q_heads) * d) if heads.whole else (d, d)
+    for w, width in zip((heads.q_weight, heads.k_weight), widths, strict=True):
+        if w.shape != (width,) or w.dtype != dtype or w.stride(0) != 1:
+            raise ValueError(
+                f"rms_norm_linear_rope: head norm weights must be contiguous ({width},) "
+                f"{dtype}, got {tuple(w.shape)} {w.dtype}"
+            )
+
+
 def _launch_norm_rope(x2, norm_weight, eps, weight, bias, tables, rot, out2, cfg, offset, extra):
-    """The norm + QKV + RoPE GEMV kernel (with ``heads``, the per-head norms too; with
-    ``cache``, the KV-cache write), with PDL as `_launch_gemv` decides it."""
+    """The norm + QKV + RoPE GEMV kernel (with ``heads``, the q/k norms too; with ``cache``,
+    the KV-cache write; without ``norm_weight``, no input norm), with PDL as `_launch_gemv`
+    decides it."""
     heads, cache = extra
     cos2, sin2 = tables
     m, d = cos2.shape
     pdl = GEMV_PDL and _pdl_ready(weight)
     b = bias if bias is not None else _BUFFERS.dummies(x2.device, x2.dtype)[0]
+    nw = norm_weight if norm_weight is not None else b
     q_heads = cache.q_heads if cache is not None else 0
+    whole = heads is not None and heads.whole
     if heads is None:
         ws, cnt = _BUFFERS.placeholders(x2.device)
-        qw, kw, head_eps = b, b, 0.0
+        qw = kw = b.view(1, -1)
+        head_eps = 0.0
     else:
         ws = _BUFFERS.workspace(x2.device, m * rot * d)[: m * rot * d].view(m, rot, d)
-        cnt = _BUFFERS.kept_counters(x2.device, m * rot)
-        qw, kw, head_eps, q_heads = heads.q_weight, heads.k_weight, heads.eps, heads.q_heads
+        cnt = _BUFFERS.kept_counters(x2.device, m * (2 if whole else rot))
+        qw, kw = heads.q_weight.view(-1, d), heads.k_weight.view(-1, d)
+        head_eps, q_heads = heads.eps, heads.q_heads
     if cache is None:
         kc = vc = b.view(1, 1, 1, -1)
         pos = length = cnt.view(-1)[:1]
     else:
         kc, vc, pos, length = cache.keys, cache.values, cache.position, cache.length.view(1)
-    args = (x2, norm_weight, weight, b, cos2, sin2, qw, kw, ws, cnt, out2, kc, vc, pos, length)
+    y3 = out2.view(m, -1, d)
+    args = (x2, nw, weight, b, cos2, sin2, qw, kw, ws, cnt, out2, y3, kc, vc, pos, length)
     args += (float(eps), float(head_eps), int(rot), int(q_heads), d // 2, *_gemv_tiles(cfg))
     args += (bias is not None, bool(offset), heads is not None)
-    args += (bool(heads is not None and heads.unit_offset), cache is not None, pdl)
+    args += (bool(heads is not None and heads.unit_offset), cache is not None)
+    args += (norm_weight is not None, whole, pdl)
     grid = (weight.shape[0] // (2 * cfg.tn), math.ceil(x2.shape[0] / cfg.tm), 1)
     kernel = hinted(tilegym_norm_rope_gemv_kernel, cfg, grid[0])
     ct.launch(stream(x2.device), grid, kernel, args, programmatic_dependent_launch=pdl)
@@ -1267,7 +1398,7 @@ def _launch_norm_rope(x2, norm_weight, eps, weight, bias, tables, rot, out2, cfg
 
 def rms_norm_linear_rope(
     x: torch.Tensor,
-    norm_weight: torch.Tensor,
+    norm_weight: torch.Tensor | None,
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -1287,13 +1418,15 @@ def rms_norm_linear_rope(
     input norm, QKV projection, q/k norms and RoPE in one launch of
     `tilegym_norm_rope_gemv_kernel`. ``cos``/``sin``: one ``[D]`` row per row of x (``[...,
     D]``, as a rotary module returns them). With ``cache`` the new keys and values also go
-    into a static KV cache (`CacheWrite`; row r of x is the cache's batch row r). Meant for
-    decode (a few rows): every row is a GEMV
+    into a static KV cache (`CacheWrite`; row r of x is the cache's batch row r). Without
+    ``norm_weight`` there is no input norm: ``linear(x, weight, bias)`` (OLMo's post-norm
+    layers). Meant for decode (a few rows): every row is a GEMV
     (`NORM_ROPE_TILE` unless ``config``, one row a block: two rows a block with 8-row tiles
     faulted with a misaligned address on an H100, 12-06, cause not found)."""
     k = x.shape[-1]
     _check(x, weight, k)
-    norm_weight = _norm_weight(norm_weight, k)
+    if norm_weight is not None:
+        norm_weight = _norm_weight(norm_weight, k)
     n, d = weight.shape[0], cos.shape[-1]
     x2 = _as_2d(x)
     m = x2.shape[0]
@@ -1309,19 +1442,10 @@ def rms_norm_linear_rope(
             f"rms_norm_linear_rope: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must be one "
             f"[{d}] row per row of x ({m}); rotated heads {rotated_heads} of {n // d}"
         )
-    if norm_weight.dtype != x.dtype:
+    if norm_weight is not None and norm_weight.dtype != x.dtype:
         raise ValueError(f"rms_norm_linear_rope: norm weight {norm_weight.dtype}, x {x.dtype}")
     if head_norms is not None:
-        for w in (head_norms.q_weight, head_norms.k_weight):
-            if w.shape != (d,) or w.dtype != x.dtype or w.stride(0) != 1:
-                raise ValueError(
-                    f"rms_norm_linear_rope: head norm weights must be contiguous ({d},) "
-                    f"{x.dtype}, got {tuple(w.shape)} {w.dtype}"
-                )
-        if not 0 < head_norms.q_heads <= rotated_heads <= 2 * head_norms.q_heads:
-            raise ValueError(
-                f"rms_norm_linear_rope: {head_norms.q_heads} q heads of {rotated_heads} rotated"
-            )
+        _check_head_norms(head_norms, x.dtype, d, rotated_heads)
     if cache is not None:
         _check_cache_write(cache, x, m, n, d, rotated_heads)
         if head_norms is not None and head_norms.q_heads != cache.q_heads:
@@ -1524,12 +1648,15 @@ def norm_rope_signatures(
     head_norm: bool = False,
     head_offset: bool = False,
     cache_write: bool = False,
+    norm: bool = True,
+    whole: bool = False,
 ) -> dict:
     """`tilegym_norm_rope_gemv_kernel` at `NORM_ROPE_TILE` for heads ``head_dim`` wide: with and
     without bias and PDL, the plain input norm weight, 16-byte aligned tensors (what a model
     passes); cos/sin in the activations' dtype unless ``cos_dtype``; ``head_norm`` (and
-    ``head_offset``): the per-head q/k norms' form; ``cache_write``: the static KV-cache write
-    (transformers' int64 length)."""
+    ``head_offset``): the per-head q/k norms' form (``whole``: OLMo's whole-projection form);
+    ``cache_write``: the static KV-cache write (transformers' int64 length); ``norm`` False:
+    no input norm."""
     from cuda.tile.compilation import CallingConvention, KernelSignature, ScalarConstraint
 
     from tilegym.ops.attention import array_constraint as arr
@@ -1544,13 +1671,14 @@ def norm_rope_signatures(
         dt = ct_dtypes[torch_dt]
         cdt = ct_dtypes[cos_dtype or torch_dt]
         io = [arr(dt, 2), arr(dt, 1), arr(dt, 2), arr(dt, 1), arr(cdt, 2), arr(cdt, 2)]
-        io += [arr(dt, 1), arr(dt, 1), arr(ct.float32, 3), arr(ct.int32, 1), arr(dt, 2)]
-        io += [arr(dt, 4), arr(dt, 4), arr(ct.int32, 1)]
+        io += [arr(dt, 2), arr(dt, 2), arr(ct.float32, 3), arr(ct.int32, 1), arr(dt, 2)]
+        io += [arr(dt, 3), arr(dt, 4), arr(dt, 4), arr(ct.int32, 1)]
         io += [arr(ct.int64 if cache_write else ct.int32, 1)]
         scalars = [f32, f32, i32, i32, head_dim // 2, *_gemv_tiles(cfg)]
         for has_bias in (False, True):
             for pdl in (False, True):
-                flags = [has_bias, False, head_norm, head_norm and head_offset, cache_write, pdl]
+                flags = [has_bias, False, head_norm, head_norm and head_offset, cache_write]
+                flags += [norm, head_norm and whole, pdl]
                 sigs.append(KernelSignature([*io, *scalars, *flags], cconv))
     return {kernel: sigs}
 

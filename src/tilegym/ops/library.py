@@ -391,7 +391,7 @@ def _(x, norm_weight, eps, weight, bias, unit_offset=False):
 @_op("rms_norm_linear_rope")
 def rms_norm_linear_rope_op(
     x: Tensor,
-    norm_weight: Tensor,
+    norm_weight: Tensor | None,
     eps: float,
     weight: Tensor,
     bias: Tensor | None,
@@ -404,8 +404,11 @@ def rms_norm_linear_rope_op(
     head_eps: float = 0.0,
     q_heads: int = 0,
     head_unit_offset: bool = False,
+    head_whole: bool = False,
+    head_round_once: bool = False,
 ) -> Tensor:
-    heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, head_unit_offset)
+    form = (head_unit_offset, head_whole, head_round_once)
+    heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, *form)
     args = (x, norm_weight, eps, weight, bias, cos, sin, rotated_heads)
     return _fused_rope(args, unit_offset, heads)
 
@@ -421,14 +424,16 @@ def _fused_rope(args, unit_offset, heads, cache=None) -> Tensor:
 def _rope_reference(args, unit_offset, heads) -> Tensor:
     """The custom ops' CPU body: the norm, then `rms_norm_linear_rope_reference`."""
     x, norm_weight, eps, weight, bias, cos, sin, rotated_heads = args
-    normed = _rms_norm.rms_norm_reference(x, norm_weight, eps, unit_offset)
+    normed = x
+    if norm_weight is not None:
+        normed = _rms_norm.rms_norm_reference(x, norm_weight, eps, unit_offset)
     return rms_norm_linear_rope_reference(normed, weight, bias, cos, sin, rotated_heads, heads)
 
 
-def _head_norms(q_weight, k_weight, eps, q_heads, unit_offset):
+def _head_norms(q_weight, k_weight, eps, q_heads, unit_offset, whole=False, round_once=False):
     if q_weight is None:
         return None
-    return _gemm.HeadNorms(q_weight, k_weight, eps, q_heads, unit_offset)
+    return _gemm.HeadNorms(q_weight, k_weight, eps, q_heads, unit_offset, whole, round_once)
 
 
 @rms_norm_linear_rope_op.register_kernel("cpu")
@@ -447,8 +452,11 @@ def _(
     head_eps=0.0,
     q_heads=0,
     head_unit_offset=False,
+    head_whole=False,
+    head_round_once=False,
 ):
-    heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, head_unit_offset)
+    form = (head_unit_offset, head_whole, head_round_once)
+    heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, *form)
     return _rope_reference(
         (x, norm_weight, eps, weight, bias, cos, sin, rotated_heads), unit_offset, heads
     )
@@ -467,9 +475,18 @@ def rms_norm_linear_rope_reference(
     if head_norms is not None:
         nq = head_norms.q_heads
         q, k = rot[..., :nq, :], rot[..., nq:, :]
-        norm = _rms_norm.rms_norm_reference
-        q = norm(q, head_norms.q_weight, head_norms.eps, head_norms.unit_offset)
-        k = norm(k, head_norms.k_weight, head_norms.eps, head_norms.unit_offset)
+        if head_norms.whole:  # OLMo's: each norm over the whole projection
+            h_eps = head_norms.eps
+            q, k = (
+                _qk_whole.whole_rms_norm_reference(
+                    t.flatten(-2), w, h_eps, head_norms.round_once
+                ).unflatten(-1, t.shape[-2:])
+                for t, w in ((q, head_norms.q_weight), (k, head_norms.k_weight))
+            )
+        else:
+            norm = _rms_norm.rms_norm_reference
+            q = norm(q, head_norms.q_weight, head_norms.eps, head_norms.unit_offset)
+            k = norm(k, head_norms.k_weight, head_norms.eps, head_norms.unit_offset)
         rot = torch.cat((q, k), dim=-2)
     c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
     halves = torch.cat((-rot[..., d // 2 :], rot[..., : d // 2]), dim=-1)
@@ -485,7 +502,7 @@ def _(x, norm_weight, eps, weight, bias, cos, sin, rotated_heads, *args):
 @_op("rms_norm_linear_rope_cache", mutates_args=("k_cache", "v_cache", "length"))
 def rms_norm_linear_rope_cache_op(
     x: Tensor,
-    norm_weight: Tensor,
+    norm_weight: Tensor | None,
     eps: float,
     weight: Tensor,
     bias: Tensor | None,
@@ -502,8 +519,11 @@ def rms_norm_linear_rope_cache_op(
     k_norm_weight: Tensor | None = None,
     head_eps: float = 0.0,
     head_unit_offset: bool = False,
+    head_whole: bool = False,
+    head_round_once: bool = False,
 ) -> Tensor:
-    heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, head_unit_offset)
+    form = (head_unit_offset, head_whole, head_round_once)
+    heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, *form)
     write = _gemm.CacheWrite(k_cache, v_cache, position, length, q_heads)
     args = (x, norm_weight, eps, weight, bias, cos, sin, rotated_heads)
     return _fused_rope(args, unit_offset, heads, write)
@@ -529,8 +549,11 @@ def _(
     k_norm_weight=None,
     head_eps=0.0,
     head_unit_offset=False,
+    head_whole=False,
+    head_round_once=False,
 ):
-    heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, head_unit_offset)
+    form = (head_unit_offset, head_whole, head_round_once)
+    heads = _head_norms(q_norm_weight, k_norm_weight, head_eps, q_heads, *form)
     args = (x, norm_weight, eps, weight, bias, cos, sin, rotated_heads)
     out = _rope_reference(args, unit_offset, heads)
     _write_new_token(out, k_cache, v_cache, position, length, q_heads, rotated_heads)
@@ -1024,7 +1047,7 @@ def rms_norm_linear(
 
 def rms_norm_linear_rope(
     x: Tensor,
-    norm_weight: Tensor,
+    norm_weight: Tensor | None,
     eps: float,
     weight: Tensor,
     bias: Tensor | None,
@@ -1035,24 +1058,26 @@ def rms_norm_linear_rope(
     head_norms=None,
     cache=None,
 ) -> Tensor:
-    """``linear(RMSNorm(x), weight, bias)`` with RoPE on the first ``rotated_heads`` heads of
-    the packed [q; k; v] output, each RMS-normed first with ``head_norms`` (a
-    ``gemm.HeadNorms``), and with ``cache`` (a ``gemm.CacheWrite``) the new keys and values
-    written into a static KV cache: one launch (``gemm.rms_norm_linear_rope``; for decode)."""
+    """``linear(RMSNorm(x), weight, bias)`` (without ``norm_weight``: ``linear(x, ...)``) with
+    RoPE on the first ``rotated_heads`` heads of the packed [q; k; v] output, each RMS-normed
+    first with ``head_norms`` (a ``gemm.HeadNorms``, per head or whole-projection), and with
+    ``cache`` (a ``gemm.CacheWrite``) the new keys and values written into a static KV cache:
+    one launch (``gemm.rms_norm_linear_rope``; for decode)."""
     args = (x, norm_weight, float(eps), weight, bias, cos, sin, int(rotated_heads))
     if not _use_op(x):
         return _gemm.rms_norm_linear_rope(
             *args, unit_offset=unit_offset, head_norms=head_norms, cache=cache
         )
     h = head_norms
+    form = () if h is None else (bool(h.unit_offset), bool(h.whole), bool(h.round_once))
     if cache is not None:
-        heads = () if h is None else (h.q_weight, h.k_weight, float(h.eps), bool(h.unit_offset))
+        heads = () if h is None else (h.q_weight, h.k_weight, float(h.eps), *form)
         c = cache
         where = (c.keys, c.values, c.position, c.length, int(c.q_heads), bool(unit_offset))
         return rms_norm_linear_rope_cache_op(*args, *where, *heads)
     heads = ()
     if h is not None:
-        heads = (h.q_weight, h.k_weight, float(h.eps), int(h.q_heads), bool(h.unit_offset))
+        heads = (h.q_weight, h.k_weight, float(h.eps), int(h.q_heads), *form)
     return rms_norm_linear_rope_op(*args, bool(unit_offset), *heads)
 
 

@@ -201,11 +201,10 @@ def make_attention_forward(
         rotated, written = False, None
         if routes.linear:
             w, b = fused.get(self, names)
-            if pre_norm is None:
-                qkv = gemm.linear(hidden_states, w, b)
-            elif rope and rope_in_gemv(routes, family, self, pre_norm, hidden_states, cos):
-                eps, offset = norm_eps(pre_norm), family.norm_unit_offset
-                args = (hidden_states, pre_norm.weight, eps, w, b, cos, sin, hq + hk, offset)
+            if rope and rope_in_gemv(routes, family, self, pre_norm, hidden_states, cos):
+                offset = family.norm_unit_offset
+                nw, eps = (None, 0.0) if pre_norm is None else (pre_norm.weight, norm_eps(pre_norm))
+                args = (hidden_states, nw, eps, w, b, cos, sin, hq + hk, offset)
                 heads = head_norms(family, self, hq)
                 if routes.rope_gemv == 2 and cache is not None:
                     layer_idx, dtype = self.layer_idx, hidden_states.dtype
@@ -218,6 +217,8 @@ def make_attention_forward(
                     )
                 qkv = gemm.rms_norm_linear_rope(*args, heads, write)
                 rotated = True
+            elif pre_norm is None:
+                qkv = gemm.linear(hidden_states, w, b)
             else:
                 eps, offset = norm_eps(pre_norm), family.norm_unit_offset
                 qkv = gemm.rms_norm_linear(hidden_states, pre_norm.weight, eps, w, b, offset)
@@ -314,30 +315,33 @@ def make_attention_forward(
 
 
 def rope_in_gemv(routes: Routes, family: Family, attn, pre_norm, hidden, cos) -> bool:
-    """Whether this call's RoPE rides in the norm + QKV GEMV's epilogue (``rope_gemv``): one
-    decode row, whole-head tables, nothing between the projection and RoPE but per-head q/k
-    norms (no whole-projection norms, output gate, clamp or half tables), and the norm weights
-    in the activations' dtype."""
+    """Whether this call's RoPE rides in the QKV GEMV's epilogue (``rope_gemv``; with the input
+    norm in its K loop where the layer hands it over, ``pre_norm``): one decode row, whole-head
+    tables, nothing between the projection and RoPE but q/k norms, per head (Qwen3) or over the
+    whole projection (OLMo 2/3) (no output gate, clamp or half tables), and the norm weights in
+    the activations' dtype."""
     if not (routes.rope_gemv and routes.rope and routes.rms_norm):
         return False
     if hidden.shape[:-1].numel() != 1 or cos.shape[-1] != attn.head_dim:
         return False
-    if family.qk_norm_whole or family.attn_output_gate or family.rope_half_table:
+    if family.attn_output_gate or family.rope_half_table:
         return False
     if family.clip_qkv and getattr(attn.config, "clip_qkv", None) is not None:
         return False
-    weights = [pre_norm.weight]
+    weights = [] if pre_norm is None else [pre_norm.weight]
     if family.qk_norm:
         weights += [attn.q_norm.weight, attn.k_norm.weight]
     return all(w.dtype == hidden.dtype for w in weights)
 
 
 def head_norms(family: Family, attn, q_heads: int):
-    """The per-head q/k norms `rms_norm_linear_rope` applies before RoPE (None without)."""
+    """The q/k norms `rms_norm_linear_rope` applies before RoPE (None without): per head, or
+    OLMo's over the whole projection (``qk_norm_whole``, rounded as the family rounds them)."""
     if not family.qk_norm:
         return None
-    eps = norm_eps(attn.q_norm)
-    return HeadNorms(attn.q_norm.weight, attn.k_norm.weight, eps, q_heads, family.norm_unit_offset)
+    eps, offset = norm_eps(attn.q_norm), family.norm_unit_offset
+    whole, once = family.qk_norm_whole, family.qk_norm_round_once
+    return HeadNorms(attn.q_norm.weight, attn.k_norm.weight, eps, q_heads, offset, whole, once)
 
 
 def upstream_rope(family: Family) -> Callable:

@@ -37,13 +37,15 @@ FLAGS = ("rope", "rms_norm", "swiglu", "attn", "linear")
 #: before it; 2: also its post-attention norm in the MLP's gate/up GEMM with the activation
 #: (``rms_norm_gate_up``; with ``swiglu``, where o_proj takes the residual). Layers with their
 #: own forwards (post-norm, sandwich-norm, a family's own attention, MLP or layer builder, MoE
-#: blocks, linear-attention mixers) keep the norm launches. ``rope_gemv`` 1: with ``norm_gemv``
-#: and ``rope`` routed, a decode row's RoPE runs in the epilogue of that QKV GEMV
-#: (``rms_norm_linear_rope``: norm, projection, per-head q/k norms and RoPE in one launch)
-#: where nothing else sits between them (no whole-projection q/k norm, output gate or partial
-#: rotary); other calls keep the RoPE kernels. 2: that launch also writes the new keys and
-#: values into a static cache's layer (``StaticLayer`` at the mask's device position), where
-#: the KV-cache write kernel did; other caches keep their writes.
+#: blocks, linear-attention mixers) keep the norm launches. ``rope_gemv`` 1: with ``rope`` and
+#: ``rms_norm`` routed, a decode row's RoPE runs in the epilogue of its QKV GEMV
+#: (``rms_norm_linear_rope``: the projection, its q/k norms, per head or over the whole
+#: projection (OLMo), and RoPE in one launch; with ``norm_gemv`` the input norm too) where
+#: nothing else sits between them (no output gate, clamp or partial rotary), in every layer
+#: that runs the shared attention forward (post-norm ones included); other calls keep the RoPE
+#: kernels. 2: that launch also writes the new keys and values into a static cache's layer
+#: (``StaticLayer`` at the mask's device position), where the KV-cache write kernel did; other
+#: caches (a sliding window's ring buffer) keep their writes.
 TUNING = {"rope_heads": 0, "norm_gemv": 0, "rope_gemv": 0}
 MAX_ROPE_HEADS = 64
 GEMM_API = (
@@ -298,7 +300,7 @@ def _apply_description(
         act=act,
         rope_heads=tuning["rope_heads"],
         norm_gemv=tuning["norm_gemv"] if _norm_gemv_fits(desc, flags, gemm) else 0,
-        rope_gemv=tuning["rope_gemv"] if _norm_gemv_fits(desc, flags, gemm) else 0,
+        rope_gemv=tuning["rope_gemv"] if _rope_gemv_fits(desc, flags, gemm) else 0,
     )
     fused = FusedWeights()
     handle.repacked = fused
@@ -571,6 +573,12 @@ def parse_setting(item: str) -> tuple[str, bool | int]:
         return flag, value == "True"
     want = f"{flag}=N (an integer)" if flag in TUNING else f"{flag}=True or {flag}=False"
     raise ValueError(f"{item}: expected {want}")
+
+
+def _rope_gemv_fits(desc, flags: dict[str, bool], gemm) -> bool:
+    """Whether the shared attention forward runs with norms and GEMMs routed (``rope_gemv``'s
+    path; any layer form: a post-norm layer's QKV GEMV has no input norm to take)."""
+    return "Attention" not in desc.forwards and flags["rms_norm"] and gemm is not None
 
 
 def _norm_gemv_fits(desc, flags: dict[str, bool], gemm) -> bool:
