@@ -79,8 +79,10 @@ def test_norm_gemv_moves_each_norm_into_the_next_gemm(model_type, norm_gemv):
     """``norm_gemv=1``: every layer on the shared pre-norm forwards calls ``rms_norm_linear``
     (its input norm and QKV GEMM) where it called ``rms_norm`` then ``linear``; 2: a dense MLP
     after a residual-folding o_proj also calls ``rms_norm_gate_up`` where it called ``rms_norm``
-    then the fused gate/up GEMM. Layers with forwards of their own keep both; the model
-    computes upstream's, with left padding."""
+    then the fused gate/up GEMM. A post-norm layer (OLMo 2/3) at 2 calls
+    ``add_rms_norm_gate_up`` (its attention's norm, residual add and gate/up) where it called
+    ``rms_norm_add`` then the gate/up GEMM. Layers with forwards of their own keep both; the
+    model computes upstream's, with left padding."""
     ids, mask = left_padded_batch()
     _, plain, _ = _pair(model_type)
     base, fused, handle = _pair(model_type, norm_gemv=norm_gemv)
@@ -91,11 +93,16 @@ def test_norm_gemv_moves_each_norm_into_the_next_gemm(model_type, norm_gemv):
     mlp = after.get("tilegym::rms_norm_gate_up", 0)
     assert before.get("tilegym::rms_norm", 0) - after.get("tilegym::rms_norm", 0) == qkv + mlp
     assert before.get("tilegym::linear", 0) - after.get("tilegym::linear", 0) == qkv
+    post = after.get("tilegym::add_rms_norm_gate_up", 0)
     gated = sum(before.get(n, 0) - after.get(n, 0) for n in GATED)
-    assert gated == mlp
+    assert gated == mlp + post
+    added = before.get("tilegym::rms_norm_add", 0) - after.get("tilegym::rms_norm_add", 0)
+    assert added == post
     layers = fused.config.num_hidden_layers
     if model_type in PLAIN_PRE_NORM:
         assert (qkv, mlp) == (layers, layers if norm_gemv == 2 else 0)
+    if model_type in POST_NORM:
+        assert (qkv, mlp, post) == (0, 0, layers if norm_gemv == 2 else 0)
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
@@ -160,17 +167,19 @@ def test_rope_gemv_2_writes_the_static_cache_in_the_qkv_gemv(model_type):
     assert torch.equal(compiled, want)
 
 
+@pytest.mark.parametrize("norm_gemv", [0, 2])
 @pytest.mark.parametrize("model_type", POST_NORM)
-def test_rope_gemv_2_in_a_post_norm_layer_writes_each_full_attention_layer(model_type):
+def test_rope_gemv_2_in_a_post_norm_layer_writes_each_full_attention_layer(model_type, norm_gemv):
     """``rope_gemv=2`` on OLMo's post-norm layers (no input norm): a full-attention layer's
     decode step writes its keys and values in the QKV + q/k norm + RoPE op; a sliding-window
-    layer (OLMo 3's three of four) rotates in the same op and keeps its ring-buffer write. Greedy
-    decode with a static cache, eager and compiled, computes upstream's tokens."""
+    layer (OLMo 3's three of four) rotates in the same op and keeps its ring-buffer write. With
+    ``norm_gemv=2`` too (the attention's norm and add in the gate/up op). Greedy decode with a
+    static cache, eager and compiled, computes upstream's tokens."""
     from torch.profiler import ProfilerActivity, profile
 
     torch._dynamo.reset()
     ids, mask = left_padded_batch(pads=(0,))
-    base, fused, handle = _pair(model_type, rope_gemv=2)
+    base, fused, handle = _pair(model_type, rope_gemv=2, norm_gemv=norm_gemv)
     assert handle.applied == list(mp.FLAGS), handle.not_applied
     want = greedy(base, ids, mask)
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -19,6 +19,7 @@ import math
 import torch
 from torch import Tensor
 
+from tilegym.ops import add_norm_gate_up as _add_norm_gate_up
 from tilegym.ops import attention as _attention
 from tilegym.ops import attention_sinks as _sinks
 from tilegym.ops import causal_conv1d as _conv
@@ -608,6 +609,35 @@ def _(x, norm_weight, eps, gate_up_weight, gelu_tanh=False, unit_offset=False):
     return x.new_empty((*x.shape[:-1], gate_up_weight.shape[0] // 2))
 
 
+@_op("add_rms_norm_gate_up")
+def add_rms_norm_gate_up_op(
+    x: Tensor,
+    residual: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    gate_up_weight: Tensor,
+    gelu_tanh: bool = False,
+    unit_offset: bool = False,
+) -> tuple[Tensor, Tensor]:
+    act = _gemm.ACT_GELU_TANH if gelu_tanh else _gemm.ACT_SILU
+    with private_buffers():
+        return _add_norm_gate_up.add_rms_norm_gate_up(
+            x, residual, norm_weight, eps, gate_up_weight, act=act, unit_offset=unit_offset
+        )
+
+
+@add_rms_norm_gate_up_op.register_kernel("cpu")
+def _(x, residual, norm_weight, eps, gate_up_weight, gelu_tanh=False, unit_offset=False):
+    return _add_norm_gate_up.add_rms_norm_gate_up_reference(
+        x, residual, norm_weight, eps, gate_up_weight, gelu_tanh, unit_offset
+    )
+
+
+@add_rms_norm_gate_up_op.register_fake
+def _(x, residual, norm_weight, eps, gate_up_weight, gelu_tanh=False, unit_offset=False):
+    return x.new_empty((*x.shape[:-1], gate_up_weight.shape[0] // 2)), x.new_empty(x.shape)
+
+
 @_op("fused_gate_up_silu")
 def fused_gate_up_silu_op(x: Tensor, gate_up_weight: Tensor) -> Tensor:
     with private_buffers():
@@ -946,6 +976,27 @@ def rms_norm_add(
     if _use_op(x):
         return rms_norm_add_op(x, residual, weight, float(eps), bool(unit_offset))
     return _rms_norm.rms_norm_add(x, residual, weight, eps, unit_offset=unit_offset)[0]
+
+
+def add_rms_norm_gate_up(
+    x: Tensor,
+    residual: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    gate_up_weight: Tensor,
+    gelu_tanh: bool = False,
+    unit_offset: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """``(act(h @ Wg^T) * (h @ Wu^T), h)`` with ``h = residual + RMSNorm(x)`` (SiLU, or
+    GELU-tanh): a post-norm layer's attention norm, residual add and MLP gate/up, one launch at
+    decode (``add_norm_gate_up``)."""
+    args = (x, residual, norm_weight, float(eps), gate_up_weight, bool(gelu_tanh))
+    if _use_op(x):
+        return add_rms_norm_gate_up_op(*args, bool(unit_offset))
+    act = _gemm.ACT_GELU_TANH if gelu_tanh else _gemm.ACT_SILU
+    return _add_norm_gate_up.add_rms_norm_gate_up(
+        x, residual, norm_weight, eps, gate_up_weight, act=act, unit_offset=unit_offset
+    )
 
 
 def rms_norm_add_rms_norm(

@@ -99,7 +99,10 @@ def make_mlp_forward(routes: Routes, fused: FusedWeights, gemm, family: Family) 
     """``XMLP.forward``: gate/up (fused GEMM + activation-and-mul epilogue, or the act-and-mul
     kernel: SiLU, or GELU-tanh by ``routes.act``), down(+residual). A residual multiplier
     (Granite) is folded into the down_proj weight the residual GEMM reads. Given the layer's
-    norm (``pre_norm``, ``routes.norm_gemv`` 2), the fused gate/up GEMM applies it."""
+    norm (``pre_norm``, ``routes.norm_gemv`` 2), the fused gate/up GEMM applies it. Given
+    ``post_add`` ``(residual, norm)`` (a post-norm layer at ``norm_gemv`` 2), the MLP's input is
+    ``residual + norm(x)``, which the fused gate/up GEMM forms (``add_rms_norm_gate_up``), and
+    the call returns ``(output, that input)``: the layer's next residual."""
     names = family.gate_up
     act_and_mul, gated_gemm = _ACT_KERNELS[routes.act]
 
@@ -108,8 +111,19 @@ def make_mlp_forward(routes: Routes, fused: FusedWeights, gemm, family: Family) 
         x: torch.Tensor,
         residual: torch.Tensor | None = None,
         pre_norm: torch.nn.Module | None = None,
-    ) -> torch.Tensor:
+        post_add: tuple[torch.Tensor, torch.nn.Module] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         fuse = routes.linear and routes.swiglu and unbiased(self, names)
+        if post_add is not None:
+            before, norm = post_add
+            eps, offset = norm_eps(norm), family.norm_unit_offset
+            if not fuse or self.down_proj.bias is not None:
+                h = rms_norm_add(x, before, norm.weight, eps, offset)
+                return forward(self, h), h
+            w, _ = fused.get(self, names)
+            gelu = routes.act == "gelu_tanh"
+            act, h = gemm.add_rms_norm_gate_up(x, before, norm.weight, eps, w, gelu, offset)
+            return gemm.linear(act, self.down_proj.weight), h
         if pre_norm is not None and not fuse:  # the norm rides only in the fused gate/up GEMM
             x, pre_norm = pre_norm(x), None
         if routes.linear and unbiased(self, names):
@@ -431,7 +445,8 @@ def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
         """A post-norm family's layer (OLMo 2, OLMo 3): each sub-block's output is normalized,
         then added to the residual. With ``rms_norm`` each norm and its add are one kernel
         (``rms_norm_add``: the norm rounded as the patched RMSNorm rounds it, then the add as
-        PyTorch's), else the norms' own forwards and PyTorch's adds."""
+        PyTorch's), else the norms' own forwards and PyTorch's adds. At ``norm_gemv`` 2 the
+        attention's norm and add ride in the MLP's gate/up GEMM (``add_rms_norm_gate_up``)."""
         attn_out, _ = self.self_attn(
             hidden_states=hidden_states,
             attention_mask=attention_mask,
@@ -443,10 +458,14 @@ def make_decoder_layer_forward(routes: Routes, family: Family) -> Callable:
         if not routes.rms_norm:
             hidden_states = hidden_states + post_attn(attn_out)
             return hidden_states + post_mlp(self.mlp(hidden_states))
-        w, eps = post_attn.weight, norm_eps(post_attn)
-        hidden_states = rms_norm_add(attn_out, hidden_states, w, eps, offset)
+        if mlp_norm:  # the MLP's gate/up GEMM forms the residual + norm it reads
+            mlp_out, hidden_states = self.mlp(attn_out, post_add=(hidden_states, post_attn))
+        else:
+            w, eps = post_attn.weight, norm_eps(post_attn)
+            hidden_states = rms_norm_add(attn_out, hidden_states, w, eps, offset)
+            mlp_out = self.mlp(hidden_states)
         w, eps = post_mlp.weight, norm_eps(post_mlp)
-        return rms_norm_add(self.mlp(hidden_states), hidden_states, w, eps, offset)
+        return rms_norm_add(mlp_out, hidden_states, w, eps, offset)
 
     def sandwich_forward(
         self,

@@ -35,9 +35,11 @@ FLAGS = ("rope", "rms_norm", "swiglu", "attn", "linear")
 #: ``norm_gemv`` 1: with ``rms_norm`` and ``linear`` routed, a pre-norm layer's input norm runs
 #: in its QKV GEMM (``tilegym.ops.gemm.rms_norm_linear``; one launch at decode) instead of
 #: before it; 2: also its post-attention norm in the MLP's gate/up GEMM with the activation
-#: (``rms_norm_gate_up``; with ``swiglu``, where o_proj takes the residual). Layers with their
-#: own forwards (post-norm, sandwich-norm, a family's own attention, MLP or layer builder, MoE
-#: blocks, linear-attention mixers) keep the norm launches. ``rope_gemv`` 1: with ``rope`` and
+#: (``rms_norm_gate_up``; with ``swiglu``, where o_proj takes the residual); in a post-norm
+#: layer (OLMo 2/3, no input norm) 2 puts the attention's norm and residual add into the gate/up
+#: GEMM (``add_rms_norm_gate_up``). Layers with their own forwards (sandwich-norm, a family's
+#: own attention, MLP or layer builder, MoE blocks, linear-attention mixers) keep the norm
+#: launches. ``rope_gemv`` 1: with ``rope`` and
 #: ``rms_norm`` routed, a decode row's RoPE runs in the epilogue of its QKV GEMV
 #: (``rms_norm_linear_rope``: the projection, its q/k norms, per head or over the whole
 #: projection (OLMo), and RoPE in one launch; with ``norm_gemv`` the input norm too) where
@@ -56,6 +58,7 @@ GEMM_API = (
     "rms_norm_linear",
     "rms_norm_gate_up",
     "rms_norm_linear_rope",
+    "add_rms_norm_gate_up",
 )
 _MARK = "_tilegym_patched"
 
@@ -582,8 +585,9 @@ def _rope_gemv_fits(desc, flags: dict[str, bool], gemm) -> bool:
 
 
 def _norm_gemv_fits(desc, flags: dict[str, bool], gemm) -> bool:
-    """Whether the shared pre-norm layer and attention forwards run (``norm_gemv``'s path):
-    norms and GEMMs routed, no family builder of its own for either, no post-/sandwich norm."""
+    """Whether the shared pre-norm or post-norm layer and attention forwards run
+    (``norm_gemv``'s path): norms and GEMMs routed, no family builder of its own for either,
+    no sandwich norm."""
     own = {"Attention", "DecoderLayer"} & set(desc.forwards)
-    plain = not (own or desc.post_norm or desc.sandwich_norm)
+    plain = not (own or desc.sandwich_norm)
     return plain and flags["rms_norm"] and gemm is not None
