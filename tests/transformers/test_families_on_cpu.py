@@ -144,12 +144,22 @@ def test_rope_gemv_2_writes_the_static_cache_in_the_qkv_gemv(model_type):
     ``rope_gemv=1`` calls the KV-cache write op once a layer a step (the prompt's pass goes
     through transformers' ``update``). Greedy decode with a static cache, eager and compiled,
     computes upstream's tokens."""
-    from torch.profiler import ProfilerActivity, profile
-
     torch._dynamo.reset()
     ids, mask = left_padded_batch(pads=(0,))
     base, fused, handle = _pair(model_type, norm_gemv=1, rope_gemv=2)
     assert handle.applied == list(mp.FLAGS), handle.not_applied
+    steps, calls = _static_decode_calls(base, fused, ids, mask)
+    layers = fused.config.num_hidden_layers
+    assert calls.get("tilegym::rms_norm_linear_rope_cache", 0) == layers * steps, calls
+    assert "tilegym::kv_cache_write_at" not in calls, calls
+
+
+def _static_decode_calls(base, fused, ids, mask) -> tuple[int, dict[str, int]]:
+    """Greedy decode of ``fused`` with a static cache, eager and compiled, equal to ``base``'s
+    tokens; returns the new tokens after the prompt's (decode steps) and the ops the eager run
+    called."""
+    from torch.profiler import ProfilerActivity, profile
+
     want = greedy(base, ids, mask)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         got = greedy(fused, ids, mask, cache_implementation="static")
@@ -157,14 +167,11 @@ def test_rope_gemv_2_writes_the_static_cache_in_the_qkv_gemv(model_type):
     calls: dict[str, int] = {}
     for event in prof.events():
         calls[event.name] = calls.get(event.name, 0) + 1
-    layers = fused.config.num_hidden_layers
-    steps = got.shape[1] - 1  # new tokens only; the first comes from the prompt's pass
-    assert calls.get("tilegym::rms_norm_linear_rope_cache", 0) == layers * steps, calls
-    assert "tilegym::kv_cache_write_at" not in calls, calls
     cfg = CompileConfig(fullgraph=True, backend="aot_eager")
     cfg._compile_all_devices = True
     compiled = greedy(fused, ids, mask, cache_implementation="static", compile_config=cfg)
     assert torch.equal(compiled, want)
+    return got.shape[1] - 1, calls  # the first new token comes from the prompt's pass
 
 
 @pytest.mark.parametrize("norm_gemv", [0, 2])
@@ -175,30 +182,19 @@ def test_rope_gemv_2_in_a_post_norm_layer_writes_each_full_attention_layer(model
     layer (OLMo 3's three of four) rotates in the same op and keeps its ring-buffer write. With
     ``norm_gemv=2`` too (the attention's norm and add in the gate/up op). Greedy decode with a
     static cache, eager and compiled, computes upstream's tokens."""
-    from torch.profiler import ProfilerActivity, profile
-
     torch._dynamo.reset()
     ids, mask = left_padded_batch(pads=(0,))
     base, fused, handle = _pair(model_type, rope_gemv=2, norm_gemv=norm_gemv)
     assert handle.applied == list(mp.FLAGS), handle.not_applied
-    want = greedy(base, ids, mask)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        got = greedy(fused, ids, mask, cache_implementation="static")
-    assert torch.equal(got, want)
-    calls: dict[str, int] = {}
-    for event in prof.events():
-        calls[event.name] = calls.get(event.name, 0) + 1
+    steps, calls = _static_decode_calls(base, fused, ids, mask)
     layers = len(fused.model.layers)
     types = getattr(fused.config, "layer_types", None) or ["full_attention"] * layers
     full, sliding = types.count("full_attention"), types.count("sliding_attention")
-    steps = got.shape[1] - 1
     assert calls.get("tilegym::rms_norm_linear_rope_cache", 0) == full * steps, calls
     assert calls.get("tilegym::rms_norm_linear_rope", 0) == sliding * steps, calls
     assert calls.get("tilegym::kv_cache_ring_write", 0) == sliding * steps, calls
-    cfg = CompileConfig(fullgraph=True, backend="aot_eager")
-    cfg._compile_all_devices = True
-    compiled = greedy(fused, ids, mask, cache_implementation="static", compile_config=cfg)
-    assert torch.equal(compiled, want)
+    fused_mlp = calls.get("tilegym::add_rms_norm_gate_up", 0)
+    assert fused_mlp == (layers * (steps + 1) if norm_gemv == 2 else 0), calls
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])

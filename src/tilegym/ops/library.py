@@ -619,11 +619,17 @@ def add_rms_norm_gate_up_op(
     gelu_tanh: bool = False,
     unit_offset: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    act = _gemm.ACT_GELU_TANH if gelu_tanh else _gemm.ACT_SILU
     with private_buffers():
-        return _add_norm_gate_up.add_rms_norm_gate_up(
-            x, residual, norm_weight, eps, gate_up_weight, act=act, unit_offset=unit_offset
+        return _add_norm_gate_up_cuda(
+            x, residual, norm_weight, eps, gate_up_weight, gelu_tanh, unit_offset
         )
+
+
+def _add_norm_gate_up_cuda(x, residual, norm_weight, eps, gate_up_weight, gelu_tanh, offset):
+    act = _gemm.ACT_GELU_TANH if gelu_tanh else _gemm.ACT_SILU
+    return _add_norm_gate_up.add_rms_norm_gate_up(
+        x, residual, norm_weight, eps, gate_up_weight, act=act, unit_offset=offset
+    )
 
 
 @add_rms_norm_gate_up_op.register_kernel("cpu")
@@ -993,10 +999,7 @@ def add_rms_norm_gate_up(
     args = (x, residual, norm_weight, float(eps), gate_up_weight, bool(gelu_tanh))
     if _use_op(x):
         return add_rms_norm_gate_up_op(*args, bool(unit_offset))
-    act = _gemm.ACT_GELU_TANH if gelu_tanh else _gemm.ACT_SILU
-    return _add_norm_gate_up.add_rms_norm_gate_up(
-        x, residual, norm_weight, eps, gate_up_weight, act=act, unit_offset=unit_offset
-    )
+    return _add_norm_gate_up_cuda(*args, unit_offset)
 
 
 def rms_norm_add_rms_norm(
