@@ -35,10 +35,12 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 _ZERO = ct.PaddingMode.ZERO
 
-#: one row, two output rows of each weight a block, 512 of K a step, hinted to 8 blocks an SM
-#: as the norm + QKV + RoPE GEMV is: sm_90 ptxas fits it in 62-64 registers without spills
-#: (1024 of K spilled 52 bytes without PDL; 1 x 4 x 512 spilled 112)
-TILE = TileConfig(1, 2, 512, gemv=True, occupancy=8)
+#: one row, two output rows of each weight a block, 1024 of K a step, hinted to 8 blocks an SM
+#: as the norm + QKV + RoPE GEMV is. sm_90 ptxas: 64 registers; the PDL form (the one a decode
+#: step runs once the weight is ready) has no spills, the plain one spills 52 bytes. 512 of K
+#: fitted both without spills but took 97.8 us a call at olmo3's gate/up on an H100 (12-07),
+#: where the table's mma kernel takes about 64
+TILE = TileConfig(1, 2, 1024, gemv=True, occupancy=8)
 
 
 @ct.function
