@@ -26,6 +26,10 @@
 #                for it norm-gemv and rope-gemv step back and kv-gemv changes nothing
 #   norm-gemv-mlp  also the post-attention RMSNorm in the MLP's gate/up GEMV (norm_gemv 2; last,
 #                so that it keeps whatever rope-gemv and kv-gemv kept)
+# A post-norm model (olmo2, olmo3) has no input norm: norm_gemv 1 changes nothing there, so
+# kv-gemv is its QKV GEMV with the whole-projection q/k norms, RoPE and the cache write, and
+# norm-gemv-mlp its post-attention norm and residual add in the gate/up GEMV:
+#   LOOP_ROUNDS="baseline kv-gemv norm-gemv-mlp" bash benchmarks/loop/speed_loop.sh OUT olmo3 ...
 # OUT_DIR gets what family_loop.sh leaves (decisions, stderr, PR comments, metrics, ledger.md and
 # ledger.png after every round). On a GPU host source .gpu/activate.sh first; without a GPU pass
 # `--model-key tiny-<key> --device cpu` (the ops then run their PyTorch references: the loop's

@@ -24,7 +24,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import torch
 
-from tilegym.ops._common import PAD_ZERO, aligned_array_sig, ct_dtype, signature, stream
+from tilegym.ops._common import PAD_ZERO, aligned_array_sig, signature, stream
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -150,7 +150,7 @@ def aot_signatures(dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)) -> dict:
     the other's weight as stored) at every batch tile."""
     sigs = []
     for dtype in dtypes:
-        a3 = aligned_array_sig(ct_dtype(dtype), 3)
+        a3 = aligned_array_sig(dtype, 3)
         for tb in BATCH_TILES:
             sigs.append(signature(a3, a3, a3, tb, ABSORB_TJ, TILE_K, False))
             sigs.append(signature(a3, a3, a3, tb, HEADS_TJ, TILE_K, True))

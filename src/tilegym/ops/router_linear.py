@@ -31,7 +31,6 @@ import torch
 from tilegym.ops._common import (
     PAD_ZERO,
     aligned_array_sig,
-    ct_dtype,
     next_pow2,
     signature,
     sm_count,
@@ -265,7 +264,7 @@ def aot_signatures(
     ws = aligned_array_sig(ct.float32, 3)
     gemm = []
     for dtype in dtypes:
-        a2 = aligned_array_sig(ct_dtype(dtype), 2)
+        a2 = aligned_array_sig(dtype, 2)
         for tm in sorted({token_tile(t) for t in tokens}):
             gemm.append(signature(a2, a2, ws, i32, tm, te, TILE_K))
     route = []
