@@ -156,7 +156,8 @@ def test_unknown_model_or_projection_is_one_error_line(stream, capsys, args, nam
 
 def test_the_rope_gemv_check_selects_its_tests():
     """``gpu_check_rope_gemv.sh``'s ``-k`` collects the fused kernel's GPU tests (its cache
-    write and captured graph too), the norm gate/up GEMV's (their shared K loop) and llama's
+    write and captured graph too, OLMo's whole-projection norms), the norm gate/up GEMV's
+    (their shared K loop), the post-norm gate/up GEMV's, and llama's, qwen3's and olmo3's
     Solution parity (a typo would run none)."""
     script = (BENCH / "gpu_check_rope_gemv.sh").read_text()
     (line,) = [s for s in script.splitlines() if s.startswith("TESTS=")]
@@ -164,6 +165,7 @@ def test_the_rope_gemv_check_selects_its_tests():
     files = [
         "tests/ops/test_rms_norm_linear_rope.py",
         "tests/ops/test_rms_norm_linear.py",
+        "tests/ops/test_add_norm_gate_up.py",
         "tests/transformers/test_kernel_inventory.py",
     ]
     assert all(f in script for f in files)
@@ -183,3 +185,8 @@ def test_the_rope_gemv_check_selects_its_tests():
         "test_cache_write_puts_the_outputs_keys_and_values_at_the_position" in i for i in ids
     )
     assert any("test_head_norms_in_a_captured_graph_use_the_reserved_counters" in i for i in ids)
+    assert any("test_whole_projection_norms_match_fp64" in i for i in ids)
+    assert any("test_matches_fp64_and_stores_the_sum_as_rms_norm_add" in i for i in ids)
+    assert any("test_pdl_waits_for_the_kernel_writing_the_branch" in i for i in ids)
+    assert any("olmo3_linear_qk_norm_whole_rope" in i for i in ids)
+    assert any("olmo3_post_norm_add_gate_up_silu" in i for i in ids)
