@@ -111,13 +111,13 @@ def tilegym_add_norm_gate_up_gemv_kernel(
         _store_sum(R, X, NW, H, bm, inv, TM, TK, OFFSET)
 
 
-def _launch(x2, r2, norm_weight, eps, gate_up_weight, out2, h2, act, offset) -> None:
+def _launch(x2, r2, norm_weight, eps, gate_up_weight, out2, h2, act, offset, cfg) -> None:
     i = gate_up_weight.shape[0] // 2
     pdl = _gemm.GEMV_PDL and _gemm._pdl_ready(gate_up_weight)
     wg, wu = gate_up_weight[:i], gate_up_weight[i:]
-    args = (r2, x2, norm_weight, wg, wu, out2, h2, float(eps), *_gemv_tiles(TILE))
+    args = (r2, x2, norm_weight, wg, wu, out2, h2, float(eps), *_gemv_tiles(cfg))
     args += (bool(offset), act, pdl)
-    _gemm._launch_rows(tilegym_add_norm_gate_up_gemv_kernel, TILE, x2, i, args, pdl)
+    _gemm._launch_rows(tilegym_add_norm_gate_up_gemv_kernel, cfg, x2, i, args, pdl)
 
 
 def add_rms_norm_gate_up(
@@ -129,17 +129,22 @@ def add_rms_norm_gate_up(
     *,
     act: int = ACT_SILU,
     unit_offset: bool = False,
+    config: TileConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(act(h @ Wg^T) * (h @ Wu^T), h)`` with ``h = residual + RMSNorm(x)`` and
     ``gate_up_weight = cat([Wg, Wu])``: a post-norm layer's attention norm, residual add and
-    MLP gate/up. One row is one launch of `tilegym_add_norm_gate_up_gemv_kernel`; more rows
-    (or a norm weight in another dtype) take ``rms_norm_add``, then the gate/up GEMM."""
+    MLP gate/up. One row is one launch of `tilegym_add_norm_gate_up_gemv_kernel` (at `TILE`, or
+    ``config``, a one-row GEMV tile: the benchmark's); more rows (or a norm weight in another
+    dtype) take ``rms_norm_add``, then the gate/up GEMM."""
+    cfg = config or TILE
+    if not cfg.gemv or cfg.tm != 1:
+        raise ValueError(f"add_rms_norm_gate_up: {cfg} is not a one-row GEMV tile")
     k = x.shape[-1]
     _gemm._check(x, gate_up_weight, k)
-    if gate_up_weight.shape[0] % 2 or gate_up_weight.shape[0] // 2 % TILE.tn:
+    if gate_up_weight.shape[0] % 2 or gate_up_weight.shape[0] // 2 % cfg.tn:
         raise ValueError(
             f"gate_up_weight's {gate_up_weight.shape[0]} rows are not two halves of "
-            f"{TILE.tn}-row tiles"
+            f"{cfg.tn}-row tiles"
         )
     if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
         raise ValueError(
@@ -155,9 +160,8 @@ def add_rms_norm_gate_up(
     i = gate_up_weight.shape[0] // 2
     out = torch.empty(*x.shape[:-1], i, dtype=x.dtype, device=x.device)
     h = torch.empty_like(x)
-    _launch(
-        x2, r2, norm_weight, eps, gate_up_weight, out.view(m, i), h.view(m, k), act, unit_offset
-    )
+    args = (x2, r2, norm_weight, eps, gate_up_weight, out.view(m, i), h.view(m, k))
+    _launch(*args, act, unit_offset, cfg)
     return out, h
 
 
