@@ -379,6 +379,10 @@ def test_bad_shapes_are_one_clear_error(gen):
         per_head = _rand((64,), gen, torch.bfloat16)
         whole = gemm.HeadNorms(per_head, per_head, EPS, 4, whole=True)
         gemm.rms_norm_linear_rope(x, None, EPS, w, None, cos, sin, 8, head_norms=whole)
+    with pytest.raises(ValueError, match=r"whole-projection q/k norms have no 1 \+ weight form"):
+        four = _rand((4 * 64,), gen, torch.bfloat16)
+        whole = gemm.HeadNorms(four, four, EPS, 4, unit_offset=True, whole=True)
+        gemm.rms_norm_linear_rope(x, None, EPS, w, None, cos, sin, 8, head_norms=whole)
 
 
 @pytest.mark.slow
@@ -403,6 +407,30 @@ def test_norm_rope_signatures_compile(head_dim, head_norm, cache_write):
     buf = io.BytesIO()
     export_kernel(kernel, sigs[kernel], buf, gpu_code="sm_90", output_format="cubin")
     assert len(buf.getvalue()) > 1000
+
+
+@pytest.mark.parametrize(
+    "whole,widths,offset,message",
+    [
+        (True, (256, 128), False, None),
+        (True, (64, 64), False, r"must be contiguous \(256,\)"),
+        (True, (256, 128), True, r"no 1 \+ weight form"),
+        (False, (64, 64), True, None),
+        (False, (256, 128), False, r"must be contiguous \(64,\)"),
+    ],
+)
+def test_head_norm_weights_are_checked_by_their_form(whole, widths, offset, message):
+    """Per-head norms take ``[D]`` weights, whole-projection ones ``[heads * D]`` (4 q and 2 k
+    heads of 64 here) and no ``1 + weight`` form; a mismatch is one ValueError."""
+    from tilegym.ops import gemm
+
+    qw, kw = (torch.ones(n, dtype=torch.bfloat16) for n in widths)
+    heads = gemm.HeadNorms(qw, kw, EPS, 4, unit_offset=offset, whole=whole)
+    if message is None:
+        gemm._check_head_norms(heads, torch.bfloat16, 64, 6)
+    else:
+        with pytest.raises(ValueError, match=message):
+            gemm._check_head_norms(heads, torch.bfloat16, 64, 6)
 
 
 def test_the_cpu_reference_is_transformers_rope_on_the_projection():

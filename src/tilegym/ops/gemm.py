@@ -1350,6 +1350,8 @@ def _check_cache_write(cw: CacheWrite, x: torch.Tensor, m: int, n: int, d: int, 
 def _check_head_norms(heads: HeadNorms, dtype: torch.dtype, d: int, rot: int) -> None:
     if not 0 < heads.q_heads <= rot <= 2 * heads.q_heads:
         raise ValueError(f"rms_norm_linear_rope: {heads.q_heads} q heads of {rot} rotated")
+    if heads.whole and heads.unit_offset:  # no model has it; the whole-projection pass omits it
+        raise ValueError("rms_norm_linear_rope: whole-projection q/k norms have no 1 + weight form")
     widths = (heads.q_heads * d, (rot - heads.q_heads) * d) if heads.whole else (d, d)
     for w, width in zip((heads.q_weight, heads.k_weight), widths, strict=True):
         if w.shape != (width,) or w.dtype != dtype or w.stride(0) != 1:

@@ -340,6 +340,8 @@ def rope_in_gemv(routes: Routes, family: Family, attn, pre_norm, hidden, cos) ->
         return False
     if family.attn_output_gate or family.rope_half_table:
         return False
+    if family.qk_norm_whole and family.norm_unit_offset:  # the kernel has no such form
+        return False
     if family.clip_qkv and getattr(attn.config, "clip_qkv", None) is not None:
         return False
     weights = [] if pre_norm is None else [pre_norm.weight]
