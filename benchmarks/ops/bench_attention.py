@@ -56,6 +56,10 @@ DECODE_VARIANTS = {
     # name: decode_attention keyword arguments ("tile" = the library default is always timed)
     "pdl": dict(mode="pdl"),  # the default before the "auto" plan (issue 5)
     "pdl o2 w2": dict(mode="pdl", split_waves=2, occupancy=2),
+    # more, shorter splits: batch 1 at 2K keys gives a split 5 tiles (olmo3's 32 heads)
+    "pdl o2 w4": dict(mode="pdl", split_waves=4, occupancy=2),
+    "pdl o3 w3": dict(mode="pdl", split_waves=3, occupancy=3),
+    "pdl o4 w4": dict(mode="pdl", split_waves=4, occupancy=4),
     "one": dict(num_splits=1),
     "one n256": dict(num_splits=1, tile_n=256),
     "rows auto": dict(mode="auto", form="rows"),

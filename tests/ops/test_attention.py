@@ -413,9 +413,11 @@ VARIANTS = {
     "rows-pdl": {"mode": "pdl", "form": "rows"},
     "rows-auto": {"mode": "auto", "form": "rows"},
     "pdl-o2": {"mode": "pdl", "occupancy": 2, "split_waves": 2},
+    "pdl-o3": {"mode": "pdl", "occupancy": 3, "split_waves": 3},
+    "pdl-o4": {"mode": "pdl", "occupancy": 4, "split_waves": 4},
 }
 # the plans that give a variant kernels no other variant runs
-_PLANS_OF = {"pdl-o2": ["default", "many", "short"]}
+_PLANS_OF = {v: ["default", "many", "short"] for v in ("pdl-o2", "pdl-o3", "pdl-o4")}
 
 
 @pytest.mark.gpu
