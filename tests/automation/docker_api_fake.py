@@ -1,12 +1,14 @@
 """A small Docker Engine API server on a unix socket, for driving the real docker SDK in tests.
 
 It answers the endpoints a benchmark run uses (ping/version, image inspect, container list
-with label filters, create, inspect, start, wait, logs, stop, kill, delete), records every call
-and the create body, and plays a "container" whose behaviour the test picks:
+with label filters, create, inspect, start, wait, logs, stop, kill, delete, events), records
+every call and the create body, and plays a "container" whose behaviour the test picks:
 
 - ``ok``: writes a metrics file into the folder bound at /workspace/out, logs, exits 0;
 - ``crash``: logs a traceback to stderr and exits 1 without metrics;
 - ``oom``: exits 137 with State.OOMKilled set;
+- ``oom-late``: exits 137 with State.OOMKilled unset, the engine's ``oom`` event its only
+  trace (dockerd sets the flag only when the OOM reaches it before the exit);
 - ``hang``: never exits on its own and ignores stop; only kill ends it;
 - ``flood``: keeps writing into /workspace/out until killed;
 - ``chatty``: writes 8 MiB to stdout, then behaves like ``ok``.
@@ -67,6 +69,7 @@ class FakeEngine:
         self.calls: list[tuple[str, str]] = []
         self.containers: dict[str, FakeContainer] = {}
         self.created: list[dict[str, Any]] = []
+        self.oom_events: list[str] = []
         self.lock = threading.Lock()
         engine = self
 
@@ -174,6 +177,10 @@ class FakeEngine:
         elif self.behaviour == "oom":
             container.stdout.append(b"loading model\n")
             container.finish(137, oom=True)
+        elif self.behaviour == "oom-late":
+            container.stdout.append(b"loading model\n")
+            self.oom_events.append(container.id)
+            container.finish(137)
         elif self.behaviour == "hang":
             container.stderr.append(b"stuck in generate()\n")
 
@@ -228,6 +235,8 @@ class _Handler(BaseHTTPRequestHandler):
             if m.group(1) in fake.images:
                 return self._send(200, {"Id": "sha256:" + "ab" * 32, "RepoTags": [m.group(1)]})
             return self._send(404, {"message": f"No such image: {m.group(1)}"})
+        if path == "/events" and method == "GET":
+            return self._events(query)
         if path == "/containers/json" and method == "GET":
             return self._send(200, fake.listing(query))
         if path == "/containers/create" and method == "POST":
@@ -264,6 +273,26 @@ class _Handler(BaseHTTPRequestHandler):
             del fake.containers[container.id]
             return self._send(204)
         return self._send(404, {"message": f"unsupported {method} {path}"})
+
+    def _events(self, query: dict[str, str]) -> None:
+        """``GET /events``: the ``oom`` events of containers the ``container`` filter names
+        (all when it names none), when the ``event`` filter lets ``oom`` through; one JSON
+        object a line, then the stream ends (as at ``until``)."""
+        filters = json.loads(query.get("filters") or "{}")
+        ids = filters.get("container") or []
+        actions = filters.get("event") or ["oom"]
+        lines = [
+            json.dumps({"Type": "container", "Action": "oom", "status": "oom", "id": cid,
+                        "Actor": {"ID": cid, "Attributes": {}}, "time": int(time.time())})
+            for cid in self.fake.oom_events
+            if "oom" in actions and (not ids or cid in ids)
+        ]  # fmt: skip
+        data = "".join(line + "\n" for line in lines).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _logs(self, container: FakeContainer, query: dict[str, str]) -> None:
         streams = []

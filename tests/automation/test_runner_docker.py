@@ -296,3 +296,16 @@ def test_runner_bench_refuses_bad_limits_in_one_line(
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not engine.created
+
+
+def test_an_oom_the_engine_reports_only_as_an_event_is_named(tmp_path, fake_repo):
+    engine, result, doc, _ = run(tmp_path, fake_repo, "oom-late")
+    assert (result.status, result.returncode) == ("crash", 137)
+    assert "ran out of memory (limit 64g)" in doc["error"]
+    assert "events" in engine.call_names() and not engine.containers
+
+
+def test_a_crash_is_not_read_as_an_oom(tmp_path, fake_repo):
+    engine, result, doc, _ = run(tmp_path, fake_repo, "crash")
+    assert "ran out of memory" not in doc["error"]
+    assert "events" not in engine.call_names()

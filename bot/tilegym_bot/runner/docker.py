@@ -50,6 +50,9 @@ NO_LOCK = "none"
 DEFAULT_PIDS_LIMIT = 4096
 DEFAULT_OUT_BYTES = 64 * 1024 * 1024
 DEFAULT_LOG_BYTES = 64 * 1024 * 1024
+SIGKILL_STATUS = 137
+OOM_EVENT_WAIT_S = 3.0
+"""How long after a SIGKILL exit the engine's ``oom`` event is looked for."""
 WATCH_INTERVAL_S = 0.2
 #: how long one engine API call may take: docker-py's default of 60 s is too short for
 #: ``containers/create`` on an engine whose storage driver copies the image per container (vfs),
@@ -277,6 +280,7 @@ class DockerExecutor:
         from docker.errors import DockerException
 
         returncode, timed_out, note = None, False, ""
+        since = int(time.time()) - 1
         try:
             container.start()
             pumps = [
@@ -304,7 +308,10 @@ class DockerExecutor:
                 pump.join(timeout=self.grace_s)
             with contextlib.suppress(DockerException, requests.exceptions.RequestException):
                 container.reload()
-                if container.attrs.get("State", {}).get("OOMKilled"):
+                killed = returncode == SIGKILL_STATUS and not (timed_out or note)
+                if container.attrs.get("State", {}).get("OOMKilled") or (
+                    killed and self._oom_reported(container.id, since)
+                ):
                     note = f"the container ran out of memory (limit {self.memory_limit})"
         except DockerException as exc:
             note = f"docker error: {exc}"
@@ -312,6 +319,22 @@ class DockerExecutor:
             with contextlib.suppress(DockerException, requests.exceptions.RequestException):
                 container.remove(force=True, v=True)
         return returncode, timed_out, note
+
+    def _oom_reported(self, container_id: str, since: int) -> bool:
+        """Whether the engine logged an ``oom`` event for the container since ``since``: a
+        SIGKILL nobody here sent. dockerd sets ``State.OOMKilled`` only when the kernel's OOM
+        notice reaches it before the exit does; the event is logged either way. Looked for
+        until ``OOM_EVENT_WAIT_S`` after the exit, for a notice that comes late."""
+        deadline = time.monotonic() + OOM_EVENT_WAIT_S
+        filters = {"container": [container_id], "event": ["oom"]}
+        while True:
+            until = int(time.time()) + 1
+            events = self.client.events(since=since, until=until, filters=filters, decode=True)
+            if any(e.get("Action", e.get("status")) == "oom" for e in events):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
 
     def _stop(self, container) -> None:
         import requests
