@@ -416,8 +416,9 @@ def test_state_pass_as_it_runs_moves_tiles_by_tma_onto_wgmma_without_spills():
         dict(state_occupancy=2),
         dict(chunks_per_block=2),
         dict(chunks_per_block=3, occupancy=2),
+        dict(chunks_per_block=2, occupancy=2, state_occupancy=2),
     ],
-    ids=["occ2", "state-occ2", "cpb2", "cpb3-occ2"],
+    ids=["occ2", "state-occ2", "cpb2", "cpb3-occ2", "cpb2-both2"],
 )
 def test_block_shapes_match_reference_and_the_shipped_blocks(
     shape, dtype, variant, gen, poison_empty

@@ -262,6 +262,86 @@ def test_gemv_pdl_waits_for_the_kernel_writing_x(op, cfg, gen, monkeypatch):
     assert out.isnan().all(), "without its wait the GEMV still read X after it was written"
 
 
+#: mma tiles `MMA_PDL` launches: unsplit swapped (decode), both split reductions, unswapped
+MMA_PDL_CONFIGS = [
+    TileConfig(8, 64, 256, swap=True, stagger=True),
+    TileConfig(16, 64, 128, 5, reduce="pdl", swap=True),
+    TileConfig(16, 64, 128, 3, reduce="cta"),
+    TileConfig(16, 64, 64),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["linear", "residual", "gated"])
+@pytest.mark.parametrize(
+    "cfg", MMA_PDL_CONFIGS, ids=lambda c: f"{c.tm}x{c.tn}x{c.tk}s{c.split}{c.reduce}"
+)
+def test_mma_pdl_waits_for_the_kernel_writing_x(op, cfg, gen, monkeypatch):
+    """`MMA_PDL` on: the mma GEMM is placed while the kernel before it (which lets it start at
+    once) still computes X, and must read X, bias and residual and write its workspace only
+    after its wait. Odd M, N and K, fresh inputs, outputs poisoned; the first call of each
+    weight (no PDL) compiles and warms up, the later ones are dependents."""
+    from tilegym.ops import gemm
+    from tilegym.ops._common import stream
+
+    monkeypatch.setattr(gemm, "MMA_PDL", True)
+    dt = torch.bfloat16
+    for m, n, k in ((1, 1000, 1000), (3, 2047, 3000), (16, 1021, 1000)):
+        src = _rand((m, k), gen, dt)
+        w = _rand((2 * n if op == "gated" else n, k), gen, dt, 1 / math.sqrt(k))
+        b = _rand((n,), gen, dt) if op == "linear" else None
+        r = _rand((m, n), gen, dt) if op == "residual" else None
+        grid = (math.ceil(k / 1024), 1, 1)
+        for _ in range(2):
+            x = torch.full_like(src, float("nan"))
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=dt)
+            for row in range(m):  # x = src, each row stored some 100 us late
+                args = (src[row : row + 1], x[row : row + 1], 1 << 17, 1024)
+                ct.launch(stream(), grid, _copy_late, args)
+            if op == "gated":
+                gemm.fused_gate_up_silu(x, w, out=out, config=cfg)
+                g, u = torch.nn.functional.linear(src.float(), w.float()).chunk(2, dim=-1)
+                ref = torch.nn.functional.silu(g) * u
+            elif op == "residual":
+                gemm.linear_residual(x, w, r, out=out, config=cfg)
+                ref = r.float() + torch.nn.functional.linear(src.float(), w.float())
+            else:
+                gemm.linear(x, w, b, out=out, config=cfg)
+                ref = torch.nn.functional.linear(src.float(), w.float(), b.float())
+            assert_close_rel(out, ref, tol=GEMM_TOL[dt])
+            assert gemm._GEMV_READ.get(id(w)) == w._version  # so the next call is a dependent
+
+
+@pytest.mark.slow
+def test_mma_pdl_waits_before_every_global_access():
+    """sm_90 PTX of the mma kernels at the aligned AOT signatures with PDL: this launch lets
+    its dependents start and then waits, before any global load, TMA copy, store or atomic;
+    without PDL there is no `griddepcontrol` at all."""
+    from tilegym.ops import gemm
+
+    kernels = (gemm.tilegym_linear_kernel, gemm.tilegym_gate_up_silu_kernel)
+    sigs = gemm.aot_signatures(("residual", "gated"), (torch.bfloat16,))
+    checked = {True: 0, False: 0}
+    for kernel, entries in sigs.items():
+        if kernel not in kernels:
+            continue
+        for sig in entries:
+            if sig.parameters[0].base_addr_divisible_by != 16:
+                continue
+            pdl = sig.parameters[-1].value
+            lines = ptx_lines(kernel, sig)
+            if not pdl:
+                assert not any("griddepcontrol" in line for line in lines)
+                checked[False] += 1
+                continue
+            (trigger,) = instructions(lines, "griddepcontrol.launch_dependents")
+            (wait,) = instructions(lines, "griddepcontrol.wait")
+            accesses = global_accesses(lines)
+            assert trigger < wait and accesses and min(a.line for a in accesses) > wait
+            checked[True] += 1
+    assert checked[True] >= 4 and checked[False] >= 4, checked
+
+
 SWAP_CONFIGS = [
     TileConfig(8, 64, 128, swap=True),
     TileConfig(16, 64, 256, swap=True, transpose_tile=False),

@@ -38,7 +38,7 @@ import torch
 from tilegym.ops import rms_norm as _rms_norm
 from tilegym.ops._common import buffers_private, sm_count, stream, with_hints
 from tilegym.ops.gelu_and_mul import gelu_tanh
-from tilegym.ops.gemm_configs import TileConfig, choose_config, default_config
+from tilegym.ops.gemm_configs import DECODE_MAX_M, TileConfig, choose_config, default_config
 from tilegym.ops.kv_cache import check_device_counters
 
 ConstInt = ct.Constant[int]
@@ -64,6 +64,13 @@ GEMV_ACC_ELEMS = 4096
 #: since its last read launch without PDL once. End to end (static generate, 1 x 2048 -> 128,
 #: H100) the GPU time a token went from 6.462 to 6.440 ms (olmo3) and 1.468 to 1.445 (qwen3).
 GEMV_PDL = True
+#: True: the mma GEMM kernels (`tilegym_linear_kernel`, `tilegym_gate_up_silu_kernel`) are
+#: launched as programmatic dependents where the weight is one an earlier launch read at its
+#: current version (`_pdl_ready`, as for the GEMV). Such a launch lets its own dependents start
+#: at once and waits for the kernel before it before any global access (`_mma_pdl_start`): its
+#: blocks are placed and set up while that kernel drains, and a GEMM or GEMV after it is
+#: placed on the SMs a one-wave decode GEMM leaves free.
+MMA_PDL = False
 
 #: SPLIT_MODE of the GEMM kernels: no split, split with last-CTA sum, split writing partials only
 NO_SPLIT, SPLIT_CTA, SPLIT_PARTIAL = 0, 1, 2
@@ -193,6 +200,18 @@ def _linear_epilogue(acc, b, r, y, bm, bn, tm, tn, has_bias, has_res):
     ct.store(y, index=(bm, bn), tile=ct.astype(acc, y.dtype))
 
 
+@ct.function
+def _mma_pdl_start(PDL: ConstBool):
+    """PDL: let this kernel's own programmatic dependents start, then wait for the kernel
+    before (every global access of the GEMM comes after). Loading W's first tile before the
+    wait, as the GEMV kernels do, does not carry over: the compiler issues an mma's TMA loads
+    after the wait wherever the load is written, and plain loads of a whole mma tile would
+    take over a hundred registers a thread."""
+    if PDL:
+        ct.grid_dependency_control_launch_dependents()
+        ct.grid_dependency_control_wait()
+
+
 @ct.kernel
 def tilegym_linear_kernel(
     X,
@@ -214,11 +233,13 @@ def tilegym_linear_kernel(
     HAS_RES: ConstBool,
     SWAP: ConstBool,
     STAGGER: ConstBool,
+    PDL: ConstBool,
 ):
     """Y[M, N] = X[M, K] @ W[N, K]^T (+ B[N]) (+ R[M, N]); grid (tiles, split).
 
     SPLIT_MODE (compile-time): NO_SPLIT, SPLIT_CTA or SPLIT_PARTIAL; `split` (runtime) is the
     split count. SWAP: operands swapped in the mma (`_mma_step`); STAGGER: K order `_k_tile`.
+    PDL: launched as a programmatic dependent (`MMA_PDL`, `_mma_pdl_start`).
     """
     m = X.shape[0]
     n = W.shape[0]
@@ -227,6 +248,7 @@ def tilegym_linear_kernel(
     k_tiles = ct.num_tiles(X, axis=1, shape=(TM, TK))
     k_first, k_last = _k_share(k_tiles, split, s)
     acc = _acc_zeros(TM, TN, SWAP)
+    _mma_pdl_start(PDL)
     for k0 in range(k_first, k_last):
         k = _k_tile(k0, k_first, k_last, bn, STAGGER)
         acc = _mma_step(X, W, acc, bm, bn, k, TM, TN, TK, LATENCY, TRANSPOSE_TILE, SWAP)
@@ -815,9 +837,10 @@ def tilegym_gate_up_silu_kernel(
     SWAP: ConstBool,
     STAGGER: ConstBool,
     ACT: ConstInt,
+    PDL: ConstBool,
 ):
     """Y[M, I] = silu(X @ WG^T) * (X @ WU^T) (ACT_GELU_TANH: gelu_tanh instead of silu); WS
-    holds gate partials at [0, split), up after."""
+    holds gate partials at [0, split), up after. PDL as `tilegym_linear_kernel`'s."""
     m = X.shape[0]
     n = WG.shape[0]
     bm, bn = _tile_coords(m, n, TM, TN, GROUP_M)
@@ -826,6 +849,7 @@ def tilegym_gate_up_silu_kernel(
     k_first, k_last = _k_share(k_tiles, split, s)
     gate = _acc_zeros(TM, TN, SWAP)
     up = _acc_zeros(TM, TN, SWAP)
+    _mma_pdl_start(PDL)
     for k0 in range(k_first, k_last):
         k = _k_tile(k0, k_first, k_last, bn, STAGGER)
         # one X tile feeds both mmas (two loads of it were two TMA copies per K step)
@@ -1087,13 +1111,13 @@ def _launch_persistent(x2, weight, bias, residual2, out2, cfg: TileConfig) -> No
     ct.launch(stream(x2.device), (blocks, 1, 1), kernel, args)
 
 
-#: id(weight) -> the weight's version counter when a GEMV last read it
+#: id(weight) -> the weight's version counter when a GEMV or GEMM last read it
 _GEMV_READ: dict[int, int] = {}
 
 
 def _pdl_ready(weight: torch.Tensor) -> bool:
-    """Whether no kernel can be writing ``weight`` right before this GEMV: an earlier GEMV read
-    this tensor at its current version. The first read of a tensor (a lazily built weight's
+    """Whether no kernel can be writing ``weight`` right before this GEMV or GEMM: an earlier
+    one read this tensor at its current version. The first read of a tensor (a lazily built weight's
     builder may be the kernel just before) and the first after an in-place write (torch moves
     the version) are not; a kernel writing a weight behind torch's back is outside the rule.
     An inference tensor has no version counter, so it is never ready."""
@@ -1184,7 +1208,9 @@ def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
         cfg.swap,
         cfg.stagger,
     )
-    ct.launch(stream(device), grid, hinted(tilegym_linear_kernel, cfg, grid[0]), args)
+    pdl = MMA_PDL and _pdl_ready(weight)
+    kernel = hinted(tilegym_linear_kernel, cfg, grid[0])
+    ct.launch(stream(device), grid, kernel, (*args, pdl), programmatic_dependent_launch=pdl)
     if mode == SPLIT_PARTIAL:
         _launch_reduce(cfg, ws, split, bias, residual2, out2, gated=False)
 
@@ -1573,8 +1599,9 @@ def _fused_gate_up(x, gate_up_weight, act: int, out, config) -> torch.Tensor:
         cfg.stagger,
         act,
     )
+    pdl = MMA_PDL and _pdl_ready(gate_up_weight)
     kernel = hinted(tilegym_gate_up_silu_kernel, cfg, grid[0])
-    ct.launch(stream(device), grid, kernel, args)
+    ct.launch(stream(device), grid, kernel, (*args, pdl), programmatic_dependent_launch=pdl)
     if mode == SPLIT_PARTIAL:
         _launch_reduce(cfg, ws, split, None, None, out2, gated=True, act=act)
     return out
@@ -1770,7 +1797,9 @@ def aot_signatures(
                 params = [*io, *work]
                 kernel, tail = tilegym_linear_kernel, [has_bias, has_res, cfg.swap, cfg.stagger]
             kernel = hinted(kernel, cfg, max(cfg.ctas, 1))
-            sigs.setdefault(kernel, []).append(KernelSignature([*params, *consts, *tail], cconv))
+            for pdl in (False, True) if cfg.tm <= DECODE_MAX_M else (False,):  # MMA_PDL
+                sig = KernelSignature([*params, *consts, *tail, pdl], cconv)
+                sigs.setdefault(kernel, []).append(sig)
             if mode == SPLIT_PARTIAL:
                 params = [arr(ct.float32, 3), arr(dt, 1), arr(dt, 2), arr(dt, 2), split]
                 flags = [cfg.tm, cfg.tn, has_bias, has_res, gated, act]
