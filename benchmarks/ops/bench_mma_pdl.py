@@ -1,13 +1,13 @@
-"""The mma GEMM kernels with and without programmatic dependent launch (``gemm.MMA_PDL``), in a
-decode-like chain of whole layers' projections: LAYERS x (RMSNorm -> QKV -> o_proj + residual
+"""The mma GEMM kernels under each mode of programmatic dependent launch (``gemm.MMA_PDL``), in
+a decode-like chain of whole layers' projections: LAYERS x (RMSNorm -> QKV -> o_proj + residual
 -> RMSNorm -> fused gate/up -> down_proj + residual), each layer its own weights (so weights
 stream from HBM), at a model's widths, for one row (decode at batch 1) and eight. Each
 projection takes the tile the table gives its shape; a shape whose tile is a GEMV is not
-touched by ``MMA_PDL`` (the GEMV has ``GEMV_PDL``, on in both variants). One CUDA graph per
+touched by ``MMA_PDL`` (the GEMV has ``GEMV_PDL``, on in every variant). One CUDA graph per
 variant, captured with the constant set; the graphs replay in turn (``_graph_timing``);
 medians of ``--replays`` replays with the min-max range, microseconds per layer, the weights'
-read rate, and whether the two variants' outputs are equal bit for bit (they must be: the same
-kernels run, only their launch differs).
+read rate, and whether each variant's output equals the "off" one bit for bit (it must: the
+same products run, only the launches differ).
 
     python benchmarks/ops/bench_mma_pdl.py [--models olmo3 llama qwen3] [--rows 1 8]
 """
@@ -45,8 +45,8 @@ def _weights(shape, layers: int, gen: torch.Generator) -> list[torch.Tensor]:
 
 
 def chain(model: str, rows: int, gen: torch.Generator):
-    """A function of ``pdl`` running the chain with ``MMA_PDL`` set so, its output tensor, and
-    the bytes of weight one run reads."""
+    """A function of a mode running the chain with ``MMA_PDL`` set to it, its output tensor,
+    and the bytes of weight one run reads."""
     hidden, qkv, inter, layers = MODELS[model]
     w_qkv = _weights((qkv, hidden), layers, gen)
     w_o = _weights((hidden, hidden), layers, gen)
@@ -57,9 +57,9 @@ def chain(model: str, rows: int, gen: torch.Generator):
     out = torch.empty_like(h0)
     nbytes = sum(w.numel() * 2 for ws in (w_qkv, w_o, w_gu, w_down) for w in ws)
 
-    def make(pdl: bool):
+    def make(mode: str):
         def run():
-            saved, gemm.MMA_PDL = gemm.MMA_PDL, pdl
+            saved, gemm.MMA_PDL = gemm.MMA_PDL, mode
             try:
                 h = h0
                 for i in range(layers):
@@ -100,27 +100,26 @@ def main() -> None:
             gen = torch.Generator(device="cuda").manual_seed(0)
             make, out, nbytes = chain(model, rows, gen)
             results = {}
-            fns = {pdl: make(pdl) for pdl in (False, True)}
+            fns = {mode: make(mode) for mode in gemm.MMA_PDL_MODES}
             times = interleaved_graphs(fns, calls=1, replays=args.replays)
-            for pdl, fn in fns.items():
+            for mode, fn in fns.items():
                 fn()
                 torch.cuda.synchronize()
-                results[pdl] = out.clone()
-            equal = torch.equal(results[False], results[True])
+                results[mode] = out.clone()
             layers = MODELS[model][3]
-            base = times[False][0]
-            for pdl, (med, lo, hi) in times.items():
+            base = times["off"][0]
+            for mode, (med, lo, hi) in times.items():
                 rows_out.append(
                     [
                         model,
                         rows,
                         tiles(model, rows),
-                        pdl,
+                        mode,
                         f"{med / layers:.2f}",
                         f"{lo / layers:.2f}-{hi / layers:.2f}",
                         f"{base / med:.3f}",
                         f"{nbytes / med / 1e6:.2f}",
-                        equal,
+                        torch.equal(results[mode], results["off"]),
                     ]
                 )
             del make, fns

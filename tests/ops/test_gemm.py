@@ -277,14 +277,14 @@ MMA_PDL_CONFIGS = [
     "cfg", MMA_PDL_CONFIGS, ids=lambda c: f"{c.tm}x{c.tn}x{c.tk}s{c.split}{c.reduce}"
 )
 def test_mma_pdl_waits_for_the_kernel_writing_x(op, cfg, gen, monkeypatch):
-    """`MMA_PDL` on: the mma GEMM is placed while the kernel before it (which lets it start at
-    once) still computes X, and must read X, bias and residual and write its workspace only
-    after its wait. Odd M, N and K, fresh inputs, outputs poisoned; the first call of each
-    weight (no PDL) compiles and warms up, the later ones are dependents."""
+    """`MMA_PDL` "dependent": the mma GEMM is placed while the kernel before it (which lets it
+    start at once) still computes X, and must read X, bias and residual and write its
+    workspace only after its wait. Odd M, N and K, fresh inputs, outputs poisoned; the first
+    call compiles and warms up."""
     from tilegym.ops import gemm
     from tilegym.ops._common import stream
 
-    monkeypatch.setattr(gemm, "MMA_PDL", True)
+    monkeypatch.setattr(gemm, "MMA_PDL", "dependent")
     dt = torch.bfloat16
     for m, n, k in ((1, 1000, 1000), (3, 2047, 3000), (16, 1021, 1000)):
         src = _rand((m, k), gen, dt)
@@ -309,7 +309,15 @@ def test_mma_pdl_waits_for_the_kernel_writing_x(op, cfg, gen, monkeypatch):
                 gemm.linear(x, w, b, out=out, config=cfg)
                 ref = torch.nn.functional.linear(src.float(), w.float(), b.float())
             assert_close_rel(out, ref, tol=GEMM_TOL[dt])
-            assert gemm._GEMV_READ.get(id(w)) == w._version  # so the next call is a dependent
+
+
+def test_mma_pdl_refuses_an_unknown_mode(monkeypatch):
+    from tilegym.ops import gemm
+
+    monkeypatch.setattr(gemm, "MMA_PDL", True)
+    x, w = torch.ones(1, 64), torch.ones(64, 64)
+    with pytest.raises(ValueError, match="MMA_PDL True is none of"):
+        gemm._launch_mma(None, TileConfig(8, 64, 64, swap=True), (1, 1, 1), (x, w), x.device)
 
 
 @pytest.mark.slow

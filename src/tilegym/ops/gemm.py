@@ -64,13 +64,15 @@ GEMV_ACC_ELEMS = 4096
 #: since its last read launch without PDL once. End to end (static generate, 1 x 2048 -> 128,
 #: H100) the GPU time a token went from 6.462 to 6.440 ms (olmo3) and 1.468 to 1.445 (qwen3).
 GEMV_PDL = True
-#: True: the mma GEMM kernels (`tilegym_linear_kernel`, `tilegym_gate_up_silu_kernel`) are
-#: launched as programmatic dependents where the weight is one an earlier launch read at its
-#: current version (`_pdl_ready`, as for the GEMV). Such a launch lets its own dependents start
-#: at once and waits for the kernel before it before any global access (`_mma_pdl_start`): its
-#: blocks are placed and set up while that kernel drains, and a GEMM or GEMV after it is
-#: placed on the SMs a one-wave decode GEMM leaves free.
-MMA_PDL = False
+#: Programmatic dependent launch of the mma GEMM kernels (`tilegym_linear_kernel`,
+#: `tilegym_gate_up_silu_kernel`). "off": neither. "trigger": each block first lets the next
+#: kernel's blocks be placed (`_mma_pdl_start`), so a GEMV after it (`GEMV_PDL`) loads its first
+#: W tile on the SMs a one-wave decode GEMM leaves free; the GEMM itself starts as usual.
+#: "dependent": that, and the GEMM is launched as a programmatic dependent too, waiting for the
+#: kernel before it before any global access (no access comes before the wait, so any weight
+#: is safe). `benchmarks/ops/bench_mma_pdl.py` times the three.
+MMA_PDL = "off"
+MMA_PDL_MODES = ("off", "trigger", "dependent")
 
 #: SPLIT_MODE of the GEMM kernels: no split, split with last-CTA sum, split writing partials only
 NO_SPLIT, SPLIT_CTA, SPLIT_PARTIAL = 0, 1, 2
@@ -203,10 +205,11 @@ def _linear_epilogue(acc, b, r, y, bm, bn, tm, tn, has_bias, has_res):
 @ct.function
 def _mma_pdl_start(PDL: ConstBool):
     """PDL: let this kernel's own programmatic dependents start, then wait for the kernel
-    before (every global access of the GEMM comes after). Loading W's first tile before the
-    wait, as the GEMV kernels do, does not carry over: the compiler issues an mma's TMA loads
-    after the wait wherever the load is written, and plain loads of a whole mma tile would
-    take over a hundred registers a thread."""
+    before (a no-op unless this launch is itself a dependent; every global access of the GEMM
+    comes after). Loading W's first tile before the wait, as the GEMV kernels do, does not
+    carry over: the compiler issues an mma's TMA loads after the wait wherever the load is
+    written, and plain loads of a whole mma tile would take over a hundred registers a
+    thread."""
     if PDL:
         ct.grid_dependency_control_launch_dependents()
         ct.grid_dependency_control_wait()
@@ -239,7 +242,7 @@ def tilegym_linear_kernel(
 
     SPLIT_MODE (compile-time): NO_SPLIT, SPLIT_CTA or SPLIT_PARTIAL; `split` (runtime) is the
     split count. SWAP: operands swapped in the mma (`_mma_step`); STAGGER: K order `_k_tile`.
-    PDL: launched as a programmatic dependent (`MMA_PDL`, `_mma_pdl_start`).
+    PDL: the programmatic-dependent-launch code of `MMA_PDL` (`_mma_pdl_start`).
     """
     m = X.shape[0]
     n = W.shape[0]
@@ -1111,13 +1114,13 @@ def _launch_persistent(x2, weight, bias, residual2, out2, cfg: TileConfig) -> No
     ct.launch(stream(x2.device), (blocks, 1, 1), kernel, args)
 
 
-#: id(weight) -> the weight's version counter when a GEMV or GEMM last read it
+#: id(weight) -> the weight's version counter when a GEMV last read it
 _GEMV_READ: dict[int, int] = {}
 
 
 def _pdl_ready(weight: torch.Tensor) -> bool:
-    """Whether no kernel can be writing ``weight`` right before this GEMV or GEMM: an earlier
-    one read this tensor at its current version. The first read of a tensor (a lazily built weight's
+    """Whether no kernel can be writing ``weight`` right before this GEMV: an earlier GEMV read
+    this tensor at its current version. The first read of a tensor (a lazily built weight's
     builder may be the kernel just before) and the first after an in-place write (torch moves
     the version) are not; a kernel writing a weight behind torch's back is outside the rule.
     An inference tensor has no version counter, so it is never ready."""
@@ -1179,6 +1182,16 @@ def _launch_gate_up_gemv(x2, gate_up_weight, out2, cfg: TileConfig, act: int) ->
     _launch_rows(tilegym_gate_up_gemv_kernel, cfg, x2, i, args, pdl)
 
 
+def _launch_mma(kernel, cfg: TileConfig, grid, args: tuple, device) -> None:
+    """One of the mma GEMM kernels, with the PDL code and launch `MMA_PDL` asks for at a
+    decode tile (a prefill tile runs neither: it was not measured)."""
+    if MMA_PDL not in MMA_PDL_MODES:
+        raise ValueError(f"MMA_PDL {MMA_PDL!r} is none of {MMA_PDL_MODES}")
+    mode = MMA_PDL if cfg.tm <= DECODE_MAX_M else "off"
+    code, dependent = mode != "off", mode == "dependent"
+    ct.launch(stream(device), grid, kernel, (*args, code), programmatic_dependent_launch=dependent)
+
+
 def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
     if cfg.gemv:
         _launch_gemv(x2, weight, bias, residual2, out2, cfg)
@@ -1208,9 +1221,8 @@ def _launch_linear(x2, weight, bias, residual2, out2, cfg: TileConfig) -> None:
         cfg.swap,
         cfg.stagger,
     )
-    pdl = MMA_PDL and _pdl_ready(weight)
     kernel = hinted(tilegym_linear_kernel, cfg, grid[0])
-    ct.launch(stream(device), grid, kernel, (*args, pdl), programmatic_dependent_launch=pdl)
+    _launch_mma(kernel, cfg, grid, args, device)
     if mode == SPLIT_PARTIAL:
         _launch_reduce(cfg, ws, split, bias, residual2, out2, gated=False)
 
@@ -1599,9 +1611,8 @@ def _fused_gate_up(x, gate_up_weight, act: int, out, config) -> torch.Tensor:
         cfg.stagger,
         act,
     )
-    pdl = MMA_PDL and _pdl_ready(gate_up_weight)
     kernel = hinted(tilegym_gate_up_silu_kernel, cfg, grid[0])
-    ct.launch(stream(device), grid, kernel, (*args, pdl), programmatic_dependent_launch=pdl)
+    _launch_mma(kernel, cfg, grid, args, device)
     if mode == SPLIT_PARTIAL:
         _launch_reduce(cfg, ws, split, None, None, out2, gated=True, act=act)
     return out
@@ -1797,7 +1808,7 @@ def aot_signatures(
                 params = [*io, *work]
                 kernel, tail = tilegym_linear_kernel, [has_bias, has_res, cfg.swap, cfg.stagger]
             kernel = hinted(kernel, cfg, max(cfg.ctas, 1))
-            for pdl in (False, True) if cfg.tm <= DECODE_MAX_M else (False,):  # MMA_PDL
+            for pdl in (False, True) if cfg.tm <= DECODE_MAX_M else (False,):  # MMA_PDL's code
                 sig = KernelSignature([*params, *consts, *tail, pdl], cconv)
                 sigs.setdefault(kernel, []).append(sig)
             if mode == SPLIT_PARTIAL:
