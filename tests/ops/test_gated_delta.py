@@ -193,10 +193,13 @@ def test_aot_signatures_compile_for_sm90():
 @pytest.mark.parametrize("tf32", [False, True])
 def test_two_pass_prep_runs_on_tensor_cores_without_spills(split, tf32):
     """Why the two-pass prep exists: each half compiles to wgmma with no register spills
-    (the one-kernel prep compiles to mma.sync and spills 7 KB a thread)."""
+    (the one-kernel prep compiles to mma.sync and spills 7 KB a thread), at one chunk a block
+    and the compiler's occupancy (the two-chunk, two-CTA blocks the module ships spill the UT
+    kernel's split-tf32 form)."""
     from cubin_ptx import instructions, ptx_lines, ptxas_usage
 
     from tilegym.kernel_inventory.compile import toolchain_problem
+    from tilegym.ops._common import with_hints
 
     if toolchain_problem():
         pytest.skip(toolchain_problem())
@@ -207,9 +210,10 @@ def test_two_pass_prep_runs_on_tensor_cores_without_spills(split, tf32):
         two_pass=(True,),
         apply_tf32=(tf32,),
         ut_tf32=(tf32,),
+        chunks_per_block=1,
     )
     for kernel in (gd.gdn_chunk_ut_kernel, gd.gdn_chunk_apply_kernel):
-        lines = ptx_lines(kernel, sigs[kernel][0])
+        lines = ptx_lines(with_hints(kernel, occupancy=None), sigs[kernel][0])
         usage = ptxas_usage(lines)
         name = kernel._pyfunc.__name__
         assert usage.spill_loads == 0 and usage.spill_stores == 0, (name, usage)
@@ -425,8 +429,10 @@ def test_block_shapes_match_reference_and_the_shipped_blocks(
 ):
     """The parallel kernels at two CTAs an SM or walking several chunks a block (the last
     block short), and the state pass at two CTAs an SM: the recurrent reference's answer, and
-    the shipped blocks' (the same products on the same values)."""
-    _check_chunk(shape, dtype, gen, True, variant, shipped={})
+    that of one chunk a block at the compiler's occupancy (the same products on the same
+    values)."""
+    one_chunk = dict(chunks_per_block=1, occupancy=None, state_occupancy=None)
+    _check_chunk(shape, dtype, gen, True, variant, shipped=one_chunk)
 
 
 def test_chunks_per_block_must_be_positive(cpu_gen):
@@ -449,7 +455,7 @@ def test_chunks_per_block_must_be_positive(cpu_gen):
 def test_prefill_kernels_fit_two_ctas_an_sm_without_spills(kernel):
     """Why the occupancy forms are worth timing: left to the compiler, each prefill kernel takes
     over half an SM's 228 KB of shared memory (one CTA an SM); hinted at 2 each fits two, on
-    wgmma, with no spills."""
+    wgmma, with no spills (at one chunk a block)."""
     from cubin_ptx import instructions, ptx_lines, ptxas_usage
 
     from tilegym.kernel_inventory.compile import toolchain_problem
@@ -457,9 +463,10 @@ def test_prefill_kernels_fit_two_ctas_an_sm_without_spills(kernel):
 
     if toolchain_problem():
         pytest.skip(toolchain_problem())
-    sigs = gd.aot_signatures(heads=((16, 16, 128, 128),), dtypes=(torch.bfloat16,), split=(True,))
+    one_chunk = dict(split=(True,), chunks_per_block=1)
+    sigs = gd.aot_signatures(heads=((16, 16, 128, 128),), dtypes=(torch.bfloat16,), **one_chunk)
     sig = sigs[kernel][-1]  # aligned arrays, as the model's are
-    assert ptxas_usage(ptx_lines(kernel, sig)).shared > 114 * 1024
+    assert ptxas_usage(ptx_lines(with_hints(kernel, occupancy=None), sig)).shared > 114 * 1024
     lines = ptx_lines(with_hints(kernel, occupancy=2), sig)
     usage = ptxas_usage(lines)
     assert usage.spill_loads == 0 and usage.spill_stores == 0, usage

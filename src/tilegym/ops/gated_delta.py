@@ -139,14 +139,17 @@ PREP_APPLY_TF32 = True
 PREP_UT_TF32 = True
 #: chunks a block of the parallel prefill kernels (UT, apply, output) walks in order, so the
 #: compiler may overlap one chunk's loads with the previous chunk's products; 1: a block a
-#: chunk. Timed against 2 and 4 by ``bench_gated_delta.py --form``.
-CHUNKS_PER_BLOCK = 1
+#: chunk. With the occupancy hints below, 2 took a Qwen3.5-0.8B layer's prefill (16 heads of
+#: 128, bf16, H100) from 222.7 to 193.3 us at 1 x 2048 tokens, 631.9 to 548.1 at 4 x 2048 and
+#: 804.0 to 702.0 at 1 x 8192 (fla: 196.3, 499.8, 571.3; ``bench_gated_delta.py --form``).
+CHUNKS_PER_BLOCK = 2
 #: occupancy hints (CTAs an SM; None: the compiler's choice) of the parallel prefill kernels
 #: (UT, apply, output) and of the split scan's state pass. Left to the compiler, each takes
 #: 164-213 KB of shared memory on sm_90 (one CTA an SM); at 2 each fits in 98-107 KB with 128
-#: registers and no spills (at 3 the UT kernel spills).
-PARALLEL_OCCUPANCY = None
-STATE_OCCUPANCY = None
+#: registers and no spills (at 3 the UT kernel spills; at 2 with two chunks a block the output
+#: kernel spills 72 / 124 bytes a thread and is still the faster form).
+PARALLEL_OCCUPANCY = 2
+STATE_OCCUPANCY = 2
 _NEG_BIG = -1.0e30
 #: softplus switches to the identity above this (``F.softplus``'s default threshold).
 SOFTPLUS_THRESHOLD = 20.0
@@ -947,13 +950,16 @@ def aot_signatures(
     ut_block=UT_BLOCK,
     apply_tf32=(PREP_APPLY_TF32,),
     ut_tf32=(PREP_UT_TF32,),
+    chunks_per_block=CHUNKS_PER_BLOCK,
 ) -> dict:
     """Signatures of the kernels the wrappers launch by default, per (Hk, Hv, Dk, Dv):
     Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32); ``split``
-    and ``two_pass``: the scan and prep forms to declare (the default's, or both). Each for
+    and ``two_pass``: the scan and prep forms to declare (the default's, or both);
+    ``chunks_per_block``: that of the parallel prefill kernels. Each for
     arrays of any strides and for 16-byte aligned ones, as the model's tensors are: the
     compiler moves tiles by TMA only under the second, so only it compiles what runs."""
-    forms = _Forms(heads, dtypes, state_dtypes, split, two_pass, ut_block, apply_tf32, ut_tf32)
+    forms = (heads, dtypes, state_dtypes, split, two_pass, ut_block, apply_tf32, ut_tf32)
+    forms = _Forms(*forms, chunks_per_block)
     out: dict = {}
     for arrays_of in (array_sig, aligned_array_sig):
         _declare(out, arrays_of, forms)
@@ -972,6 +978,7 @@ class _Forms:
     ut_block: int
     apply_tf32: tuple
     ut_tf32: tuple
+    chunks_per_block: int
 
 
 def _declare(out, arrays_of, forms: _Forms) -> None:
@@ -1006,7 +1013,7 @@ def _declare(out, arrays_of, forms: _Forms) -> None:
             if True in split:
                 obv = min(OUTPUT_BV, dv)
                 arrays = (a4, a4, w3, w5, w4, a4, f32)
-                consts = (hv, group, dk, obv, CHUNK, SCAN_TF32, CHUNKS_PER_BLOCK)
+                consts = (hv, group, dk, obv, CHUNK, SCAN_TF32, forms.chunks_per_block)
                 sig = signature(*arrays, *consts)
                 out.setdefault(gdn_chunk_output_kernel, []).append(sig)
             for form in split:
@@ -1017,12 +1024,12 @@ def _declare(out, arrays_of, forms: _Forms) -> None:
                 for plain in forms.apply_tf32 if True in two_pass else ():
                     arrays = (a4, a4, a3, w4, w3, w4, w4, w4, i32)
                     consts = (hv, group, dk, dv, CHUNK, PREP_SPLIT_TF32, form, plain)
-                    consts = (*consts, CHUNKS_PER_BLOCK)
+                    consts = (*consts, forms.chunks_per_block)
                     out.setdefault(gdn_chunk_apply_kernel, []).append(signature(*arrays, *consts))
             for plain in forms.ut_tf32 if True in two_pass else ():
                 arrays = (a4, a3, a3, a1, a1, w4, w3, i32)
                 consts = (hv, group, dk, CHUNK, log_c, PREP_SPLIT_TF32, log_b, plain)
-                consts = (*consts, CHUNKS_PER_BLOCK)
+                consts = (*consts, forms.chunks_per_block)
                 out.setdefault(gdn_chunk_ut_kernel, []).append(signature(*arrays, *consts))
 
 
