@@ -17,6 +17,7 @@ from tilegym_hf_bench.profiling.attribution import (
     aggregate,
     coverage_block,
     enclosing_modules,
+    exclusive_ns,
     normalize_module,
     recount,
 )
@@ -110,6 +111,80 @@ def test_aggregate_sums_time_per_kernel_and_module_and_classifies():
     assert cov.gpu_time_pct == pytest.approx(100 * 2000 / 10500)
     assert cov.launch_pct == pytest.approx(20.0)
     assert [r.gpu_ns for r in cov.rows] == sorted((r.gpu_ns for r in cov.rows), reverse=True)
+
+
+def _is_cu(name: str) -> bool:
+    return name.startswith("cu")
+
+
+def test_a_dependent_placed_early_is_charged_from_the_end_of_the_kernel_it_waits_for():
+    """Two cuTile kernels, the second a programmatic dependent placed at 2 while the first
+    runs to 10: 15 ns of busy time, not 23, and all of it cuTile's."""
+    kernels = [KernelEvent("cu_a", 10, 1, 0), KernelEvent("cu_b", 13, 2, 2)]
+    assert exclusive_ns(kernels, _is_cu) == [10, 5]
+    cov = aggregate(kernels, [], [], _is_cu)
+    assert (cov.total_ns, cov.cutile_ns, cov.overlap_ns) == (15, 15, 8)
+    assert coverage_block(cov, "torch")["overlap_gpu_ms"] == pytest.approx(8e-6)
+
+
+def test_a_cutile_kernel_beside_pytorch_kernels_takes_none_of_their_time():
+    """A cuTile spinner on another stream from 0 to 100 while PyTorch kernels run at 10-30
+    and 50-60: PyTorch keeps its 30 ns, the spinner gets the 70 ns it ran alone. Summed
+    durations would have made it 100 of 130; first-started-wins would have made it 100 of
+    100."""
+    kernels = [
+        KernelEvent("cu_spin", 100, 1, 0),
+        KernelEvent("gemm", 20, 2, 10),
+        KernelEvent("copy", 10, 3, 50),
+    ]
+    assert exclusive_ns(kernels, _is_cu) == [70, 20, 10]
+    cov = aggregate(kernels, [], [], _is_cu)
+    assert (cov.total_ns, cov.cutile_ns) == (100, 70)
+    # and a PyTorch kernel placed while a cuTile one runs takes the shared instants
+    shared = [KernelEvent("cu_a", 10, 1, 0), KernelEvent("gemm", 15, 2, 5)]
+    assert exclusive_ns(shared, _is_cu) == [5, 15]
+
+
+def test_exclusive_shares_without_starts_ties_and_nesting():
+    assert exclusive_ns([KernelEvent("gemm", 7, 1), KernelEvent("cu", -3, 2)], _is_cu) == [7, 0]
+    # equal starts: the earlier record first; a kernel inside another gets nothing
+    tie = [KernelEvent("gemm", 5, 1, 0), KernelEvent("copy", 5, 2, 0)]
+    assert exclusive_ns(tie, _is_cu) == [5, 0]
+    nested = [KernelEvent("cu_a", 50, 1, 0), KernelEvent("cu_b", 10, 2, 20)]
+    assert exclusive_ns(nested, _is_cu) == [50, 0]
+    # one kernel without a start keeps its duration beside timed ones
+    mixed = [KernelEvent("cu_a", 10, 1, 0), KernelEvent("cu_b", 10, 2, 5), KernelEvent("x", 4, 3)]
+    assert exclusive_ns(mixed, _is_cu) == [10, 5, 4]
+
+
+def test_exclusive_shares_match_counting_every_instant_on_random_records():
+    """Against a brute force over unit instants: the shares sum to the union of all intervals,
+    PyTorch's to the union of its own, cuTile's to the instants only cuTile kernels cover."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(300):
+        kernels = [
+            KernelEvent(
+                rng.choice(["cu_x", "cu_y", "gemm", "copy"]),
+                rng.randint(0, 30),
+                i,
+                rng.randint(0, 60),
+            )
+            for i in range(rng.randint(1, 12))
+        ]
+        shares = exclusive_ns(kernels, _is_cu)
+        busy, other = set(), set()
+        for k in kernels:
+            instants = set(range(k.start_ns, k.start_ns + k.duration_ns))
+            busy |= instants
+            if not _is_cu(k.name):
+                other |= instants
+        assert all(x >= 0 for x in shares)
+        assert sum(shares) == len(busy)
+        pairs = list(zip(shares, kernels, strict=True))
+        assert sum(x for x, k in pairs if not _is_cu(k.name)) == len(other)
+        assert sum(x for x, k in pairs if _is_cu(k.name)) == len(busy - other)
 
 
 def test_coverage_block_matches_the_schema_coverage_object():

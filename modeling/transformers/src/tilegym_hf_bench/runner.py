@@ -231,7 +231,7 @@ def _coverage(options: BenchOptions, side, device: str, wl, tree) -> dict:
         side.use_prompt(side.prompt)
         raw = side.profile(wl.output_length)
         try:
-            kernels = [KernelEvent(str(n), int(d), int(i)) for n, d, i in raw["kernels"]]
+            kernels = [KernelEvent(str(n), int(d), int(i), int(s)) for n, d, i, s in raw["kernels"]]
             hosts = [HostEvent(int(i), int(t), int(s)) for i, t, s in raw["hosts"]]
             ranges = [ModuleRange(str(m), int(t), int(s), int(e)) for m, t, s, e in raw["ranges"]]
         except (KeyError, TypeError, ValueError) as exc:

@@ -5,10 +5,17 @@ that host event happened on a thread at a time; the module that launched the ker
 innermost module range (a profiler annotation pushed by a forward pre-hook, popped by the
 forward hook) open on that thread at that time. torch.profiler and Nsight Systems both give
 these three kinds of record.
+
+GPU time counts each instant once (`exclusive_ns`): kernels can overlap in the record (a
+programmatic dependent is recorded from its placement, while it still waits for the kernel
+before it; kernels on two streams), and summing their durations would count the overlap
+twice, for whichever side made it. An instant in which a kernel other than cuTile's runs is
+never cuTile's.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -23,6 +30,7 @@ class KernelEvent:
     name: str
     duration_ns: int
     link_id: int  # id of the launching host event (any sign); 0 when the profiler gave none
+    start_ns: int | None = None  # on the GPU timeline; None when the record has no start
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,7 @@ class Coverage:
     cutile_ns: int
     launches: int
     cutile_launches: int
+    overlap_ns: int = 0  # recorded kernel time that another kernel's record already covered
 
     @property
     def gpu_time_pct(self) -> float:
@@ -106,24 +115,71 @@ def enclosing_modules(
     return answer
 
 
+def _first_started(kernels: list[KernelEvent], durations: list[int], ids) -> dict[int, tuple]:
+    """Kernel index -> the (start, end) part of its interval that no kernel of ``ids`` started
+    before it covers. The parts are disjoint and come in order of start; their union is that
+    of the kernels' intervals."""
+    parts: dict[int, tuple[int, int]] = {}
+    covered: int | None = None
+    for start, i in sorted((kernels[i].start_ns, i) for i in ids):
+        end = start + durations[i]
+        lo = start if covered is None else min(max(start, covered), end)
+        parts[i] = (lo, end)
+        covered = end if covered is None else max(covered, end)
+    return parts
+
+
+def _overlap(lo: int, hi: int, spans: list[tuple[int, int]], starts: list[int]) -> int:
+    """Length of [lo, hi) inside the disjoint, ordered ``spans`` (``starts``: their starts)."""
+    total = 0
+    for a, b in spans[max(bisect.bisect_right(starts, lo) - 1, 0) :]:
+        if a >= hi:
+            break
+        total += max(0, min(b, hi) - max(a, lo))
+    return total
+
+
+def exclusive_ns(kernels: list[KernelEvent], is_cutile: Callable[[str], bool]) -> list[int]:
+    """Each kernel's share of the GPU's busy time, every instant counted once: an instant in
+    which any other-than-cuTile kernel runs is theirs, one in which only cuTile kernels run is
+    cuTile's, and within a side it goes to the kernel that started first among those running
+    (ties: the earlier record). So a dependent placed while the kernel before it still runs is
+    charged from that kernel's end, and a cuTile kernel running beside PyTorch's (another
+    stream) takes none of their time. A kernel with no start keeps its whole duration."""
+    durations = [max(k.duration_ns, 0) for k in kernels]
+    timed = [i for i, k in enumerate(kernels) if k.start_ns is not None]
+    cutile = [i for i in timed if is_cutile(kernels[i].name)]
+    other = [i for i in timed if not is_cutile(kernels[i].name)]
+    other_parts = _first_started(kernels, durations, other)
+    for i, (lo, hi) in other_parts.items():
+        durations[i] = hi - lo
+    spans = sorted(p for p in other_parts.values() if p[1] > p[0])
+    starts = [a for a, _ in spans]
+    for i, (lo, hi) in _first_started(kernels, durations, cutile).items():
+        durations[i] = hi - lo - _overlap(lo, hi, spans, starts)
+    return durations
+
+
 def aggregate(
     kernels: Iterable[KernelEvent],
     hosts: Iterable[HostEvent],
     ranges: Iterable[ModuleRange],
     is_cutile: Callable[[str], bool],
 ) -> Coverage:
-    """Group kernels by (name, normalized module); sum calls and GPU time; classify."""
+    """Group kernels by (name, normalized module); sum calls and GPU time (`exclusive_ns`);
+    classify."""
     kernels = list(kernels)
     linked = {k.link_id for k in kernels if k.link_id}
     launchers = [h for h in hosts if h.id in linked]
     module_of = enclosing_modules(launchers, ranges)
     calls: dict[tuple[str, str | None], int] = defaultdict(int)
     gpu_ns: dict[tuple[str, str | None], int] = defaultdict(int)
-    for k in kernels:
+    shares = exclusive_ns(kernels, is_cutile)
+    for k, share in zip(kernels, shares, strict=True):
         module = module_of.get(k.link_id)
         key = (k.name, normalize_module(module) if module is not None else None)
         calls[key] += 1
-        gpu_ns[key] += max(k.duration_ns, 0)
+        gpu_ns[key] += share
     rows = [
         KernelRow(name, module, calls[(name, module)], gpu_ns[(name, module)], is_cutile(name))
         for (name, module) in calls
@@ -135,6 +191,7 @@ def aggregate(
         cutile_ns=sum(r.gpu_ns for r in rows if r.cutile),
         launches=sum(r.calls for r in rows),
         cutile_launches=sum(r.calls for r in rows if r.cutile),
+        overlap_ns=sum(max(k.duration_ns, 0) for k in kernels) - sum(shares),
     )
 
 
@@ -144,6 +201,7 @@ def coverage_block(cov: Coverage, profiler: str) -> dict:
         "gpu_time_pct": round(cov.gpu_time_pct, 4),
         "launch_pct": round(cov.launch_pct, 4),
         "total_gpu_ms": cov.total_ns / 1e6,
+        "overlap_gpu_ms": cov.overlap_ns / 1e6,
         "profiler": profiler,
         "kernels": [
             {

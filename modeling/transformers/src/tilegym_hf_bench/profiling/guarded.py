@@ -126,7 +126,7 @@ class GuardedProfiler:
             raise ProfilerTampered(f"profiler control inside the profiled call: {seen[0]}")
         kernels, hosts, ranges = self._split(prof.profiler.kineto_results.events())
         return {
-            "kernels": [[k.name, k.duration_ns, k.link_id] for k in kernels],
+            "kernels": [[k.name, k.duration_ns, k.link_id, k.start_ns] for k in kernels],
             "hosts": [[h.id, h.thread, h.start_ns] for h in hosts],
             "ranges": [[r.module, r.thread, r.start_ns, r.end_ns] for r in ranges],
         }

@@ -73,7 +73,7 @@ def read_sqlite(path: str | Path) -> tuple[list[KernelEvent], list[HostEvent], l
             else "shortName"
         )
         kernels = [
-            KernelEvent(name, end - start, corr)
+            KernelEvent(name, end - start, corr, start)
             for name, start, end, corr in db.execute(
                 "SELECT s.value, k.start, k.end, k.correlationId "
                 f"FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.{name_col}"

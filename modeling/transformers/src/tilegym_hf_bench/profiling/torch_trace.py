@@ -85,7 +85,7 @@ def split_events(events) -> tuple[list[KernelEvent], list[HostEvent], list[Modul
         if e.device_type() == DeviceType.CUDA:
             if _is_kernel(e):
                 link = e.linked_correlation_id() or -e.correlation_id()
-                kernels.append(KernelEvent(e.name(), e.duration_ns(), link))
+                kernels.append(KernelEvent(e.name(), e.duration_ns(), link, e.start_ns()))
             continue
         name = e.name()
         if name.startswith(MODULE_RANGE_PREFIX):
