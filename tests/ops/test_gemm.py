@@ -188,6 +188,27 @@ def test_gemv_odd_and_model_shapes(op, cfg, gen):
         _run_case(op, m, n, k, gen, config=cfg, bias=op == "linear")
 
 
+def _op_into(op: str, x, src, w, b, r, out, cfg):
+    """``op`` ("linear" with bias ``b``, "residual" adding ``r``, "gated") of ``x`` into ``out``."""
+    from tilegym.ops import gemm
+
+    if op == "gated":
+        return gemm.fused_gate_up_silu(x, w, out=out, config=cfg)
+    if op == "residual":
+        return gemm.linear_residual(x, w, r, out=out, config=cfg)
+    return gemm.linear(x, w, b, out=out, config=cfg)
+
+
+def _op_ref(op: str, src, w, b, r):
+    """``op`` of ``src`` in fp32."""
+    if op == "gated":
+        g, u = torch.nn.functional.linear(src.float(), w.float()).chunk(2, dim=-1)
+        return torch.nn.functional.silu(g) * u
+    if op == "residual":
+        return r.float() + torch.nn.functional.linear(src.float(), w.float())
+    return torch.nn.functional.linear(src.float(), w.float(), b.float())
+
+
 @ct.kernel
 def _copy_late(src, dst, rounds: int, TILE: ct.Constant[int]):
     """dst = src, stored after `rounds` dependent multiply-adds (each leaves the value as it
@@ -236,17 +257,9 @@ def test_gemv_pdl_waits_for_the_kernel_writing_x(op, cfg, gen, monkeypatch):
         x = torch.full_like(src, float("nan"))
         out = torch.full((1, n), float("nan"), device="cuda", dtype=dt)
         write_late(src, x)
-        if op == "gated":
-            gemm.fused_gate_up_silu(x, w, out=out, config=cfg)
-            g, u = torch.nn.functional.linear(src.float(), w.float()).chunk(2, dim=-1)
-            ref = torch.nn.functional.silu(g) * u
-        elif op == "residual":
-            gemm.linear_residual(x, w, r, out=out, config=cfg)
-            ref = r.float() + torch.nn.functional.linear(src.float(), w.float())
-        else:
-            gemm.linear(x, w, b, out=out, config=cfg)
-            ref = torch.nn.functional.linear(src.float(), w.float(), b.float())
-        assert_close_rel(out, ref, tol=GEMM_TOL[dt])
+        assert_close_rel(
+            _op_into(op, x, src, w, b, r, out, cfg), _op_ref(op, src, w, b, r), tol=GEMM_TOL[dt]
+        )
     if op == "gated":  # the no-wait control below is the plain GEMV's
         return
     args = (*gemm._io_args(x, w, b, r, out), cfg.tm, cfg.tn, cfg.tk, gemm.GEMV_LATENCY)
@@ -298,17 +311,8 @@ def test_mma_pdl_waits_for_the_kernel_writing_x(op, cfg, gen, monkeypatch):
             for row in range(m):  # x = src, each row stored some 100 us late
                 args = (src[row : row + 1], x[row : row + 1], 1 << 17, 1024)
                 ct.launch(stream(), grid, _copy_late, args)
-            if op == "gated":
-                gemm.fused_gate_up_silu(x, w, out=out, config=cfg)
-                g, u = torch.nn.functional.linear(src.float(), w.float()).chunk(2, dim=-1)
-                ref = torch.nn.functional.silu(g) * u
-            elif op == "residual":
-                gemm.linear_residual(x, w, r, out=out, config=cfg)
-                ref = r.float() + torch.nn.functional.linear(src.float(), w.float())
-            else:
-                gemm.linear(x, w, b, out=out, config=cfg)
-                ref = torch.nn.functional.linear(src.float(), w.float(), b.float())
-            assert_close_rel(out, ref, tol=GEMM_TOL[dt])
+            got = _op_into(op, x, src, w, b, r, out, cfg)
+            assert_close_rel(got, _op_ref(op, src, w, b, r), tol=GEMM_TOL[dt])
 
 
 def test_mma_pdl_refuses_an_unknown_mode(monkeypatch):
