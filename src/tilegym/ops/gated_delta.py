@@ -147,9 +147,10 @@ CHUNKS_PER_BLOCK = 2
 #: (UT, apply, output) and of the split scan's state pass. Left to the compiler, each takes
 #: 164-213 KB of shared memory on sm_90 (one CTA an SM); at 2 each fits in 98-107 KB with 128
 #: registers and no spills (at 3 the UT kernel spills; at 2 with two chunks a block the output
-#: kernel spills 72 / 124 bytes a thread and is still the faster form).
-PARALLEL_OCCUPANCY = 2
-STATE_OCCUPANCY = 2
+#: kernel spills 72 / 124 bytes a thread and is still the faster form). Timed on sm_90 only, so
+#: hinted there only: tileiras 13.4 fails to compile the apply kernel at 2 for sm_100.
+PARALLEL_OCCUPANCY = ct.ByTarget(sm_90=2)
+STATE_OCCUPANCY = ct.ByTarget(sm_90=2)
 _NEG_BIG = -1.0e30
 #: softplus switches to the identity above this (``F.softplus``'s default threshold).
 SOFTPLUS_THRESHOLD = 20.0
@@ -752,8 +753,8 @@ def gated_delta_chunk(
     apply_tf32: bool = PREP_APPLY_TF32,
     ut_tf32: bool = PREP_UT_TF32,
     chunks_per_block: int = CHUNKS_PER_BLOCK,
-    occupancy: int | None = PARALLEL_OCCUPANCY,
-    state_occupancy: int | None = STATE_OCCUPANCY,
+    occupancy: int | ct.ByTarget | None = PARALLEL_OCCUPANCY,
+    state_occupancy: int | ct.ByTarget | None = STATE_OCCUPANCY,
 ):
     """Chunked (64) gated delta rule: ``(out [B, T, Hv, Dv] in v's dtype, final state
     [B, Hv, Dk, Dv] in state_dtype)``, starting from ``initial_state`` (zeros if None).
