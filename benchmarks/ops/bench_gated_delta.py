@@ -14,8 +14,8 @@ split scan replaced; ``cutile-fp32prep`` the UT and apply kernels' products at f
 (split tf32, ``ut_tf32=False, apply_tf32=False``), what the tf32 forms replaced.
 ``--kernels`` adds, per prefill shape, each cuTile form's time by kernel (torch.profiler's
 CUDA time, mean of ``--iters`` calls): where a form's time goes. ``--form NAME:KEY=INT,...``
-(repeatable) adds a prefill column: ``gated_delta_chunk`` with those keyword arguments, e.g.
-``--form occ2:occupancy=2 --form cpb2:chunks_per_block=2``.
+(repeatable; ``KEY=none`` passes None) adds a prefill column: ``gated_delta_chunk`` with those
+keyword arguments, e.g. ``--form occ2:occupancy=2 --form cpb2:chunks_per_block=2``.
 
 fla is optional: install the wheel into any folder on the GPU host and put it on PYTHONPATH
 (``pip install --no-deps --target /tmp/fla-site flash_linear_attention-0.6.0 fla_core-0.6.0``;
@@ -173,13 +173,17 @@ def _print_kernel_times(label, fns, iters) -> None:
 
 
 def _form(text: str) -> tuple[str, dict]:
-    """``NAME:KEY=INT,...`` into (name, keyword arguments); one clear error otherwise."""
+    """``NAME:KEY=INT,...`` into (name, keyword arguments), ``KEY=none`` for None (an occupancy
+    left to the compiler); one clear error otherwise."""
     name, _, spec = text.partition(":")
     kwargs = {}
     for item in filter(None, spec.split(",")):
         key, eq, value = item.partition("=")
+        if eq and value == "none":
+            kwargs[key] = None
+            continue
         if not eq or not value.lstrip("-").isdigit():
-            raise argparse.ArgumentTypeError(f"form {text!r}: {item!r} is not KEY=INT")
+            raise argparse.ArgumentTypeError(f"form {text!r}: {item!r} is not KEY=INT or KEY=none")
         kwargs[key] = int(value)
     if not name or not kwargs:
         raise argparse.ArgumentTypeError(f"form {text!r}: want NAME:KEY=INT[,KEY=INT...]")

@@ -151,6 +151,9 @@ CHUNKS_PER_BLOCK = 2
 #: hinted there only: tileiras 13.4 fails to compile the apply kernel at 2 for sm_100.
 PARALLEL_OCCUPANCY = ct.ByTarget(sm_90=2)
 STATE_OCCUPANCY = ct.ByTarget(sm_90=2)
+#: the state pass's ``w`` and ``KD`` in the inputs' 16-bit dtype, its two products in it too
+#: (as fla's ``chunk_gated_delta_rule_fwd_h``), instead of fp32 operands on tf32 products.
+STATE_LOW = False
 _NEG_BIG = -1.0e30
 #: softplus switches to the identity above this (``F.softplus``'s default threshold).
 SOFTPLUS_THRESHOLD = 20.0
@@ -333,10 +336,11 @@ def _apply_ut(t, k, beta, gc, rows, V, U, W, KD, b, c, h, C: ConstInt, DV: Const
     u = _mm_prep(t, vb, SPLIT, PLAIN)
     w = _mm_prep(t, kb, SPLIT, PLAIN)
     ct.store(U, (b, h, c, 0), u.reshape((1, 1, C, DV)))
-    ct.store(W, (b, h, c, 0), w.reshape((1, 1, C, k.shape[1])))
+    ct.store(W, (b, h, c, 0), w.reshape((1, 1, C, k.shape[1])).astype(W.dtype))
     if STORE_KD:
         g_last = ct.sum(ct.where(rows == C - 1, gc, 0.0), axis=0, keepdims=True)  # gc[C - 1]
-        ct.store(KD, (b, h, c, 0), (k * ct.exp(g_last - gc)).reshape((1, 1, C, k.shape[1])))
+        kd = (k * ct.exp(g_last - gc)).reshape((1, 1, C, k.shape[1]))
+        ct.store(KD, (b, h, c, 0), kd.astype(KD.dtype))
 
 
 # --------------------------------------------------------------------------------------------
@@ -597,10 +601,13 @@ def gdn_chunk_state_kernel(
     C: ConstInt,
     HAS_STATE: ConstBool,
     TF32: ConstBool,
+    LOW: ConstBool,
 ):
     """The split scan's sequential half, chunks in order for one (value tile, batch x head):
     each chunk's starting state and ``v' = u - w S`` to the workspace, then
-    ``S = exp(g_last) S + KD^T v'``; two products a chunk, no norms (the prep's ``KD``)."""
+    ``S = exp(g_last) S + KD^T v'``; two products a chunk, no norms (the prep's ``KD``).
+    ``LOW``: ``W`` and ``KD`` are in the inputs' 16-bit dtype and both products take the state
+    and ``v'`` rounded to it (fla's form: half the bytes a chunk, 16-bit products)."""
     j = ct.bid(0)
     bh = ct.bid(1)
     b = bh // HV
@@ -611,12 +618,24 @@ def gdn_chunk_state_kernel(
         ct.store(States, (b, h, c, 0, j), s.reshape((1, 1, 1, DK, BV)))
         w = ct.load(W, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK))
         u = ct.load(U, (b, h, c, j), (1, 1, C, BV)).reshape((C, BV))
-        vn = u - _mm(w, s, TF32)
-        ct.store(VN, (b, h, c, j), vn.reshape((1, 1, C, BV)))
         kd = ct.load(KD, (b, h, c, 0), (1, 1, C, DK)).reshape((C, DK))
         g_last = ct.load(G, (b, h, c * C + C - 1), (1, 1, 1)).reshape((1, 1))
-        s = s * ct.exp(g_last) + _mm(ct.transpose(kd), vn, TF32)
+        vn, s = _state_step(w, u, kd, g_last, s, TF32, LOW)
+        ct.store(VN, (b, h, c, j), vn.reshape((1, 1, C, BV)))
     ct.store(StateOut, (b, h, 0, j), s.reshape((1, 1, DK, BV)).astype(StateOut.dtype))
+
+
+@ct.function
+def _state_step(w, u, kd, g_last, s, TF32: ConstBool, LOW: ConstBool):
+    """One chunk of the state pass: ``(v', the next state)``."""
+    if LOW:
+        zeros = ct.zeros((w.shape[0], s.shape[1]), dtype=ct.float32)
+        vn = u - ct.mma(w, s.astype(w.dtype), zeros)
+        upd = ct.mma(ct.transpose(kd), vn.astype(kd.dtype), ct.zeros(s.shape, dtype=ct.float32))
+    else:
+        vn = u - _mm(w, s, TF32)
+        upd = _mm(ct.transpose(kd), vn, TF32)
+    return vn, s * ct.exp(g_last) + upd
 
 
 @ct.kernel(occupancy=PARALLEL_OCCUPANCY)
@@ -755,6 +774,7 @@ def gated_delta_chunk(
     chunks_per_block: int = CHUNKS_PER_BLOCK,
     occupancy: int | ct.ByTarget | None = PARALLEL_OCCUPANCY,
     state_occupancy: int | ct.ByTarget | None = STATE_OCCUPANCY,
+    state_low: bool = STATE_LOW,
 ):
     """Chunked (64) gated delta rule: ``(out [B, T, Hv, Dv] in v's dtype, final state
     [B, Hv, Dk, Dv] in state_dtype)``, starting from ``initial_state`` (zeros if None).
@@ -765,9 +785,12 @@ def gated_delta_chunk(
     picks (split tf32 or FMAs; in the two-pass prep where the tf32 forms are off).
     ``chunks_per_block`` and ``occupancy`` (a compiler hint; None: the compiler's choice) shape
     the parallel two-pass and split kernels' blocks (UT, apply, output), ``state_occupancy``
-    the state pass's."""
+    the state pass's; ``state_low`` (the split scan after the two-pass prep only) runs the
+    state pass on 16-bit ``w`` and keys."""
     if chunks_per_block < 1:
         raise ValueError(f"chunks_per_block {chunks_per_block} must be at least 1")
+    if state_low and not (split and prep_two_pass):
+        raise ValueError("state_low needs the split scan and the two-pass prep")
     bsz, n_tok, hk, dk, hv, dv = _check(q, k, v, a, b, A_log, dt_bias, initial_state)
     dev = v.device
     out = torch.empty((bsz, n_tok, hv, dv), dtype=v.dtype, device=dev)
@@ -780,10 +803,11 @@ def gated_delta_chunk(
         return out, final
     t_pad = n_chunks * CHUNK
     f32 = dict(dtype=torch.float32, device=dev)
-    w = torch.empty((bsz, hv, t_pad, dk), **f32)
+    keys = dict(dtype=v.dtype if state_low else torch.float32, device=dev)
+    w = torch.empty((bsz, hv, t_pad, dk), **keys)
     u = torch.empty((bsz, hv, t_pad, dv), **f32)
     g = torch.empty((bsz, hv, t_pad), **f32)
-    kd = torch.empty((bsz, hv, t_pad, dk), **f32) if split else w  # w: a placeholder
+    kd = torch.empty((bsz, hv, t_pad, dk), **keys) if split else w  # w: a placeholder
     alog, dtb = A_log.contiguous(), dt_bias.contiguous()
     log_c = CHUNK.bit_length() - 1
     log_b = _log_block(ut_block)
@@ -817,6 +841,7 @@ def gated_delta_chunk(
     states = torch.empty((bsz, hv, n_chunks, dk, dv), **f32)
     vn = torch.empty((bsz, hv, t_pad, dv), **f32)
     args = (w, u, kd, g, s0, states, vn, final, n_tok, hv, dk, bv, CHUNK, has, bool(tf32))
+    args = (*args, bool(state_low))
     state_kernel = with_occupancy(gdn_chunk_state_kernel, state_occupancy, STATE_OCCUPANCY)
     ct.launch(stream(), (dv // bv, bsz * hv, 1), state_kernel, args)
     out_bv = min(out_bv, dv)
@@ -952,15 +977,17 @@ def aot_signatures(
     apply_tf32=(PREP_APPLY_TF32,),
     ut_tf32=(PREP_UT_TF32,),
     chunks_per_block=CHUNKS_PER_BLOCK,
+    state_low=STATE_LOW,
 ) -> dict:
     """Signatures of the kernels the wrappers launch by default, per (Hk, Hv, Dk, Dv):
     Qwen3.5-0.8B (16/16 heads of 128) and the larger Qwen3.5 / Qwen3-Next (16/32); ``split``
     and ``two_pass``: the scan and prep forms to declare (the default's, or both);
-    ``chunks_per_block``: that of the parallel prefill kernels. Each for
+    ``chunks_per_block``: that of the parallel prefill kernels; ``state_low``: the state
+    pass's form (the split form's w and keys then in each dtype). Each for
     arrays of any strides and for 16-byte aligned ones, as the model's tensors are: the
     compiler moves tiles by TMA only under the second, so only it compiles what runs."""
     forms = (heads, dtypes, state_dtypes, split, two_pass, ut_block, apply_tf32, ut_tf32)
-    forms = _Forms(*forms, chunks_per_block)
+    forms = _Forms(*forms, chunks_per_block, state_low)
     out: dict = {}
     for arrays_of in (array_sig, aligned_array_sig):
         _declare(out, arrays_of, forms)
@@ -980,6 +1007,7 @@ class _Forms:
     apply_tf32: tuple
     ut_tf32: tuple
     chunks_per_block: int
+    state_low: bool
 
 
 def _declare(out, arrays_of, forms: _Forms) -> None:
@@ -992,6 +1020,7 @@ def _declare(out, arrays_of, forms: _Forms) -> None:
     for dt in forms.dtypes:
         a4, a3, a1 = arrays_of(dt, 4), arrays_of(dt, 3), arrays_of(dt, 1)
         w4, w3 = arrays_of(torch.float32, 4), arrays_of(torch.float32, 3)
+        keys4 = a4 if forms.state_low else w4  # the state pass's w and keys
         for hk, hv, dk, dv in forms.heads:
             group = hv // hk
             bv = min(SCAN_BV, dv)
@@ -1005,9 +1034,10 @@ def _declare(out, arrays_of, forms: _Forms) -> None:
                         arrays = (a4, a4, w4, w4, w3, s4, a4, s4, i32, f32)
                         sig = signature(*arrays, hv, group, dk, bv, CHUNK, has, SCAN_TF32)
                         out.setdefault(gdn_chunk_scan_kernel, []).append(sig)
-                    if True in split:  # fp32 arrays only: one signature for every dtype
-                        arrays = (w4, w4, w4, w3, s4, w5, w4, s4, i32)
-                        sig = signature(*arrays, hv, dk, bv, CHUNK, has, SCAN_TF32)
+                    if True in split:  # fp32 arrays unless low: one signature for every dtype
+                        arrays = (keys4, w4, keys4, w3, s4, w5, w4, s4, i32)
+                        consts = (hv, dk, bv, CHUNK, has, SCAN_TF32, forms.state_low)
+                        sig = signature(*arrays, *consts)
                         state_sigs = out.setdefault(gdn_chunk_state_kernel, [])
                         if sig not in state_sigs:
                             state_sigs.append(sig)
@@ -1023,7 +1053,8 @@ def _declare(out, arrays_of, forms: _Forms) -> None:
                     consts = (hv, group, dk, dv, CHUNK, log_c, PREP_SPLIT_TF32, form, log_b)
                     out.setdefault(gdn_chunk_prep_kernel, []).append(signature(*arrays, *consts))
                 for plain in forms.apply_tf32 if True in two_pass else ():
-                    arrays = (a4, a4, a3, w4, w3, w4, w4, w4, i32)
+                    wk = keys4 if form else w4
+                    arrays = (a4, a4, a3, w4, w3, wk, w4, wk, i32)
                     consts = (hv, group, dk, dv, CHUNK, PREP_SPLIT_TF32, form, plain)
                     consts = (*consts, forms.chunks_per_block)
                     out.setdefault(gdn_chunk_apply_kernel, []).append(signature(*arrays, *consts))
