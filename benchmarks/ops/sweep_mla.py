@@ -1,6 +1,7 @@
 """MLA latent decode: key splits and key-tile widths against the shipped plan (GPU).
 
     TILEGYM_BENCH_FLUSH=read python benchmarks/ops/sweep_mla.py [--iters 30] [--heads 16]
+        [--plan-only]
 
 Rows: one new token per sequence over a latent cache at DeepSeek-V2-Lite's widths (latent 512,
 rope 64), the static-cache form the model runs (the key range read from a device position) and
@@ -37,7 +38,7 @@ def _variant(args, kwargs, splits: int, tile_n: int, occupancy: int | None = Non
     )
 
 
-def case(b: int, h: int, t: int, end: int, by_position: bool):
+def case(b: int, h: int, t: int, end: int, by_position: bool, plan_only: bool = False):
     dev, bf = "cuda", torch.bfloat16
     ckv = torch.randn(b, 1, t, LAT, device=dev, dtype=bf)
     kpe = torch.randn(b, 1, t, ROPE, device=dev, dtype=bf)
@@ -52,7 +53,7 @@ def case(b: int, h: int, t: int, end: int, by_position: bool):
     vis = mla.visible_keys(b, t, device=dev, kv_end=end)
     ref = mla.reference_mla_decode(q_lat, q_pe, ckv, kpe, vis, 0.1147)
     fns = {"plan": lambda: mla.mla_decode(*args, **kwargs)}
-    for tile_n in TILES:
+    for tile_n in () if plan_only else TILES:
         tiles = -(-t // tile_n)
         for s in SPLITS:
             for occ in OCCUPANCY:
@@ -72,15 +73,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--plan-only", action="store_true", help="only the shipped plan a shape")
     args = ap.parse_args()
     shapes = [
         (1, 2176, 2100, True),
         (8, 2176, 2100, True),
         (1, 4096, 4096, False),
         (8, 4096, 4096, False),
+        (8, 4096, 4096, True),
         (8, 8192, 8192, False),
     ]
-    cases = (case(b, args.heads, t, end, pos) for b, t, end, pos in shapes)
+    cases = (case(b, args.heads, t, end, pos, args.plan_only) for b, t, end, pos in shapes)
     print_sweep(cases, {"mla_decode": "plan"}, iters=args.iters)
 
 

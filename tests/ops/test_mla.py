@@ -379,9 +379,11 @@ def test_decode_matches_fp32_reference(b, h, t, pads, by_position, gen, poison_e
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("splits", [1, 3, 64])
-def test_decode_by_position_in_a_longer_cache_and_forced_splits(splits, gen, poison_empty):
-    """A static cache: keys past the position hold NaN (a kernel reading them fails)."""
-    b, h, t, pos = 4, 16, 3000, 1234
+@pytest.mark.parametrize("pos", [1234, 1279], ids=["mid-tile", "tile-end"])
+def test_decode_by_position_in_a_longer_cache_and_forced_splits(splits, pos, gen, poison_empty):
+    """A static cache: keys past the position hold NaN (a kernel reading them fails), the
+    last visible key inside a key tile or closing one (no tile crosses the end)."""
+    b, h, t = 4, 16, 3000
     ql, qp, ckv, kpe = _latent_inputs(b, h, t, gen, "cuda", torch.bfloat16, dl=512, dr=64)
     ckv[:, :, pos + 1 :] = float("nan")
     kpe[:, :, pos + 1 :] = float("nan")
