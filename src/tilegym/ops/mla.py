@@ -100,17 +100,33 @@ def mla_decode_kernel(
     qp = ct.load(QPE, index=(b, hb, 0), shape=(1, HB, DR), padding_mode=_ZERO).reshape((HB, DR))
     ql_t = ct.transpose(ql)  # (DL, HB)
     qp_t = ct.transpose(qp)  # (DR, HB)
+    offs = ct.arange(TILE_N, dtype=ct.int32)[:, None]
     m_i = ct.full((1, HB), _NEG_BIG, dtype=ct.float32)
     l_i = ct.full((1, HB), 0.0, dtype=ct.float32)
     acc = ct.full((DL, HB), 0.0, dtype=ct.float32)
-    # tiles wholly below the end need no key-range mask; only the last may cross it
-    j_whole = ct.maximum(j0, ct.minimum(j1, end // TILE_N))
-    for j in range(j0, j_whole):
-        m_i, l_i, acc = _mla_tile(CKV, KPE, KeyValid, ql_t, qp_t, m_i, l_i, acc, b, j, end,
-                                  qk_scale, DL, DR, TILE_N, HAS_PAD, False, False)  # fmt: skip
-    for j in range(j_whole, j1):
-        m_i, l_i, acc = _mla_tile(CKV, KPE, KeyValid, ql_t, qp_t, m_i, l_i, acc, b, j, end,
-                                  qk_scale, DL, DR, TILE_N, HAS_PAD, True, BY_POSITION)  # fmt: skip
+    for j in range(j0, j1):
+        c = ct.load(
+            CKV, index=(b, 0, j, 0), shape=(1, 1, TILE_N, DL), padding_mode=_ZERO, latency=4
+        ).reshape((TILE_N, DL))
+        kp = ct.load(
+            KPE, index=(b, 0, j, 0), shape=(1, 1, TILE_N, DR), padding_mode=_ZERO, latency=4
+        ).reshape((TILE_N, DR))
+        qk = ct.mma(c, ql_t, ct.full((TILE_N, HB), 0.0, dtype=ct.float32))
+        qk = ct.mma(kp, qp_t, qk)
+        ok = j * TILE_N + offs < end
+        if HAS_PAD:
+            kv_ok = ct.load(KeyValid, index=(b, j), shape=(1, TILE_N), padding_mode=_ZERO)
+            ok = ok & (kv_ok.reshape((TILE_N, 1)) != 0)
+        qk = ct.where(ok, qk * qk_scale, -math.inf)
+        m_new = ct.maximum(m_i, ct.max(qk, axis=0, keepdims=True))
+        p = ct.exp2(qk - m_new, flush_to_zero=True)
+        alpha = ct.exp2(m_i - m_new, flush_to_zero=True)
+        l_i = l_i * alpha + ct.sum(p, axis=0, keepdims=True)
+        acc = acc * alpha
+        if BY_POSITION:
+            c = ct.where(ok, c, 0.0)  # slots past the position may hold stale values
+        acc = ct.mma(ct.transpose(c), p.astype(CKV.dtype), acc)
+        m_i = m_new
     l_safe = ct.where(l_i == 0.0, 1.0, l_i)
     o = ct.transpose(acc / l_safe)  # (HB, DL)
     if PARTS:
@@ -119,41 +135,6 @@ def mla_decode_kernel(
         ct.store(LsePart, index=(b, hb, s), tile=lse.reshape((1, HB, 1)))
     else:
         ct.store(Out, index=(b, hb, 0), tile=o.reshape((1, HB, DL)).astype(Out.dtype))
-
-
-@ct.function
-def _mla_tile(CKV, KPE, KeyValid, ql_t, qp_t, m_i, l_i, acc, b, j, end, qk_scale,
-              DL: ConstInt, DR: ConstInt, TILE_N: ConstInt, HAS_PAD: ConstBool,
-              CROSSES_END: ConstBool, ZERO_PAST_END: ConstBool):  # fmt: skip
-    """One latent key tile of ``mla_decode_kernel``'s online softmax: ``(m, l, acc)`` after it.
-    ``CROSSES_END``: the tile may hold keys at or past ``end``, masked from the scores;
-    ``ZERO_PAST_END``: zeroed in the value too (slots past a static cache's position may hold
-    stale values; a dynamic cache's keys past ``kv_end`` are its own)."""
-    c = ct.load(
-        CKV, index=(b, 0, j, 0), shape=(1, 1, TILE_N, DL), padding_mode=_ZERO, latency=4
-    ).reshape((TILE_N, DL))
-    kp = ct.load(
-        KPE, index=(b, 0, j, 0), shape=(1, 1, TILE_N, DR), padding_mode=_ZERO, latency=4
-    ).reshape((TILE_N, DR))
-    qk = ct.mma(c, ql_t, ct.full((TILE_N, ql_t.shape[1]), 0.0, dtype=ct.float32))
-    qk = ct.mma(kp, qp_t, qk) * qk_scale
-    if CROSSES_END:
-        ok = j * TILE_N + ct.arange(TILE_N, dtype=ct.int32)[:, None] < end
-        if HAS_PAD:
-            kv_ok = ct.load(KeyValid, index=(b, j), shape=(1, TILE_N), padding_mode=_ZERO)
-            ok = ok & (kv_ok.reshape((TILE_N, 1)) != 0)
-        qk = ct.where(ok, qk, -math.inf)
-        if ZERO_PAST_END:
-            c = ct.where(ok, c, 0.0)
-    elif HAS_PAD:
-        kv_ok = ct.load(KeyValid, index=(b, j), shape=(1, TILE_N), padding_mode=_ZERO)
-        qk = ct.where(kv_ok.reshape((TILE_N, 1)) != 0, qk, -math.inf)
-    m_new = ct.maximum(m_i, ct.max(qk, axis=0, keepdims=True))
-    p = ct.exp2(qk - m_new, flush_to_zero=True)
-    alpha = ct.exp2(m_i - m_new, flush_to_zero=True)
-    l_i = l_i * alpha + ct.sum(p, axis=0, keepdims=True)
-    acc = ct.mma(ct.transpose(c), p.astype(CKV.dtype), acc * alpha)
-    return m_new, l_i, acc
 
 
 def _pow2(n: int) -> bool:
