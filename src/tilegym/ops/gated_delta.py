@@ -918,10 +918,17 @@ def ut_inverse_reference(am, block: int = 0):
     return t
 
 
-def chunk_reference(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK, split: bool = False):
+def chunk_reference(
+    q, k, v, g, beta, initial_state=None, chunk: int = CHUNK, split: bool = False, low=None
+):
     """The chunked kernels' algorithm in fp32 PyTorch: ``(out [B, T, Hv, Dv] fp32, state)``.
     ``split``: the split scan's order, every chunk's starting state and ``v'`` first (the state
-    pass, keys ``k exp(g_last - gcum)`` from the prep), then every chunk's output from them."""
+    pass, keys ``k exp(g_last - gcum)`` from the prep), then every chunk's output from them.
+    ``low`` (a 16-bit dtype): the state pass's operands rounded to it (``state_low``)."""
+
+    def r(x):
+        return x if low is None else x.to(low).float()
+
     q, k, v, g, beta = _prepare(q, k, v, g, beta)
     bsz, hv, n_tok, dk = k.shape
     dv = v.shape[-1]
@@ -942,13 +949,13 @@ def chunk_reference(q, k, v, g, beta, initial_state=None, chunk: int = CHUNK, sp
         am = (kc * bc) @ kc.transpose(-1, -2) * torch.where(lower, diff, -torch.inf).exp()
         t = ut_inverse_reference(am)
         u, w = t @ (vc * bc), t @ (kc * bc * gc[..., None].exp())
-        vn = u - w @ s
+        vn = u - r(w) @ r(s)
         pending.append((sl, pad, qc, kc, gc, s, vn))
         if not split:
             _chunk_output(out, *pending.pop(), causal)
         g_last = gc[..., -1:]
         kd = kc * (g_last - gc)[..., None].exp()
-        s = s * g_last[..., None].exp() + kd.transpose(-1, -2) @ vn
+        s = s * g_last[..., None].exp() + r(kd).transpose(-1, -2) @ r(vn)
     for item in pending:
         _chunk_output(out, *item, causal)
     return out.transpose(1, 2), s
