@@ -471,8 +471,10 @@ def test_low_state_pass_algorithm_fits_its_gpu_test_bounds(shape, dtype, cpu_gen
 def test_low_state_pass_needs_the_split_scan_after_the_two_pass_prep(cpu_gen):
     x = _inputs(1, 3, 2, 2, 16, 16, cpu_gen)
     for other in (dict(split=False), dict(prep_two_pass=False)):
-        with pytest.raises(ValueError, match="state_low needs"):
+        with pytest.raises(ValueError, match="state_low needs the split"):
             gd.gated_delta_chunk(*x, state_low=True, **other)
+    with pytest.raises(ValueError, match="state_low needs bf16 or fp16 inputs"):
+        gd.gated_delta_chunk(*x, state_low=True)  # fp32 inputs
 
 
 def test_aot_signatures_cover_the_low_state_pass(launches, cpu_gen):

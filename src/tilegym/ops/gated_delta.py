@@ -791,6 +791,8 @@ def gated_delta_chunk(
         raise ValueError(f"chunks_per_block {chunks_per_block} must be at least 1")
     if state_low and not (split and prep_two_pass):
         raise ValueError("state_low needs the split scan and the two-pass prep")
+    if state_low and v.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"state_low needs bf16 or fp16 inputs, got {v.dtype}")
     bsz, n_tok, hk, dk, hv, dv = _check(q, k, v, a, b, A_log, dt_bias, initial_state)
     dev = v.device
     out = torch.empty((bsz, n_tok, hv, dv), dtype=v.dtype, device=dev)
