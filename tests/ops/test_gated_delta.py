@@ -176,16 +176,28 @@ def test_aot_signatures_cover_the_launches(
     assert set(names) == {k._pyfunc.__name__ for k in sigs}
 
 
+_BOTH = (False, True)
+_EVERY_FORM = dict(split=_BOTH, two_pass=_BOTH, apply_tf32=_BOTH, ut_tf32=_BOTH)
+_AOT_CASES = [
+    (kernel._pyfunc.__name__, i)
+    for kernel, sigs in gd.aot_signatures(**_EVERY_FORM).items()
+    for i in range(len(sigs))
+]
+
+
 @pytest.mark.slow
-def test_aot_signatures_compile_for_sm90():
+@pytest.mark.parametrize("name, index", _AOT_CASES)
+def test_aot_signatures_compile_for_sm90(name, index):
+    """One signature a test: all of them, compiled in one test, take over ten minutes on a
+    two-core machine (the prep and UT kernels several minutes each)."""
     from tilegym.kernel_inventory.compile import compile_kernel, toolchain_problem
 
     if toolchain_problem():
         pytest.skip(toolchain_problem())
-    both = (False, True)
-    every = dict(split=both, two_pass=both, apply_tf32=both, ut_tf32=both)
-    for kernel, ss in gd.aot_signatures(**every).items():
-        assert compile_kernel(kernel, ss, "sm_90") is None, kernel._pyfunc.__name__
+    [(kernel, sigs)] = [
+        (k, ss) for k, ss in gd.aot_signatures(**_EVERY_FORM).items() if k._pyfunc.__name__ == name
+    ]
+    assert compile_kernel(kernel, [sigs[index]], "sm_90") is None, (name, sigs[index])
 
 
 @pytest.mark.slow
