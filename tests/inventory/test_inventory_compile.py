@@ -187,3 +187,29 @@ def test_changed_dependency_selects_the_solutions_that_import_it(tmp_path):
     assert select_solutions([ops / "fake_op.py"], root) == [solution]
     assert select_solutions([ops / "_shared.py"], root) == [solution]
     assert select_solutions([ops / "unrelated.py"], root) == []
+
+
+UNIT_STRIDE_SIGNATURES = """
+def aot_signatures():
+    array = ArrayConstraint(
+        ct.float32, 1, index_dtype=ct.int32, stride_lower_bound_incl=0,
+        alias_groups=(), may_alias_internally=False, stride_constant=(1,),
+    )
+    signature = KernelSignature([array, array, array, TILE], CallingConvention.cutile_python_v1())
+    return {mul_kernel: [signature]}
+"""
+
+
+def test_the_gate_also_compiles_the_aligned_form_that_models_run(tmp_path):
+    from tilegym.kernel_inventory.compile import plan_solution
+    from tilegym.kernel_inventory.inventory import load
+
+    root = _tree(tmp_path, HEADER + GOOD_KERNEL + ENTRY + UNIT_STRIDE_SIGNATURES)
+    [solution] = select_solutions([], root)
+    problems, jobs = plan_solution(load(solution, root), root)
+    assert problems == [] and len(jobs) == 3
+    for job in jobs:
+        declared, twin = job.signatures
+        assert [p.base_addr_divisible_by for p in declared.parameters[:3]] == [1, 1, 1]
+        assert [p.base_addr_divisible_by for p in twin.parameters[:3]] == [16, 16, 16]
+    assert compile_paths([], root) == []

@@ -5,7 +5,9 @@ Convention for kernel authors: the entry-point module defines ``aot_signatures()
 from ``tilegym.ops``). A shared entry module (``src/tilegym/ops/entry/``), whose entry points
 serve every family's Definition of an op, defines ``aot_signatures(definition, **entry_kwargs)``
 instead: the gate passes the Solution's Definition (its ``const`` axes give the shapes) and the
-Solution's ``spec.entry_kwargs``. Each kernel is compiled to a cubin in memory with
+Solution's ``spec.entry_kwargs``. The gate adds each signature's aligned twin (``aligned``): the
+form a kernel takes for a model's 16-byte aligned tensors, which is the one that runs.
+Each kernel is compiled to a cubin in memory with
 ``cuda.tile.compilation.export_kernel(..., output_format="cubin", gpu_code="sm_NN")``; no GPU is
 needed. Successful compiles are cached on disk keyed by (hash of the kernel's file and every
 repository file it imports, kernel, signatures, architecture, cuTile version), so an unchanged
@@ -39,6 +41,7 @@ from typing import Any
 
 from tilegym.findings import Finding
 from tilegym.kernel_inventory import codes
+from tilegym.kernel_inventory.aligned import with_aligned_twins
 from tilegym.kernel_inventory.cache import JsonCache, cache_dir
 from tilegym.kernel_inventory.entry import FILE_MODULE_PREFIX, first_line, import_entry_module
 from tilegym.kernel_inventory.imports import ImportGraph
@@ -268,6 +271,7 @@ def _compile_in_worker(
         declared = call_signatures(
             getattr(module, SIGNATURES_FUNCTION), definition, entry_kwargs or {}
         )
+        declared = with_aligned_twins(declared)
     except BaseException as exc:
         return f"worker could not re-import the entry module: {first_line(exc)}", 0.0
     for kernel, signatures in declared.items():
@@ -346,6 +350,7 @@ def plan_solution(
     if problem:
         message = f"{SIGNATURES_FUNCTION}() {problem}"
         return [at(entry_line, codes.COMPILE_BAD_SIGNATURES, message)], []
+    declared = with_aligned_twins(declared)
 
     findings: list[Finding] = []
     for name in kernels_defined_in(module, entry_path):
