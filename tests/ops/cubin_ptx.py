@@ -135,7 +135,7 @@ def ptxas_usage(lines: list[str], gpu_name: str = "sm_90a") -> Usage:
             line.startswith(".section") and "debug" in line
         ):
             break
-        if not line.startswith((".loc", ".file")):
+        if not line.startswith((".loc\t", ".loc ", ".file")):  # not ".local": a stack depot
             kept.append(line)
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp, "k.ptx")
@@ -149,9 +149,11 @@ def ptxas_usage(lines: list[str], gpu_name: str = "sm_90a") -> Usage:
         )
     info = done.stderr
 
-    def number(pattern: str) -> int:
+    def number(pattern: str, absent: int | None = None) -> int:
         match = re.search(pattern, info)
         if match is None:
+            if absent is not None:
+                return absent
             raise ValueError(f"ptxas -v printed no {pattern!r}: {info[-300:]}")
         return int(match.group(1))
 
@@ -159,5 +161,5 @@ def ptxas_usage(lines: list[str], gpu_name: str = "sm_90a") -> Usage:
         number(r"Used (\d+) registers"),
         number(r"(\d+) bytes spill stores"),
         number(r"(\d+) bytes spill loads"),
-        number(r"(\d+) bytes smem"),
+        number(r"(\d+) bytes smem", absent=0),  # ptxas leaves it out for a kernel with none
     )
