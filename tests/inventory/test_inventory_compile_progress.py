@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from inventory_helpers import make_tree
@@ -91,3 +96,56 @@ def test_compiles_that_keep_finishing_are_never_stopped(tmp_path, root, jobs):
     assert compile_paths([], root, jobs=jobs, stall_s=120.0, progress=lines.append) == []
     assert len(lines) == 3 and _no_workers_left()
     assert _cached(tmp_path) == ["sm_100", "sm_120", "sm_90"]
+
+
+def _children(pid: int) -> set[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    out = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        if fields.get("PPid", "").strip() == str(pid):
+            out.add(int(status.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+def test_sigterm_stops_the_run_and_its_workers(root):
+    """A time limit's ``timeout`` sends SIGTERM: the gate must not leave its workers running."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "tilegym.kernel_inventory.cli", "compile", "--jobs", "2"]
+    proc = subprocess.Popen(
+        [*command, "--repo-root", str(root)], stderr=subprocess.PIPE, text=True, env=env
+    )
+    workers: set[int] = set()
+    try:
+        first = proc.stderr.readline()
+        assert first.startswith("aot compile 1/3: "), first
+        workers = _children(proc.pid)
+        assert workers, "no worker processes while compiles are left"
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, rest = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("stderr still open 60 s after SIGTERM: workers outlived the gate")
+        assert proc.returncode == 143
+        assert rest.strip().splitlines()[-1] == "error: terminated (SIGTERM)"
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in workers)
+    finally:  # a failed run leaves nothing behind either
+        proc.kill()
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

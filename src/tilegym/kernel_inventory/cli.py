@@ -1,19 +1,32 @@
 """``tilegym-inventory``: check, compile and parity-test the kernel inventory.
 
 Exit codes: 0 nothing found, 1 findings (one ``path:line: CODE message`` line each) or a
-runtime error (one ``error: ...`` line), 2 usage error (one ``error: ...`` line).
+runtime error (one ``error: ...`` line), 2 usage error (one ``error: ...`` line), 143 stopped
+by SIGTERM (a time limit's ``timeout``; the compile workers are stopped with it).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from tilegym.findings import report
 
 USAGE_EXIT = 2
+TERMINATED_EXIT = 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be, so the same cleanup runs: without it the process
+    ends at once and its compile workers live on, orphaned."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,8 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else USAGE_EXIT
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         return _run(args)
+    except Terminated:
+        print("error: terminated (SIGTERM)", file=sys.stderr)
+        return TERMINATED_EXIT
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 1
@@ -93,6 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(exc).split()) or type(exc).__name__
         print(f"error: {type(exc).__name__}: {message}", file=sys.stderr)
         return 1
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _run(args: argparse.Namespace) -> int:
